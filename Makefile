@@ -1,0 +1,63 @@
+# KREX developer entry points. `make demo` and `make test` work from a fresh clone with nothing
+# but python3 (>= 3.10), a C compiler and access to PyPI.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# Installed editable, with the native libraries built, for the sources below.
+STAMP  := $(VENV)/.krex-installed
+BUILD_INPUTS := pyproject.toml setup.py krex/_native_build.py $(shell find shim -type f 2>/dev/null)
+
+.DEFAULT_GOAL := help
+.PHONY: help venv build test lint fix demo gpu-check clean
+
+help:
+	@echo "make targets:"
+	@echo "  demo       set up .venv, then run the concurrent-benchmarking demo"
+	@echo "             (on the GPU when there is one, else on the simulated GPU)"
+	@echo "  test       set up .venv, then run the tests"
+	@echo "  venv       create .venv and install krex editable with its test tools"
+	@echo "             (again whenever pyproject.toml, setup.py or shim/ changes)"
+	@echo "  build      reinstall editable: rebuild krex._native and krex/_lib/*.so"
+	@echo "  lint       ruff check, ruff format --check, mypy (strict) on krex and tests"
+	@echo "  fix        ruff check --fix, ruff format"
+	@echo "  gpu-check  run scripts/gpu_check.sh (needs a real GPU)"
+	@echo "  clean      remove .venv, build outputs and caches"
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+
+$(STAMP): $(BUILD_INPUTS) | $(BIN)/python
+	$(BIN)/python -m pip install -e '.[test]'
+	touch $@
+
+venv: $(STAMP)
+
+build: | $(BIN)/python
+	$(BIN)/python -m pip install -e '.[test]'
+	touch $(STAMP)
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy krex tests
+
+fix: venv
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+demo: venv
+	$(BIN)/krex demo
+
+# On the GPU machine, with its own python3 (it has no package registry: see the script).
+gpu-check:
+	bash scripts/gpu_check.sh
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info krex/_lib krex/_native*.so krex/_native.c krex/_native.o
+	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

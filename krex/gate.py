@@ -1,0 +1,66 @@
+"""Exclusive use of one GPU: the region protocol's steps 1-3 and its exit, over a Segment.
+
+This is what the controller runs when a tenant enters a region; freezing and pinning (steps 4
+and 5) are layered on by the controller. Every wait is bounded: a sibling that will not quiesce
+or drain in time makes the hold unclean, never a hang.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from krex.shm import Segment, WaitTimeout
+
+
+@dataclass
+class Hold:
+    """What taking the GPU cost, and whether the result can be trusted."""
+
+    gpu: int
+    owner: int
+    epoch: int = 0
+    quiesce_s: float = 0.0
+    drain_s: float = 0.0
+    drained: int = 0
+    clean: bool = True
+    problems: list[str] = field(default_factory=list)
+
+
+@contextmanager
+def exclusive(
+    seg: Segment,
+    gpu: int,
+    owner: int,
+    *,
+    quiesce_timeout_s: float = 5.0,
+    drain_timeout_s: float = 10.0,
+    deadline_s: float | None = None,
+) -> Iterator[Hold]:
+    """Close `gpu` to every tenant but `owner`, quiesce and drain the siblings; reopen on exit."""
+    hold = Hold(gpu=gpu, owner=owner)
+    hold.epoch = seg.gate_close(gpu, owner, deadline_s=deadline_s)
+    try:
+        t0 = time.perf_counter()
+        try:
+            seg.quiesce(gpu, owner, quiesce_timeout_s)
+        except WaitTimeout as e:
+            hold.clean = False
+            hold.problems.append(str(e))
+        t1 = time.perf_counter()
+        hold.drained = seg.drain_request(gpu, owner, hold.epoch)
+        try:
+            seg.drain_await(gpu, owner, hold.epoch, drain_timeout_s)
+        except WaitTimeout as e:
+            hold.clean = False
+            hold.problems.append(str(e))
+        t2 = time.perf_counter()
+        hold.quiesce_s, hold.drain_s = t1 - t0, t2 - t1
+        if seg.overflow:
+            hold.clean = False
+            hold.problems.append(f"{seg.overflow} process(es) had no slot and could not drain")
+        yield hold
+    finally:
+        seg.gate_open(gpu)

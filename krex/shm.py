@@ -1,0 +1,252 @@
+"""The shared segment: gates and process slots, seen from the control plane.
+
+The only module that touches ``krex._native`` (cffi). It maps the POSIX shared-memory segment
+whose layout ``shim/krex_layout.h`` defines, checks it, and wraps the C helpers of
+``shim/krex_control.h`` in typed methods whose failures are exceptions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import posix_ipc
+
+from krex._native import ffi, lib
+
+LAYOUT_VERSION = (int(lib.KREX_LAYOUT_MAJOR), int(lib.KREX_LAYOUT_MINOR))
+MAX_GPUS = int(lib.KREX_MAX_GPUS)
+MAX_SLOTS = int(lib.KREX_MAX_SLOTS)
+_NO_WAIT_LIMIT = 2**64 - 1
+
+
+class KrexError(Exception):
+    """Base of every error the control plane raises."""
+
+
+class SegmentError(KrexError):
+    """The shared segment is missing, foreign, corrupt or of another layout version."""
+
+
+class WaitTimeout(KrexError):
+    """A bounded wait of the region protocol ran out of time."""
+
+    def __init__(self, what: str, outstanding: int) -> None:
+        super().__init__(f"{what} timed out with {outstanding} slot(s) outstanding")
+        self.outstanding = outstanding
+
+
+def _ns(seconds: float) -> int:
+    if seconds < 0:
+        raise ValueError(f"a timeout must be >= 0 seconds, got {seconds}")
+    return int(seconds * 1e9)
+
+
+def now_ns() -> int:
+    """CLOCK_MONOTONIC in nanoseconds: the clock of gate deadlines."""
+    return int(lib.krex_now_ns())
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """One process slot, each field read atomically."""
+
+    index: int
+    state: int
+    pid: int
+    tenant: int
+    gpu: int
+    in_flight: int
+    intercepted: int
+    blocked: int
+    unmatched: int
+    drain_req: int
+    drain_ack: int
+    alive: bool
+
+
+class Segment:
+    """A mapped KREX segment (create it in the controller, attach to it anywhere)."""
+
+    def __init__(self, name: str, mm: mmap.mmap) -> None:
+        self.name = name
+        self._mm = mm
+        self._buf: Any = ffi.from_buffer("char[]", mm, require_writable=True)
+        rc = int(lib.krex_seg_check(self._buf, len(mm)))
+        if rc != lib.KREX_OK:
+            self._release()
+            raise SegmentError(f"{name}: {ffi.string(lib.krex_strerror(rc)).decode()}")
+        self._seg: Any = ffi.cast("struct krex_segment *", self._buf)
+        self.n_gpus = int(self._seg.header.n_gpus)
+        self.n_slots = int(self._seg.header.n_slots)
+
+    @classmethod
+    def create(cls, name: str, n_gpus: int = 1, n_slots: int = 256, mode: int = 0o600) -> Segment:
+        """Create and initialise a new segment; fails if one of that name exists."""
+        if not 1 <= n_gpus <= MAX_GPUS:
+            raise ValueError(f"n_gpus must be 1..{MAX_GPUS}, got {n_gpus}")
+        if not 1 <= n_slots <= MAX_SLOTS:
+            raise ValueError(f"n_slots must be 1..{MAX_SLOTS}, got {n_slots}")
+        size = int(ffi.sizeof("struct krex_segment")) + n_slots * int(
+            ffi.sizeof("struct krex_slot")
+        )
+        try:
+            shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=mode, size=size)
+        except posix_ipc.ExistentialError as e:
+            raise SegmentError(f"{name}: a segment of that name exists already") from e
+        try:
+            mm = mmap.mmap(shm.fd, size)
+        finally:
+            shm.close_fd()
+        buf = ffi.from_buffer("char[]", mm, require_writable=True)
+        rc = int(lib.krex_seg_init(buf, size, n_gpus, n_slots))
+        del buf
+        if rc != lib.KREX_OK:
+            mm.close()
+            posix_ipc.unlink_shared_memory(name)
+            raise SegmentError(f"{name}: {ffi.string(lib.krex_strerror(rc)).decode()}")
+        return cls(name, mm)
+
+    @classmethod
+    def attach(cls, name: str) -> Segment:
+        """Map an existing segment and check its layout."""
+        try:
+            shm = posix_ipc.SharedMemory(name)
+        except posix_ipc.ExistentialError as e:
+            raise SegmentError(f"{name}: no such KREX segment") from e
+        try:
+            if shm.size < int(ffi.sizeof("struct krex_header")):
+                raise SegmentError(f"{name}: {shm.size} bytes is too small for a KREX segment")
+            mm = mmap.mmap(shm.fd, shm.size)
+        finally:
+            shm.close_fd()
+        return cls(name, mm)
+
+    def _release(self) -> None:
+        del self._buf
+        self._mm.close()
+
+    def close(self) -> None:
+        """Unmap (the segment itself stays until unlinked)."""
+        if not self._mm.closed:
+            self._seg = None
+            self._release()
+
+    def unlink(self) -> None:
+        """Remove the segment's name; mappings stay valid until closed."""
+        with contextlib.suppress(posix_ipc.ExistentialError):
+            posix_ipc.unlink_shared_memory(self.name)
+
+    def __enter__(self) -> Segment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _gpu(self, gpu: int) -> int:
+        if not 0 <= gpu < self.n_gpus:
+            raise ValueError(f"GPU {gpu} is not in this segment (it has {self.n_gpus})")
+        return gpu
+
+    # Gate (design.md step 1 and exit).
+    def gate_close(self, gpu: int, owner: int, deadline_s: float | None = None) -> int:
+        """Close `gpu`'s gate to every tenant but `owner`; returns the region's epoch.
+
+        deadline_s: seconds from now after which blocked threads pass on their own, the last
+        line of defence against a controller that died without opening the gate.
+        """
+        if owner <= 0:
+            raise ValueError(f"a tenant id is a positive integer, got {owner}")
+        deadline = 0 if deadline_s is None else now_ns() + _ns(deadline_s)
+        return int(lib.krex_gate_close(self._seg, self._gpu(gpu), owner, deadline))
+
+    def gate_open(self, gpu: int) -> None:
+        """Open `gpu`'s gate and wake every thread blocked on it."""
+        lib.krex_gate_open(self._seg, self._gpu(gpu))
+
+    def gate_owner(self, gpu: int) -> int:
+        """The tenant the gate is closed for (0: open)."""
+        return int(lib.krex_gate_word(self._seg, self._gpu(gpu))) & 0xFFFFFFFF
+
+    def gate_epoch(self, gpu: int) -> int:
+        """The epoch of the last region on `gpu`."""
+        return int(lib.krex_gate_word(self._seg, self._gpu(gpu))) >> 32
+
+    # Region protocol steps 2 and 3.
+    def quiesce(self, gpu: int, owner: int, timeout_s: float) -> None:
+        """Wait until no sibling of `owner` on `gpu` is half-way into the driver."""
+        busy = ffi.new("uint32_t *")
+        rc = int(lib.krex_quiesce(self._seg, self._gpu(gpu), owner, _ns(timeout_s), busy))
+        if rc == lib.KREX_E_TIMEOUT:
+            raise WaitTimeout("quiesce", int(busy[0]))
+        if rc != lib.KREX_OK:
+            raise KrexError(ffi.string(lib.krex_strerror(rc)).decode())
+
+    def drain_request(self, gpu: int, owner: int, epoch: int) -> int:
+        """Ask every sibling of `owner` on `gpu` to drain `epoch`; returns how many were asked."""
+        n = int(lib.krex_drain_request(self._seg, self._gpu(gpu), owner, epoch))
+        if n < 0:
+            raise KrexError(ffi.string(lib.krex_strerror(n)).decode())
+        return n
+
+    def drain_await(self, gpu: int, owner: int, epoch: int, timeout_s: float) -> None:
+        """Wait until every sibling asked for `epoch` has acknowledged it."""
+        pending = ffi.new("uint32_t *")
+        rc = int(
+            lib.krex_drain_await(self._seg, self._gpu(gpu), owner, epoch, _ns(timeout_s), pending)
+        )
+        if rc == lib.KREX_E_TIMEOUT:
+            raise WaitTimeout("drain", int(pending[0]))
+        if rc != lib.KREX_OK:
+            raise KrexError(ffi.string(lib.krex_strerror(rc)).decode())
+
+    # Slots.
+    def slot(self, index: int) -> SlotView:
+        """Slot `index`, read field by field with atomic loads."""
+        if not 0 <= index < self.n_slots:
+            raise IndexError(f"slot {index} out of range 0..{self.n_slots - 1}")
+        v = ffi.new("struct krex_slot_view *")
+        lib.krex_slot_read(self._seg, index, v)
+        return SlotView(
+            index=index,
+            state=int(v.state),
+            pid=int(v.pid),
+            tenant=int(v.tenant),
+            gpu=int(v.gpu),
+            in_flight=int(v.in_flight),
+            intercepted=int(v.intercepted),
+            blocked=int(v.blocked),
+            unmatched=int(v.unmatched),
+            drain_req=int(v.drain_req),
+            drain_ack=int(v.drain_ack),
+            alive=bool(v.alive),
+        )
+
+    def slots(self) -> list[SlotView]:
+        """Every slot that is not free."""
+        return [
+            self.slot(i)
+            for i in range(self.n_slots)
+            if int(self._seg.slots[i].state) != lib.KREX_SLOT_FREE
+        ]
+
+    def slots_of(self, pid: int) -> list[SlotView]:
+        """The slots a process (by pid) holds or held."""
+        return [s for s in self.slots() if s.pid == pid]
+
+    def reap(self) -> int:
+        """Free the slots of dead processes; returns how many."""
+        return int(lib.krex_slots_reap(self._seg))
+
+    @property
+    def overflow(self) -> int:
+        """Processes that found no free slot (gated but invisible to the drain)."""
+        return int(self._seg.header.overflow)
+
+
+def segment_exists(name: str) -> bool:
+    """Whether a POSIX shared-memory object of that name exists."""
+    return os.path.exists("/dev/shm/" + name.lstrip("/"))

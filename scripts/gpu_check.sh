@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The foundation's GPU check (make gpu-check): builds KREX on the GPU machine and runs real CUDA
+# programs under the preload library. Logs and results go to $OUT (default ./gpu-out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/gpu_check.log") 2>&1
+echo "== krex gpu-check $(date -u '+%Y-%m-%d %H:%M:%S UTC') on $(hostname)"
+nvidia-smi -L || { echo "no NVIDIA GPU here"; exit 2; }
+# cffi and posix_ipc are not installed on the GPU box: carried as wheels in .whl/ when needed.
+if ! python3 -c 'import cffi, posix_ipc' 2>/dev/null && [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/krex-site .whl/*.whl
+    export PYTHONPATH=/tmp/krex-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+python3 setup.py -q build_ext --inplace || { echo "build failed"; exit 1; }
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+BUILD=$(mktemp -d)
+nvcc -ptx -arch=sm_90 -o "$BUILD/kernels.ptx" scripts/gpu/kernels.cu || exit 1
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/include" -lcuda \
+    -L/usr/local/nvidia/lib64 -L/usr/lib/x86_64-linux-gnu || exit 1
+python3 scripts/gpu/check.py --out "$OUT" --ptx "$BUILD/kernels.ptx" --overhead-bin "$BUILD/launch_overhead"

@@ -1,0 +1,207 @@
+/*
+ * control.c: the controller's side of the region protocol (design.md steps 1-3 and exit).
+ *
+ * Ordering argument (step 2): the shim announces (in_flight += 1, seq_cst) and then loads the
+ * gate word (seq_cst); we store the gate word (seq_cst) and then load in_flight (seq_cst). In
+ * the single total order of seq_cst operations either our load sees the announcement, and we
+ * wait for it, or the shim's load comes after our store and sees the gate closed.
+ */
+#include <errno.h>
+#include <stdint.h>
+
+#include "krex_common.h"
+#include "krex_control.h"
+
+static int is_sibling(const struct krex_slot *s, uint32_t gpu, uint32_t owner)
+{
+    return KREX_LOAD(&s->state) == KREX_SLOT_LIVE && s->gpu == gpu && s->tenant != owner;
+}
+
+/* Free a slot whose process died, unless someone else changed it first. */
+static int reap_if_dead(struct krex_slot *s)
+{
+    uint32_t live = KREX_SLOT_LIVE;
+    if (KREX_LOAD(&s->state) != KREX_SLOT_LIVE || krex_pid_alive(s->pid, s->start_time))
+        return 0;
+    if (!__atomic_compare_exchange_n(&s->state, &live, KREX_SLOT_CLAIMING, 0, __ATOMIC_SEQ_CST,
+                                     __ATOMIC_SEQ_CST))
+        return 0;
+    /* A dead process can hold nothing in flight: clear it so nobody waits on it again. */
+    KREX_STORE(&s->in_flight, 0);
+    KREX_STORE(&s->state, KREX_SLOT_FREE);
+    return 1;
+}
+
+static int bad_gpu(const struct krex_segment *seg, uint32_t gpu)
+{
+    return !seg || gpu >= seg->header.n_gpus;
+}
+
+int64_t krex_gate_close(struct krex_segment *seg, uint32_t gpu, uint32_t owner,
+                        uint64_t deadline_ns)
+{
+    if (bad_gpu(seg, gpu) || owner == 0)
+        return KREX_E_ARG;
+    struct krex_gate *g = &seg->gates[gpu];
+    uint32_t epoch = KREX_GATE_EPOCH(KREX_LOAD(&g->word)) + 1;
+    if (epoch == 0) /* epoch 0 means "never drained": skip it on wrap-around */
+        epoch = 1;
+    KREX_STORE(&g->deadline_ns, deadline_ns);
+    KREX_STORE(&g->word, KREX_GATE_WORD(epoch, owner));
+    KREX_ADD(&g->regions, 1);
+    return (int64_t)epoch;
+}
+
+int krex_gate_open(struct krex_segment *seg, uint32_t gpu)
+{
+    if (bad_gpu(seg, gpu))
+        return KREX_E_ARG;
+    struct krex_gate *g = &seg->gates[gpu];
+    uint64_t w = KREX_LOAD(&g->word);
+    KREX_STORE(&g->word, KREX_GATE_WORD(KREX_GATE_EPOCH(w), 0));
+    KREX_STORE(&g->deadline_ns, 0);
+    /* Waiters re-read the gate after reading `wake`; bumping it after the store means a waiter
+     * that read the old value either sees the open gate or has its futex wait fail. */
+    KREX_ADD(&g->wake, 1);
+    krex_futex_wake(&g->wake, INT32_MAX);
+    return KREX_OK;
+}
+
+uint64_t krex_gate_word(const struct krex_segment *seg, uint32_t gpu)
+{
+    if (bad_gpu(seg, gpu))
+        return 0;
+    return KREX_LOAD(&seg->gates[gpu].word);
+}
+
+int krex_quiesce(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint64_t timeout_ns,
+                 uint32_t *busy)
+{
+    if (bad_gpu(seg, gpu))
+        return KREX_E_ARG;
+    uint64_t deadline = krex_now_ns() + timeout_ns;
+    for (uint32_t i = 0; i < seg->header.n_slots; i++) {
+        struct krex_slot *s = &seg->slots[i];
+        for (;;) {
+            if (!is_sibling(s, gpu, owner))
+                break;
+            uint32_t n = KREX_LOAD(&s->in_flight);
+            if (n == 0)
+                break;
+            if (reap_if_dead(s))
+                break;
+            uint64_t now = krex_now_ns();
+            if (now >= deadline) {
+                uint32_t count = 0;
+                for (uint32_t j = i; j < seg->header.n_slots; j++)
+                    if (is_sibling(&seg->slots[j], gpu, owner) &&
+                        KREX_LOAD(&seg->slots[j].in_flight) != 0)
+                        count++;
+                if (busy)
+                    *busy = count;
+                return KREX_E_TIMEOUT;
+            }
+            /* The shim wakes this word when in_flight drops to 0 behind a closed gate; the
+             * slice bound re-checks liveness of a process that died mid-call. */
+            uint64_t slice = deadline - now;
+            if (slice > 50000000ULL)
+                slice = 50000000ULL;
+            krex_futex_wait(&s->in_flight, n, slice);
+        }
+    }
+    if (busy)
+        *busy = 0;
+    return KREX_OK;
+}
+
+int krex_drain_request(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint32_t epoch)
+{
+    if (bad_gpu(seg, gpu) || epoch == 0)
+        return KREX_E_ARG;
+    int asked = 0;
+    for (uint32_t i = 0; i < seg->header.n_slots; i++) {
+        struct krex_slot *s = &seg->slots[i];
+        if (!is_sibling(s, gpu, owner))
+            continue;
+        KREX_STORE(&s->drain_req, epoch);
+        krex_futex_wake(&s->drain_req, INT32_MAX);
+        asked++;
+    }
+    return asked;
+}
+
+int krex_drain_await(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint32_t epoch,
+                     uint64_t timeout_ns, uint32_t *pending)
+{
+    if (bad_gpu(seg, gpu) || epoch == 0)
+        return KREX_E_ARG;
+    uint64_t deadline = krex_now_ns() + timeout_ns;
+    for (uint32_t i = 0; i < seg->header.n_slots; i++) {
+        struct krex_slot *s = &seg->slots[i];
+        for (;;) {
+            if (!is_sibling(s, gpu, owner) || KREX_LOAD(&s->drain_req) != epoch)
+                break;
+            uint32_t ack = KREX_LOAD(&s->drain_ack);
+            if (ack == epoch)
+                break;
+            if (reap_if_dead(s))
+                break;
+            uint64_t now = krex_now_ns();
+            if (now >= deadline) {
+                uint32_t count = 0;
+                for (uint32_t j = i; j < seg->header.n_slots; j++) {
+                    struct krex_slot *t = &seg->slots[j];
+                    if (is_sibling(t, gpu, owner) && KREX_LOAD(&t->drain_req) == epoch &&
+                        KREX_LOAD(&t->drain_ack) != epoch)
+                        count++;
+                }
+                if (pending)
+                    *pending = count;
+                return KREX_E_TIMEOUT;
+            }
+            uint64_t slice = deadline - now;
+            if (slice > 50000000ULL)
+                slice = 50000000ULL;
+            krex_futex_wait(&s->drain_ack, ack, slice);
+        }
+    }
+    if (pending)
+        *pending = 0;
+    return KREX_OK;
+}
+
+int krex_slots_reap(struct krex_segment *seg)
+{
+    int freed = 0;
+    for (uint32_t i = 0; seg && i < seg->header.n_slots; i++)
+        freed += reap_if_dead(&seg->slots[i]);
+    return freed;
+}
+
+int krex_slot_alive(const struct krex_segment *seg, uint32_t i)
+{
+    if (!seg || i >= seg->header.n_slots)
+        return 0;
+    const struct krex_slot *s = &seg->slots[i];
+    return KREX_LOAD(&s->state) == KREX_SLOT_LIVE && krex_pid_alive(s->pid, s->start_time);
+}
+
+int krex_slot_read(const struct krex_segment *seg, uint32_t i, struct krex_slot_view *out)
+{
+    if (!seg || !out || i >= seg->header.n_slots)
+        return KREX_E_ARG;
+    const struct krex_slot *s = &seg->slots[i];
+    out->state = KREX_LOAD(&s->state);
+    out->pid = KREX_LOAD(&s->pid);
+    out->start_time = KREX_LOAD(&s->start_time);
+    out->tenant = KREX_LOAD(&s->tenant);
+    out->gpu = KREX_LOAD(&s->gpu);
+    out->in_flight = KREX_LOAD(&s->in_flight);
+    out->drain_ack = KREX_LOAD(&s->drain_ack);
+    out->drain_req = KREX_LOAD(&s->drain_req);
+    out->alive = out->state == KREX_SLOT_LIVE && krex_pid_alive(out->pid, out->start_time);
+    out->intercepted = KREX_LOAD(&s->intercepted);
+    out->blocked = KREX_LOAD(&s->blocked);
+    out->unmatched = KREX_LOAD(&s->unmatched);
+    return KREX_OK;
+}

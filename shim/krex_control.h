@@ -1,0 +1,74 @@
+/*
+ * krex_control.h: the control side of the region protocol (design.md steps 1-3 and exit),
+ * compiled into the cffi module krex._native and driven from krex/shm.py.
+ *
+ * Every function takes the mapped segment; the caller maps it (posix_ipc + mmap) and checks it
+ * with krex_seg_check first. All waits are bounded by a timeout in nanoseconds. Atomics live
+ * here, never in Python.
+ */
+#ifndef KREX_CONTROL_H
+#define KREX_CONTROL_H
+
+#include <stdint.h>
+
+#include "krex_layout.h"
+
+/* Initialise a zeroed mapping of `size` bytes as a segment; READY is written last. */
+int krex_seg_init(void *base, uint64_t size, uint32_t n_gpus, uint32_t n_slots);
+/* Validate a mapping of `size` bytes: KREX_OK or one KREX_E_* code. Reads nothing past size. */
+int krex_seg_check(const void *base, uint64_t size);
+/* A one-line English description of a KREX_* status code. */
+const char *krex_strerror(int code);
+
+/* Step 1: close gate `gpu` to everyone but `owner` (> 0); returns the new epoch.
+ * deadline_ns (CLOCK_MONOTONIC, 0 = none): blocked threads pass after it even if the
+ * controller never opens the gate (the last line of defence against a dead controller). */
+int64_t krex_gate_close(struct krex_segment *seg, uint32_t gpu, uint32_t owner,
+                        uint64_t deadline_ns);
+/* Exit: open gate `gpu` and wake every thread blocked on it. */
+int krex_gate_open(struct krex_segment *seg, uint32_t gpu);
+/* The gate word, read with a sequentially consistent load. */
+uint64_t krex_gate_word(const struct krex_segment *seg, uint32_t gpu);
+
+/* Step 2: wait until no live sibling slot on `gpu` (tenant != owner) is in flight.
+ * Slots of dead processes (pid gone, or start time changed) are freed and not waited for.
+ * Returns KREX_OK, KREX_E_TIMEOUT (then *busy = slots still in flight) or KREX_E_ARG. */
+int krex_quiesce(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint64_t timeout_ns,
+                 uint32_t *busy);
+
+/* Step 3: ask every live sibling slot on `gpu` to drain epoch `epoch`; returns how many were
+ * asked (>= 0) or KREX_E_ARG. */
+int krex_drain_request(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint32_t epoch);
+/* Wait until every live sibling slot on `gpu` acknowledged `epoch` (dead ones are freed).
+ * Returns KREX_OK, KREX_E_TIMEOUT (then *pending = slots that did not answer) or KREX_E_ARG. */
+int krex_drain_await(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint32_t epoch,
+                     uint64_t timeout_ns, uint32_t *pending);
+
+/* Free the slots of dead processes; returns how many were freed. */
+int krex_slots_reap(struct krex_segment *seg);
+/* Whether the process that owns slot `i` is alive (pid exists with the recorded start time). */
+int krex_slot_alive(const struct krex_segment *seg, uint32_t i);
+
+/* A consistent-enough copy of slot `i` (each field read atomically), for reports and tests. */
+struct krex_slot_view {
+    uint32_t state;
+    uint32_t pid;
+    uint64_t start_time;
+    uint32_t tenant;
+    uint32_t gpu;
+    uint32_t in_flight;
+    uint32_t drain_ack;
+    uint32_t drain_req;
+    uint32_t alive;
+    uint64_t intercepted;
+    uint64_t blocked;
+    uint64_t unmatched;
+};
+int krex_slot_read(const struct krex_segment *seg, uint32_t i, struct krex_slot_view *out);
+
+/* /proc/<pid>/stat start time (field 22), or 0 if the process does not exist. */
+uint64_t krex_proc_start_time(uint32_t pid);
+/* CLOCK_MONOTONIC in nanoseconds (the clock of deadlines). */
+uint64_t krex_now_ns(void);
+
+#endif /* KREX_CONTROL_H */

@@ -1,0 +1,104 @@
+/*
+ * krex_layout.h: the one definition of KREX's shared-memory layout.
+ *
+ * The preload library (shim/) and the Python control plane (krex/_native via cffi) both compile
+ * this header. Fixed-width fields only, no ABI-dependent types, every struct a multiple of a
+ * cache line; tests/c/test_layout.c checks each size and offset and cffi checks its cdef against
+ * it. Shared fields are accessed with __atomic builtins (sequentially consistent where the region
+ * protocol needs it): never through _Atomic types, which cffi cannot parse.
+ *
+ * Segment = header | gates[KREX_MAX_GPUS] | slots[n_slots].
+ * Any change of a size or offset bumps KREX_LAYOUT_MAJOR; fields carved out of reserved space
+ * bump KREX_LAYOUT_MINOR.
+ */
+#ifndef KREX_LAYOUT_H
+#define KREX_LAYOUT_H
+
+#include <stdint.h>
+
+#define KREX_SHM_MAGIC 0x5845524BU /* "KREX" read as little-endian bytes */
+#define KREX_LAYOUT_MAJOR 1U
+#define KREX_LAYOUT_MINOR 0U
+#define KREX_MAX_GPUS 16U
+#define KREX_MAX_SLOTS 4096U
+#define KREX_CACHELINE 64U
+
+/* header.state */
+#define KREX_SEG_INITIALISING 0U
+#define KREX_SEG_READY 1U
+
+/* slot.state */
+#define KREX_SLOT_FREE 0U
+#define KREX_SLOT_CLAIMING 1U
+#define KREX_SLOT_LIVE 2U
+
+/* Gate word: epoch in the high 32 bits, owner tenant in the low 32 bits; owner 0 = open. */
+#define KREX_GATE_OWNER(w) ((uint32_t)((w) & 0xFFFFFFFFULL))
+#define KREX_GATE_EPOCH(w) ((uint32_t)((w) >> 32))
+#define KREX_GATE_WORD(epoch, owner) (((uint64_t)(uint32_t)(epoch) << 32) | (uint64_t)(uint32_t)(owner))
+
+/* Status codes shared by the C helpers and Python (krex/shm.py maps them to exceptions). */
+#define KREX_OK 0
+#define KREX_E_SMALL -1      /* segment smaller than its header or than total_size */
+#define KREX_E_MAGIC -2      /* not a KREX segment */
+#define KREX_E_VERSION -3    /* layout major version differs */
+#define KREX_E_GEOMETRY -4   /* sizes or counts inconsistent: corrupt or foreign build */
+#define KREX_E_NOT_READY -5  /* creator never finished initialising it */
+#define KREX_E_ARG -6        /* bad argument (GPU index, tenant 0, ...) */
+#define KREX_E_TIMEOUT -7    /* a wait ran out of time */
+
+struct krex_header {
+    uint32_t magic;        /* KREX_SHM_MAGIC */
+    uint16_t major;        /* KREX_LAYOUT_MAJOR */
+    uint16_t minor;        /* KREX_LAYOUT_MINOR */
+    uint32_t header_size;  /* sizeof(struct krex_header) */
+    uint32_t gate_size;    /* sizeof(struct krex_gate) */
+    uint32_t slot_size;    /* sizeof(struct krex_slot) */
+    uint32_t n_gpus;       /* gates in use (<= KREX_MAX_GPUS) */
+    uint32_t n_slots;      /* process slots in this segment (<= KREX_MAX_SLOTS) */
+    uint32_t state;        /* KREX_SEG_*; READY is written last by the creator */
+    uint64_t total_size;   /* bytes: header + all gates + n_slots slots */
+    uint64_t created_ns;   /* CLOCK_REALTIME at creation, for diagnostics */
+    uint32_t creator_pid;
+    uint32_t overflow;     /* processes that found no free slot (their regions are unclean) */
+    uint64_t reserved[9];
+};
+
+struct krex_gate {
+    uint64_t word;         /* KREX_GATE_WORD(epoch, owner); seq_cst stores and loads */
+    uint32_t wake;         /* futex word: bumped on every open, blocked threads wait on it */
+    uint32_t reserved0;
+    uint64_t deadline_ns;  /* CLOCK_MONOTONIC; past it blocked threads pass (0 = none) */
+    uint64_t regions;      /* closes so far, for statistics */
+    uint64_t reserved[4];
+};
+
+struct krex_slot {
+    /* Cache line 0: written by the owning process (hot path touches only this line). */
+    uint32_t state;        /* KREX_SLOT_* */
+    uint32_t pid;          /* in the controller's pid namespace */
+    uint64_t start_time;   /* /proc/<pid>/stat field 22: a recycled pid has another */
+    uint32_t tenant;       /* > 0 */
+    uint32_t gpu;          /* gate index */
+    uint32_t in_flight;    /* calls between announce and return; futex word for the quiesce */
+    uint32_t drain_ack;    /* futex word: last drain epoch the drain thread finished */
+    uint64_t intercepted;  /* work-submitting calls that reached the driver through the shim */
+    uint64_t blocked;      /* of those, calls that waited at a closed gate first */
+    uint64_t unmatched;    /* gated look-ups whose pointer matched no known export */
+    uint64_t reserved0;
+    /* Cache line 1: written by the controller. */
+    uint32_t drain_req;    /* futex word: drain epoch requested */
+    uint32_t reserved1;
+    uint64_t reserved2[7];
+};
+
+struct krex_segment {
+    struct krex_header header;
+    struct krex_gate gates[KREX_MAX_GPUS];
+    struct krex_slot slots[];
+};
+
+#define KREX_SEGMENT_SIZE(n_slots) \
+    ((uint64_t)sizeof(struct krex_segment) + (uint64_t)(n_slots) * sizeof(struct krex_slot))
+
+#endif /* KREX_LAYOUT_H */

@@ -1,0 +1,238 @@
+/*
+ * gate.c: this process's registration (segment, slot, tenant, GPU) and the slow path of the
+ * gate: a thread that finds the gate closed to its tenant withdraws its announcement and sleeps
+ * on the gate's futex until the gate opens (no spinning, no polling sleeps).
+ *
+ * Registration happens at the first intercepted call, never in a constructor. Anything wrong
+ * with the environment or the segment means one warning and pass-through: the program runs.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "shim.h"
+
+struct krex_slot *krex_self;
+struct krex_gate *krex_my_gate;
+uint32_t krex_my_tenant;
+
+enum { REG_NONE, REG_DONE, REG_PASSTHROUGH };
+static int reg_state = REG_NONE;
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct krex_segment *seg;
+static uint64_t seg_size;
+static int atfork_done;
+/* Where a process that found no free slot keeps its counts: it is still gated, but the
+ * controller cannot see it in flight, so the segment's overflow count marks regions unclean. */
+static struct krex_slot private_slot;
+static uint64_t pending_unmatched;
+
+static void after_fork_child(void)
+{
+    /* The child is a new process: it needs its own slot and drain thread. The mapping is
+     * inherited and stays valid. */
+    pthread_mutex_init(&reg_lock, NULL);
+    krex_self = NULL;
+    if (reg_state == REG_DONE)
+        reg_state = REG_NONE;
+    krex_drain_after_fork();
+}
+
+static int parse_u32(const char *s, uint32_t *out)
+{
+    if (!s || !*s)
+        return -1;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || v > UINT32_MAX || s[0] == '-')
+        return -1;
+    *out = (uint32_t)v;
+    return 0;
+}
+
+static int attach(void)
+{
+    const char *name = getenv("KREX_SHM");
+    if (!name || !*name) {
+        krex_warn("KREX_SHM is not set: running without KREX (every call passes through)");
+        return -1;
+    }
+    uint32_t tenant = 0, gpu = 0;
+    if (parse_u32(getenv("KREX_TENANT"), &tenant) || tenant == 0) {
+        krex_warn("KREX_TENANT must be a positive integer (got \"%s\"): running without KREX",
+                  getenv("KREX_TENANT") ? getenv("KREX_TENANT") : "");
+        return -1;
+    }
+    const char *g = getenv("KREX_GPU");
+    if (g && parse_u32(g, &gpu)) {
+        krex_warn("KREX_GPU must be a GPU index (got \"%s\"): running without KREX", g);
+        return -1;
+    }
+    int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0) {
+        krex_warn("cannot open shared segment %s (%s): running without KREX", name,
+                  strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size < (off_t)sizeof(struct krex_header)) {
+        krex_warn("shared segment %s is too small (%lld bytes): running without KREX", name,
+                  (long long)st.st_size);
+        close(fd);
+        return -1;
+    }
+    void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED) {
+        krex_warn("cannot map shared segment %s (%s): running without KREX", name,
+                  strerror(errno));
+        return -1;
+    }
+    int rc = krex_seg_check(base, (uint64_t)st.st_size);
+    if (rc != KREX_OK) {
+        const struct krex_header *h = base;
+        krex_warn("shared segment %s is unusable: %s (layout %u.%u, this library %u.%u): "
+                  "running without KREX",
+                  name, krex_strerror(rc), rc == KREX_E_SMALL ? 0 : h->major,
+                  rc == KREX_E_SMALL ? 0 : h->minor, KREX_LAYOUT_MAJOR, KREX_LAYOUT_MINOR);
+        munmap(base, (size_t)st.st_size);
+        return -1;
+    }
+    seg = base;
+    seg_size = (uint64_t)st.st_size;
+    if (gpu >= seg->header.n_gpus) {
+        krex_warn("KREX_GPU=%u but the segment has %u GPUs: running without KREX", gpu,
+                  seg->header.n_gpus);
+        munmap(base, (size_t)st.st_size);
+        seg = NULL;
+        return -1;
+    }
+    krex_my_tenant = tenant;
+    krex_my_gate = &seg->gates[gpu];
+    return 0;
+}
+
+static void fill_slot(struct krex_slot *s, uint32_t pid, uint64_t start)
+{
+    s->pid = pid;
+    s->start_time = start;
+    s->tenant = krex_my_tenant;
+    s->gpu = (uint32_t)(krex_my_gate - seg->gates);
+    KREX_STORE(&s->in_flight, 0);
+    KREX_STORE(&s->intercepted, 0);
+    KREX_STORE(&s->blocked, 0);
+    KREX_STORE(&s->unmatched, 0);
+    /* An old request is not ours to answer. */
+    KREX_STORE(&s->drain_ack, KREX_LOAD(&s->drain_req));
+    KREX_STORE(&s->state, KREX_SLOT_LIVE);
+}
+
+static struct krex_slot *claim_slot(void)
+{
+    uint32_t pid = (uint32_t)getpid();
+    uint64_t start = krex_proc_start_time(pid);
+    /* First a free slot; then one whose process is gone (its pid, or its start time). */
+    for (int pass = 0; pass < 2; pass++) {
+        for (uint32_t i = 0; i < seg->header.n_slots; i++) {
+            struct krex_slot *s = &seg->slots[i];
+            uint32_t expect = pass == 0 ? KREX_SLOT_FREE : KREX_SLOT_LIVE;
+            if (KREX_LOAD(&s->state) != expect)
+                continue;
+            if (pass == 1 && krex_pid_alive(s->pid, s->start_time))
+                continue;
+            if (__atomic_compare_exchange_n(&s->state, &expect, KREX_SLOT_CLAIMING, 0,
+                                            __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+                fill_slot(s, pid, start);
+                return s;
+            }
+        }
+    }
+    return NULL;
+}
+
+struct krex_slot *krex_register(void)
+{
+    int st = __atomic_load_n(&reg_state, __ATOMIC_ACQUIRE);
+    if (st == REG_PASSTHROUGH)
+        return NULL;
+    pthread_mutex_lock(&reg_lock);
+    struct krex_slot *s = krex_self;
+    if (reg_state == REG_NONE) {
+        if (!atfork_done) {
+            pthread_atfork(NULL, NULL, after_fork_child);
+            atfork_done = 1;
+        }
+        if (!seg && attach() != 0) {
+            __atomic_store_n(&reg_state, REG_PASSTHROUGH, __ATOMIC_RELEASE);
+            pthread_mutex_unlock(&reg_lock);
+            return NULL;
+        }
+        s = claim_slot();
+        if (!s) {
+            KREX_ADD(&seg->header.overflow, 1);
+            krex_warn("all %u slots of the KREX segment are taken: this process is gated but "
+                      "invisible to the drain (its regions' neighbours report clean = false)",
+                      seg->header.n_slots);
+            s = &private_slot;
+        } else if (krex_drain_start(s) != 0) {
+            krex_warn("cannot start the drain thread: regions on this GPU will not be clean");
+        }
+        KREX_ADD(&s->unmatched, __atomic_exchange_n(&pending_unmatched, 0, __ATOMIC_SEQ_CST));
+        krex_debug("registered: tenant %u, gpu %u, slot %ld", krex_my_tenant, s->gpu,
+                   s == &private_slot ? -1L : (long)(s - seg->slots));
+        __atomic_store_n(&krex_self, s, __ATOMIC_RELEASE);
+        __atomic_store_n(&reg_state, REG_DONE, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&reg_lock);
+    return s;
+}
+
+void krex_note_unmatched(void)
+{
+    struct krex_slot *s = __atomic_load_n(&krex_self, __ATOMIC_ACQUIRE);
+    if (s)
+        KREX_COUNT(&s->unmatched);
+    else
+        KREX_COUNT(&pending_unmatched);
+}
+
+void krex_gate_block(struct krex_slot *s)
+{
+    struct krex_gate *g = krex_my_gate;
+    KREX_COUNT(&s->blocked);
+    for (;;) {
+        /* Withdraw the announcement, and let a waiting controller see 0. */
+        if (KREX_SUB(&s->in_flight, 1) == 0)
+            krex_futex_wake(&s->in_flight, INT32_MAX);
+        for (;;) {
+            uint32_t seq = KREX_LOAD(&g->wake);
+            if (!krex_closed_to_me(KREX_LOAD(&g->word)))
+                break;
+            uint64_t timeout = UINT64_MAX;
+            uint64_t deadline = KREX_LOAD(&g->deadline_ns);
+            if (deadline) {
+                uint64_t now = krex_now_ns();
+                if (now >= deadline) {
+                    static int warned;
+                    if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+                        krex_warn("gate held past its deadline (controller gone?): passing");
+                    KREX_ADD(&s->in_flight, 1);
+                    return;
+                }
+                timeout = deadline - now;
+            }
+            krex_futex_wait(&g->wake, seq, timeout);
+        }
+        /* Announce again, then check again: the gate may have closed in between. */
+        KREX_ADD(&s->in_flight, 1);
+        if (!krex_closed_to_me(KREX_LOAD(&g->word)))
+            return;
+    }
+}

@@ -1,0 +1,122 @@
+/*
+ * shim.h: the preload library's internal header (one for all its files).
+ *
+ * The hot path (krex_enter/krex_leave) is inline here: one seq_cst add to our own slot, one
+ * load of our gate's word, one relaxed counter, and the matching subtract. No getenv, no
+ * syscall, no lock, no scan of other slots (interception.md: what made HAMi slow).
+ */
+#ifndef KREX_SHIM_H
+#define KREX_SHIM_H
+
+#include <stdint.h>
+
+#include "krex_common.h"
+#include "krex_cuda.h"
+
+#define KREX_EXPORT __attribute__((visibility("default")))
+#define KREX_HIDDEN __attribute__((visibility("hidden")))
+
+/* Hook ids: every entry of hooks.def, then the two hand-written look-up wrappers. */
+enum krex_hook_id {
+#define KREX_GATE(name, ...) KREX_H_##name,
+#define KREX_TRACK(name, ...) KREX_H_##name,
+#define KREX_REAL(name, ...) KREX_H_##name,
+#include "hooks.def"
+#undef KREX_GATE
+#undef KREX_TRACK
+#undef KREX_REAL
+    KREX_H_cuGetProcAddress,
+    KREX_H_cuGetProcAddress_v2,
+    KREX_H_COUNT
+};
+
+/* Pointer types of every hooked exact name: krex_pfn_<name>. */
+#define KREX_PFN_(name, params, args) typedef CUresult(*krex_pfn_##name) params;
+#define KREX_GATE(name, ...) KREX_PFN_(name, __VA_ARGS__)
+#define KREX_TRACK(name, ...) KREX_PFN_(name, __VA_ARGS__)
+#define KREX_REAL(name, ...) KREX_PFN_(name, __VA_ARGS__)
+#include "hooks.def"
+#undef KREX_GATE
+#undef KREX_TRACK
+#undef KREX_REAL
+typedef CUresult (*krex_pfn_cuGetProcAddress)(const char *, void **, int, cuuint64_t);
+typedef CUresult (*krex_pfn_cuGetProcAddress_v2)(const char *, void **, int, cuuint64_t,
+                                                 CUdriverProcAddressQueryResult *);
+
+enum krex_hook_kind { KREX_KIND_GATE, KREX_KIND_TRACK, KREX_KIND_REAL, KREX_KIND_LOOKUP };
+
+struct krex_hook {
+    const char *name;          /* exact ELF name */
+    enum krex_hook_kind kind;
+    void *wrapper;             /* our exported function of that name (NULL for REAL) */
+};
+
+/* hooks.c: the table, and the real driver's addresses of every entry. */
+KREX_HIDDEN extern const struct krex_hook krex_hooks[KREX_H_COUNT];
+KREX_HIDDEN extern void *krex_real[KREX_H_COUNT];
+/* Resolve every entry from the library that holds `addr` (NULL: libcuda.so.1), once. */
+KREX_HIDDEN void krex_resolve_from(const void *addr);
+KREX_HIDDEN int krex_hook_find(const char *name);
+KREX_HIDDEN CUresult krex_missing(enum krex_hook_id id);
+KREX_HIDDEN extern __thread int krex_in_resolve;
+
+static inline void *krex_real_get(enum krex_hook_id id)
+{
+    void *p = __atomic_load_n(&krex_real[id], __ATOMIC_ACQUIRE);
+    if (KREX_UNLIKELY(!p)) {
+        krex_resolve_from(NULL);
+        p = __atomic_load_n(&krex_real[id], __ATOMIC_ACQUIRE);
+    }
+    return p;
+}
+
+/* gate.c: this process's registration and the gate. */
+KREX_HIDDEN extern struct krex_slot *krex_self;   /* NULL until registered */
+KREX_HIDDEN extern struct krex_gate *krex_my_gate;
+KREX_HIDDEN extern uint32_t krex_my_tenant;
+KREX_HIDDEN struct krex_slot *krex_register(void); /* NULL: pass everything through */
+KREX_HIDDEN void krex_gate_block(struct krex_slot *s);
+KREX_HIDDEN void krex_note_unmatched(void);
+
+static inline int krex_closed_to_me(uint64_t word)
+{
+    uint32_t owner = KREX_GATE_OWNER(word);
+    return owner != 0 && owner != krex_my_tenant;
+}
+
+/* Announce, then check (design.md step 2). Returns our slot, or NULL in pass-through. */
+static inline struct krex_slot *krex_enter(void)
+{
+    struct krex_slot *s = __atomic_load_n(&krex_self, __ATOMIC_ACQUIRE);
+    if (KREX_UNLIKELY(!s)) {
+        s = krex_register();
+        if (!s)
+            return NULL;
+    }
+    KREX_ADD(&s->in_flight, 1);
+    if (KREX_UNLIKELY(krex_closed_to_me(KREX_LOAD(&krex_my_gate->word))))
+        krex_gate_block(s);
+    KREX_COUNT(&s->intercepted);
+    return s;
+}
+
+static inline void krex_leave(struct krex_slot *s)
+{
+    if (!s)
+        return;
+    /* Behind a closed gate the controller may be waiting for this count to reach 0. */
+    if (KREX_SUB(&s->in_flight, 1) == 0 && krex_closed_to_me(KREX_LOAD(&krex_my_gate->word)))
+        krex_futex_wake(&s->in_flight, INT32_MAX);
+}
+
+/* drain.c: contexts this process used, and the drain thread. */
+KREX_HIDDEN void krex_ctx_track(CUcontext ctx, CUdevice dev);
+KREX_HIDDEN void krex_ctx_untrack(CUcontext ctx);
+KREX_HIDDEN int krex_drain_start(struct krex_slot *s);
+KREX_HIDDEN void krex_drain_after_fork(void);
+
+/* log.c */
+KREX_HIDDEN void krex_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+KREX_HIDDEN void krex_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif /* KREX_SHIM_H */

@@ -1,0 +1,33 @@
+/*
+ * krexsim.h: the test hooks of the simulated GPU (libcuda.so.1 built from shim/sim/).
+ *
+ * Tests include this header; the simulated driver exports krexsim_submissions and honours
+ * the witness file described below. Nothing here exists in the real driver.
+ */
+#ifndef KREXSIM_H
+#define KREXSIM_H
+
+#include <stdint.h>
+
+/*
+ * The witness: when the environment variable KREX_SIM_WITNESS names a file (at least 64
+ * bytes, created by the test), the simulated driver maps it once per process and, on every
+ * work-submitting call (launches, graph launches, event records, copies, sets, host
+ * functions), does with sequentially consistent atomics:
+ *     submissions += 1;
+ *     owner = granted;
+ *     if (owner != 0 && owner != my_tenant) violations += 1;
+ * where my_tenant is the integer in KREX_TENANT (0 when unset). The test sets `granted` to
+ * the tenant that currently owns the GPU; a violation is a submission by anyone else.
+ */
+struct krexsim_witness {
+    uint32_t granted;
+    uint32_t pad;
+    uint64_t submissions;
+    uint64_t violations;
+};
+
+/* Work-submitting calls this process has made into the simulated driver (reset by fork). */
+unsigned long long krexsim_submissions(void);
+
+#endif /* KREXSIM_H */

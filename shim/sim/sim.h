@@ -1,0 +1,306 @@
+/*
+ * sim.h: internals of the simulated GPU, a CPU-only stand-in for the NVIDIA driver
+ * (libcuda.so.1) that lets KREX be tested on machines without a GPU.
+ *
+ * Layers, bottom up:
+ *   sim_util.c     configuration (environment, read once), logging, clocks, robust locks
+ *   sim_shm.c      the node's shared segment: create or attach, check; one-time init, fork
+ *   sim_model.c    the device model in the segment: jobs, streams, events, processor sharing
+ *   sim_wait.c     queueing work, and waiting for the model without holding its lock
+ *   sim_ctx.c      per-process state: contexts, current-context stacks, default streams
+ *   sim_api_*.c    the exported driver entry points (device, ctx, stream, mem, launch)
+ *   sim_errors.c   cuGetErrorName, cuGetErrorString
+ *   sim_procaddr.c cuGetProcAddress
+ *   sim_hooks.c    krexsim_* test hooks and the witness
+ *
+ * Environment (read once per process): KREX_SIM_SHM (node segment, default /krex-sim-<uid>),
+ * KREX_SIM_GPUS (1; at most 16), KREX_SIM_CTX_CREATE_MS (0), KREX_SIM_COPY_GBPS (50),
+ * KREX_SIM_LAUNCH_GAP_US (100; see sim_absorb_launch_gap in sim_model.c), KREX_SIM_DEBUG,
+ * KREX_SIM_WITNESS and KREX_TENANT (krexsim.h). The segment always holds SIM_MAX_GPUS GPUs;
+ * KREX_SIM_GPUS only says how many of them this process sees.
+ *
+ * Processes are told apart by pid: an owner that kill(pid, 0) says is gone is dead (so all
+ * processes of a node must share a pid namespace), and its streams, jobs and events are
+ * collected.
+ *
+ * Every exported name is an alias of a hidden sim_<name> function (SIM_EXPORT), so that
+ * cuGetProcAddress can hand out exactly the addresses dlsym finds, and so that calls inside
+ * the library never go through an interposable symbol.
+ */
+#ifndef KREX_SIM_H
+#define KREX_SIM_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "krex_cuda.h"
+#include "krexsim.h"
+
+#define SIM_HIDDEN __attribute__((visibility("hidden")))
+
+/* Export `name` as an alias of the hidden sim_<name>, defined in the same file before it. */
+#define SIM_EXPORT(name)                                                                      \
+    extern __typeof__(sim_##name) name __attribute__((alias("sim_" #name), visibility("default")))
+
+/* ---- Constants the shared header does not declare. ---- */
+
+#define SIM_DRIVER_VERSION 13000
+#define SIM_MAX_GPUS 16U
+#define SIM_TOTAL_MEM (143771ULL * 1024ULL * 1024ULL) /* what an H200 reports */
+
+#define SIM_CU_EVENT_DISABLE_TIMING 0x2U
+#define SIM_CU_LAUNCH_PARAM_END ((void *)0x00)
+#define SIM_CU_LAUNCH_PARAM_BUFFER_POINTER ((void *)0x01)
+#define SIM_CU_LAUNCH_PARAM_BUFFER_SIZE ((void *)0x02)
+
+/* ---- Configuration (sim_util.c), read once per process. ---- */
+
+struct sim_config {
+    char shm_name[256];       /* KREX_SIM_SHM, always with a leading '/' */
+    unsigned n_gpus;          /* KREX_SIM_GPUS, 0..SIM_MAX_GPUS */
+    double ctx_create_ns;     /* KREX_SIM_CTX_CREATE_MS, in ns */
+    double copy_bytes_per_ns; /* KREX_SIM_COPY_GBPS: GB/s is bytes per ns */
+    double launch_gap_ns;     /* KREX_SIM_LAUNCH_GAP_US: host gap absorbed after a marker */
+    int debug;                /* KREX_SIM_DEBUG */
+    char witness_path[4096];  /* KREX_SIM_WITNESS, "" when unset */
+    uint32_t tenant;          /* KREX_TENANT */
+};
+
+SIM_HIDDEN extern struct sim_config sim_cfg;
+
+SIM_HIDDEN void sim_config_load(void);
+/* One stderr line, prefixed "krex-sim (simulated GPU): ". sim_debug only with KREX_SIM_DEBUG. */
+SIM_HIDDEN void sim_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+SIM_HIDDEN void sim_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+SIM_HIDDEN int64_t sim_mono_ns(void);
+/* Sleep until CLOCK_MONOTONIC reaches abs_ns (returns early only if already past). */
+SIM_HIDDEN void sim_sleep_until(int64_t abs_ns);
+/* Lock a process-shared robust mutex; *recovered = 1 when its previous owner died in it. */
+SIM_HIDDEN int sim_robust_lock(pthread_mutex_t *m, int *recovered);
+SIM_HIDDEN void sim_robust_init(pthread_mutex_t *m);
+
+/* ---- The shared segment (sim_shm.c, layout here so that sim_model.c can use it). ---- */
+
+#define SIM_SHM_MAGIC 0x4D49534BU /* "KSIM" read as little-endian bytes */
+#define SIM_SHM_VERSION 1U
+#define SIM_MAX_STREAMS 1024U
+#define SIM_MAX_EVENTS 8192U
+#define SIM_MAX_JOBS 8192U
+#define SIM_NONE UINT32_MAX
+
+/* One piece of work queued in a stream: a kernel, copy, set, or zero-length marker. */
+struct sim_job {
+    uint32_t next;      /* next job of the same stream, or next free job */
+    uint32_t stream;    /* owning stream slot; SIM_NONE when free */
+    uint32_t event;     /* event slot stamped when this job completes, or SIM_NONE */
+    uint32_t event_gen; /* ... as long as that slot still holds the same event */
+    uint32_t event_rec; /* ... and was not recorded again since */
+    uint32_t kind;      /* enum sim_job_kind, for debug output */
+    double remaining;   /* nanoseconds of work left if it ran alone on the GPU */
+};
+
+enum sim_job_kind { SIM_JOB_KERNEL, SIM_JOB_COPY, SIM_JOB_SET, SIM_JOB_MARKER };
+
+/* A stream: a FIFO of jobs; its head job is running (in its GPU's active set). */
+struct sim_stream {
+    int32_t owner;       /* pid of the owning process; 0 = free slot */
+    uint32_t gen;        /* bumped when the slot is freed, so stale handles are caught */
+    uint32_t gpu;
+    uint32_t destroyed;  /* the owner let go of it: freed as soon as it is empty */
+    uint64_t ctx_id;     /* the owner's context serial, for cuCtxSynchronize */
+    uint32_t head, tail; /* job slots, SIM_NONE when empty */
+    uint32_t active_pos; /* index in gpus[gpu].active while non-empty */
+    uint32_t next_free;
+    uint64_t submitted; /* jobs ever queued; a job's sequence number is this after queueing */
+    uint64_t completed; /* jobs ever finished (or dropped) */
+    /* The event of the marker that was the last thing queued, if it went into the idle
+     * stream (and so completed at once): SIM_NONE otherwise. See sim_enqueue. */
+    uint32_t mark_event, mark_gen, mark_rec;
+    uint32_t pad;
+};
+
+enum sim_event_state { SIM_EV_NEVER, SIM_EV_PENDING, SIM_EV_DONE };
+
+struct sim_event {
+    int32_t owner; /* pid; 0 = free slot */
+    uint32_t gen;
+    uint32_t state; /* enum sim_event_state */
+    uint32_t gpu;   /* GPU of the stream it was last recorded in */
+    uint32_t rec;   /* bumped by every record: only the latest marker stamps it */
+    uint32_t next_free;
+    double t; /* model time at which the latest marker completed */
+};
+
+/* One GPU's processor-sharing state: every active job progresses at 1/n_active. */
+struct sim_gpu {
+    double t; /* model time this state describes */
+    uint32_t n_active;
+    uint32_t pad;
+    uint32_t active[SIM_MAX_STREAMS]; /* stream slots whose head job is running */
+};
+
+struct sim_shm {
+    /* Fixed prefix: checked before anything else is trusted. */
+    uint32_t magic;
+    uint32_t version;
+    uint64_t size;  /* sizeof(struct sim_shm) of the creator */
+    uint32_t ready; /* written last by the creator */
+    uint32_t pad0;
+    int64_t epoch_ns; /* CLOCK_MONOTONIC at creation: model time 0 */
+
+    pthread_mutex_t model_lock; /* everything below */
+    pthread_mutex_t ctx_lock;   /* node-wide context creation */
+    int64_t last_reap_ns;
+    uint32_t free_job, free_stream, free_event;
+    uint32_t pad1;
+    struct sim_gpu gpus[SIM_MAX_GPUS];
+    struct sim_stream streams[SIM_MAX_STREAMS];
+    struct sim_event events[SIM_MAX_EVENTS];
+    struct sim_job jobs[SIM_MAX_JOBS];
+};
+
+SIM_HIDDEN extern struct sim_shm *sim_shm;
+SIM_HIDDEN extern pid_t sim_pid;
+
+/* Configure, attach the segment, map the witness: once per process. CUDA_SUCCESS or the
+ * error every call returns from then on. */
+SIM_HIDDEN CUresult sim_ensure_init(void);
+SIM_HIDDEN void sim_shm_init_layout(struct sim_shm *s);
+
+/* ---- The device model (sim_model.c). All functions with the model lock held. ---- */
+
+/* Take the model lock and advance every GPU to now; returns the model time now. */
+SIM_HIDDEN CUresult sim_model_lock(double *now);
+/* Take the model lock without advancing (the caller advances, with sim_model_advance). */
+SIM_HIDDEN CUresult sim_model_lock_raw(void);
+/* Advance every GPU, or just `gpu`, to CLOCK_MONOTONIC time mono_ns (never backwards). */
+SIM_HIDDEN void sim_model_advance(int64_t mono_ns);
+SIM_HIDDEN void sim_model_advance_gpu(uint32_t gpu, int64_t mono_ns);
+SIM_HIDDEN void sim_model_unlock(void);
+SIM_HIDDEN double sim_model_now(void);
+
+SIM_HIDDEN uint32_t sim_stream_alloc(uint32_t gpu, uint64_t ctx_id); /* SIM_NONE if full */
+/* Let go of a stream: freed now if empty, else once drained. */
+SIM_HIDDEN void sim_stream_release(uint32_t slot, uint32_t gen);
+SIM_HIDDEN int sim_stream_valid(uint32_t slot, uint32_t gen);
+SIM_HIDDEN uint32_t sim_event_alloc(void);
+SIM_HIDDEN void sim_event_free(uint32_t slot, uint32_t gen);
+SIM_HIDDEN int sim_event_valid(uint32_t slot, uint32_t gen);
+
+/* What a job to queue is. */
+struct sim_work {
+    enum sim_job_kind kind;
+    double duration_ns;
+    uint32_t event, event_gen; /* SIM_NONE: no event to stamp */
+};
+/* Queue `w` at the tail of stream `slot`; *seq = its sequence number. CUDA_ERROR_OUT_OF_MEMORY
+ * when the job table is full (after collecting dead processes' jobs): the caller waits. */
+SIM_HIDDEN CUresult sim_enqueue(uint32_t slot, const struct sim_work *w, uint64_t *seq);
+/* Drop everything owned by processes that no longer exist; returns how many were dead. */
+SIM_HIDDEN unsigned sim_reap_dead(void);
+/* Model time of the next job completion on `gpu` as things stand, or -1 if it is idle. */
+SIM_HIDDEN double sim_next_completion(uint32_t gpu);
+
+/* ---- Per-process state (sim_ctx.c). ---- */
+
+#define SIM_MAGIC_CTX 0x43545831U
+#define SIM_MAGIC_STREAM 0x53545231U
+#define SIM_MAGIC_EVENT 0x45564E31U
+#define SIM_MAGIC_MODULE 0x4D4F4431U
+#define SIM_MAGIC_FUNC 0x46554E31U
+#define SIM_MAGIC_DEAD 0xDEADDEADU
+
+struct CUctx_st {
+    uint32_t magic;   /* SIM_MAGIC_CTX, for as long as the struct lives (it never is freed) */
+    int alive;        /* 0 once destroyed (or, for a primary context, released to zero) */
+    int device;
+    int primary;
+    unsigned flags;
+    uint64_t id;      /* serial, new at every (re)activation: tags this context's streams */
+    uint32_t legacy_slot, legacy_gen; /* the legacy default stream, made on first use */
+    struct CUctx_st *next_all;
+};
+
+/* Streams, events, modules and functions: one handle type, kept in a free list once dead so
+ * that a stale handle reads as dead instead of as freed memory. */
+struct sim_handle {
+    uint32_t magic;
+    uint32_t flags;
+    uint32_t slot, gen; /* shared-segment slot (streams, events) */
+    struct CUctx_st *ctx;
+    struct sim_handle *link; /* free list; for a module, its functions */
+};
+struct CUstream_st { struct sim_handle h; };
+struct CUevent_st { struct sim_handle h; };
+struct CUmod_st { struct sim_handle h; };
+struct CUfunc_st { struct sim_handle h; };
+
+SIM_HIDDEN struct sim_handle *sim_handle_new(uint32_t magic);
+SIM_HIDDEN void sim_handle_kill(struct sim_handle *h);
+
+/* The calling thread's current context: CUDA_ERROR_INVALID_CONTEXT when there is none,
+ * CUDA_ERROR_CONTEXT_IS_DESTROYED when it is dead. */
+SIM_HIDDEN CUresult sim_ctx_current(struct CUctx_st **out);
+SIM_HIDDEN CUresult sim_ctx_check(struct CUctx_st *c);
+SIM_HIDDEN CUresult sim_ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev);
+SIM_HIDDEN CUresult sim_ctx_destroy(CUcontext ctx);
+SIM_HIDDEN CUresult sim_ctx_push(CUcontext ctx);
+SIM_HIDDEN CUresult sim_ctx_pop(CUcontext *pctx);
+SIM_HIDDEN CUresult sim_ctx_set_current(CUcontext ctx);
+SIM_HIDDEN CUcontext sim_ctx_top(void);
+SIM_HIDDEN CUresult sim_ctx_synchronize(struct CUctx_st *c);
+SIM_HIDDEN CUresult sim_primary_retain(CUcontext *pctx, CUdevice dev);
+SIM_HIDDEN CUresult sim_primary_release(CUdevice dev);
+SIM_HIDDEN CUresult sim_primary_state(CUdevice dev, unsigned *flags, int *active);
+SIM_HIDDEN CUresult sim_check_device(CUdevice dev);
+
+/* Which stream a NULL handle means in the calling entry point. */
+enum sim_null_stream { SIM_NULL_LEGACY, SIM_NULL_PER_THREAD };
+
+/* A stream handle resolved to its shared slot; with the model lock held. Creates the legacy
+ * or per-thread default stream on first use. */
+struct sim_target {
+    uint32_t slot, gen, gpu;
+    struct CUctx_st *ctx;
+};
+SIM_HIDDEN CUresult sim_resolve_stream(CUstream s, enum sim_null_stream null_is,
+                                       struct sim_target *out);
+
+/* ---- Waiting (sim_wait.c): sleeps without the lock until the condition holds. ---- */
+
+/* A condition over the model, evaluated with the lock held. */
+typedef int (*sim_cond_fn)(void *arg);
+/* Wait until cond(arg) holds, waking at each predicted job completion on `gpu` (SIM_NONE:
+ * on any GPU). Bounded: the condition must depend on queued work, which is all finite. */
+SIM_HIDDEN CUresult sim_wait(uint32_t gpu, sim_cond_fn cond, void *arg);
+/* Wait until job `seq` of stream slot/gen has completed. */
+SIM_HIDDEN CUresult sim_wait_stream(const struct sim_target *tg, uint64_t seq);
+/* Resolve stream `s`, check w's event, and queue `w` there; while the job table is full,
+ * wait (bounded) for room. *tg and *seq say where it went.
+ * arrive_ns: the CLOCK_MONOTONIC time at which the job reached the device, or 0 for "as
+ * late as possible in this call". Kernels and copies pass the time they entered the sim
+ * (after moving the bytes, for copies), markers 0: so between an event record and the
+ * launch after it, only the few instructions that separate the two calls elapse. */
+SIM_HIDDEN CUresult sim_submit(CUstream s, enum sim_null_stream null_is,
+                               const struct sim_work *w, int64_t arrive_ns,
+                               struct sim_target *tg, uint64_t *seq);
+
+/* ---- Process-wide bookkeeping. ---- */
+
+SIM_HIDDEN extern pthread_mutex_t sim_proc_lock; /* handles, contexts, memory accounting */
+SIM_HIDDEN void sim_ctx_after_fork_child(void);
+
+/* Count one work-submitting call and feed the witness (sim_hooks.c). */
+SIM_HIDDEN void sim_count_submission(void);
+SIM_HIDDEN void sim_hooks_after_fork_child(void);
+SIM_HIDDEN void sim_witness_map(void);
+
+/* ---- Errors (sim_errors.c). ---- */
+SIM_HIDDEN CUresult sim_cuGetErrorName(CUresult error, const char **pStr);
+SIM_HIDDEN CUresult sim_cuGetErrorString(CUresult error, const char **pStr);
+
+/* ---- The internal entry points, one per exported name (cuGetProcAddress hands these out). */
+#include "sim_entries.h"
+
+#endif /* KREX_SIM_H */

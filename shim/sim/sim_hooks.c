@@ -1,0 +1,71 @@
+/*
+ * sim_hooks.c: test hooks. krexsim_submissions counts this process's work-submitting calls;
+ * the witness (see krexsim.h) lets KREX's property tests check, across processes, that every
+ * submission happened while its tenant held the GPU.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "sim.h"
+
+static unsigned long long sim_submissions;
+static struct krexsim_witness *sim_witness;
+
+/* Called once, from initialisation. */
+void sim_witness_map(void)
+{
+    const char *path = sim_cfg.witness_path;
+    if (!path[0])
+        return;
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        sim_warn("cannot open the witness %s: %s; no witness in this process", path,
+                 strerror(errno));
+        return;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size < sizeof(struct krexsim_witness)) {
+        sim_warn("the witness %s is smaller than %zu bytes; no witness in this process", path,
+                 sizeof(struct krexsim_witness));
+        close(fd);
+        return;
+    }
+    void *p = mmap(NULL, sizeof(struct krexsim_witness), PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                   0);
+    close(fd);
+    if (p == MAP_FAILED) {
+        sim_warn("cannot map the witness %s: %s; no witness in this process", path,
+                 strerror(errno));
+        return;
+    }
+    sim_witness = p;
+    sim_debug("witness %s mapped, tenant %u", path, (unsigned)sim_cfg.tenant);
+}
+
+void sim_count_submission(void)
+{
+    sim_ensure_init(); /* maps the witness, whatever becomes of the segment */
+    __atomic_add_fetch(&sim_submissions, 1, __ATOMIC_SEQ_CST);
+    struct krexsim_witness *w = sim_witness;
+    if (!w)
+        return;
+    __atomic_add_fetch(&w->submissions, 1, __ATOMIC_SEQ_CST);
+    uint32_t owner = __atomic_load_n(&w->granted, __ATOMIC_SEQ_CST);
+    if (owner != 0 && owner != sim_cfg.tenant)
+        __atomic_add_fetch(&w->violations, 1, __ATOMIC_SEQ_CST);
+}
+
+void sim_hooks_after_fork_child(void)
+{
+    __atomic_store_n(&sim_submissions, 0, __ATOMIC_SEQ_CST);
+}
+
+unsigned long long sim_krexsim_submissions(void)
+{
+    return __atomic_load_n(&sim_submissions, __ATOMIC_SEQ_CST);
+}
+SIM_EXPORT(krexsim_submissions);

@@ -1,0 +1,142 @@
+/*
+ * sim_util.c: configuration, logging, clocks and robust locks of the simulated GPU.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sim.h"
+
+struct sim_config sim_cfg;
+
+#define SIM_LOG_PREFIX "krex-sim (simulated GPU): "
+
+static void sim_vlog(const char *fmt, va_list ap)
+{
+    /* One write per line, so that lines of concurrent processes never interleave. */
+    char line[1024];
+    int n = snprintf(line, sizeof line, SIM_LOG_PREFIX "[pid %d] ", (int)getpid());
+    if (n < 0 || (size_t)n >= sizeof line)
+        return;
+    int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    if (m < 0)
+        return;
+    size_t len = (size_t)n + (size_t)m;
+    if (len > sizeof line - 2)
+        len = sizeof line - 2;
+    line[len++] = '\n';
+    ssize_t w = write(STDERR_FILENO, line, len);
+    (void)w;
+}
+
+void sim_warn(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    sim_vlog(fmt, ap);
+    va_end(ap);
+}
+
+void sim_debug(const char *fmt, ...)
+{
+    if (!sim_cfg.debug)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    sim_vlog(fmt, ap);
+    va_end(ap);
+}
+
+/* A number from the environment, or `dflt` (with a warning) when unset or malformed. */
+static double sim_env_number(const char *name, double dflt, double lo, double hi)
+{
+    const char *s = getenv(name);
+    if (!s || !*s)
+        return dflt;
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end != '\0' || !(v >= lo && v <= hi)) {
+        sim_warn("ignoring %s=\"%s\" (expected a number in [%g, %g]); using %g", name, s, lo, hi,
+                 dflt);
+        return dflt;
+    }
+    return v;
+}
+
+void sim_config_load(void)
+{
+    struct sim_config *c = &sim_cfg;
+    const char *dbg = getenv("KREX_SIM_DEBUG");
+    c->debug = dbg && *dbg && strcmp(dbg, "0") != 0;
+
+    const char *name = getenv("KREX_SIM_SHM");
+    if (name && *name) {
+        snprintf(c->shm_name, sizeof c->shm_name, "%s%s", name[0] == '/' ? "" : "/", name);
+    } else {
+        snprintf(c->shm_name, sizeof c->shm_name, "/krex-sim-%u", (unsigned)getuid());
+    }
+    double gpus = sim_env_number("KREX_SIM_GPUS", 1, 0, 1e9);
+    if (gpus > SIM_MAX_GPUS) {
+        sim_warn("KREX_SIM_GPUS=%g is more than the %u simulated GPUs a node can have; using %u",
+                 gpus, SIM_MAX_GPUS, SIM_MAX_GPUS);
+        gpus = SIM_MAX_GPUS;
+    }
+    c->n_gpus = (unsigned)gpus;
+    c->ctx_create_ns = sim_env_number("KREX_SIM_CTX_CREATE_MS", 0, 0, 3600e3) * 1e6;
+    c->copy_bytes_per_ns = sim_env_number("KREX_SIM_COPY_GBPS", 50, 1e-6, 1e9);
+    c->launch_gap_ns = sim_env_number("KREX_SIM_LAUNCH_GAP_US", 100, 0, 1e6) * 1e3;
+
+    const char *w = getenv("KREX_SIM_WITNESS");
+    snprintf(c->witness_path, sizeof c->witness_path, "%s", w ? w : "");
+    c->tenant = (uint32_t)sim_env_number("KREX_TENANT", 0, 0, UINT32_MAX);
+
+    sim_debug("config: shm %s, %u GPU(s), context creation %.3f ms, copies %.3f GB/s, launch "
+              "gap %.1f us%s%s",
+              c->shm_name, c->n_gpus, c->ctx_create_ns / 1e6, c->copy_bytes_per_ns,
+              c->launch_gap_ns / 1e3, c->witness_path[0] ? ", witness " : "", c->witness_path);
+}
+
+int64_t sim_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+void sim_sleep_until(int64_t abs_ns)
+{
+    struct timespec ts = {.tv_sec = abs_ns / 1000000000LL, .tv_nsec = abs_ns % 1000000000LL};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
+}
+
+void sim_robust_init(pthread_mutex_t *m)
+{
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(m, &a);
+    pthread_mutexattr_destroy(&a);
+}
+
+int sim_robust_lock(pthread_mutex_t *m, int *recovered)
+{
+    *recovered = 0;
+    int r = pthread_mutex_lock(m);
+    if (r == EOWNERDEAD) {
+        /* Its holder died inside: we own it now; make it usable again and let the caller
+         * repair whatever the dead holder left half done. */
+        pthread_mutex_consistent(m);
+        *recovered = 1;
+        r = 0;
+    }
+    if (r != 0)
+        sim_warn("cannot take a lock of the simulated node (%s)", strerror(r));
+    return r;
+}

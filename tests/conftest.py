@@ -1,0 +1,134 @@
+"""Shared fixtures: the built native pieces, compiled C test programs, and a simulated node.
+
+A simulated node is a fresh KREX segment plus a fresh simulated-GPU segment, both with names
+unique to the test, removed afterwards. `node.env(tenant)` gives the environment a tenant
+process runs with: the shim preloaded and the simulated libcuda.so.1 on the library path.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from krex.paths import shim_library, sim_library_dir
+from krex.shm import Segment
+
+ROOT = Path(__file__).resolve().parents[1]
+C_DIR = ROOT / "tests" / "c"
+_names = itertools.count()
+
+
+@dataclass(frozen=True)
+class Native:
+    shim: Path
+    sim_dir: Path
+    bin_dir: Path
+
+    def program(self, name: str) -> str:
+        return str(self.bin_dir / name)
+
+
+def compile_c(src: Path, out: Path, *extra: str, link_sim: Path | None = None) -> Path:
+    """Compile one test program with the project's warnings as errors."""
+    cmd = [
+        os.environ.get("CC", "cc"),
+        "-std=gnu11",
+        "-O2",
+        "-g",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        f"-I{ROOT / 'shim'}",
+        f"-I{C_DIR}",
+        "-o",
+        str(out),
+        str(src),
+        *extra,
+    ]
+    if link_sim is not None:
+        cmd += [f"-L{link_sim}", "-l:libcuda.so.1"]
+    cmd += ["-ldl", "-lpthread", "-lrt"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def native(tmp_path_factory: pytest.TempPathFactory) -> Native:
+    bin_dir = tmp_path_factory.mktemp("bin")
+    sim_dir = sim_library_dir()
+    for prog in ("paths", "workload"):
+        compile_c(C_DIR / f"{prog}.c", bin_dir / prog, link_sim=sim_dir)
+    return Native(shim=shim_library(), sim_dir=sim_dir, bin_dir=bin_dir)
+
+
+@dataclass
+class Node:
+    """One simulated GPU node: a KREX segment and a simulated-driver segment."""
+
+    native: Native
+    seg: Segment
+    sim_shm: str
+    extra: dict[str, str]
+
+    def env(self, tenant: int, gpu: int = 0, **more: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            LD_PRELOAD=str(self.native.shim),
+            LD_LIBRARY_PATH=str(self.native.sim_dir),
+            KREX_SHM=self.seg.name,
+            KREX_TENANT=str(tenant),
+            KREX_GPU=str(gpu),
+            KREX_SIM_SHM=self.sim_shm,
+        )
+        env.update(self.extra)
+        env.update(more)
+        return env
+
+
+def unique(prefix: str) -> str:
+    return f"/{prefix}-{os.getpid()}-{next(_names)}"
+
+
+def remove_shm(name: str) -> None:
+    path = Path("/dev/shm") / name.lstrip("/")
+    if path.exists():
+        path.unlink()
+
+
+@pytest.fixture
+def node(native: Native, request: pytest.FixtureRequest) -> Iterator[Node]:
+    marker = request.node.get_closest_marker("node")
+    kw = dict(marker.kwargs) if marker else {}
+    seg = Segment.create(unique("krex-test"), n_gpus=kw.pop("gpus", 1), n_slots=kw.pop("slots", 64))
+    n = Node(
+        native=native,
+        seg=seg,
+        sim_shm=unique("krex-sim-test"),
+        extra={k: str(v) for k, v in kw.items()},
+    )
+    try:
+        yield n
+    finally:
+        seg.close()
+        seg.unlink()
+        remove_shm(n.sim_shm)
+
+
+def _gpu_present() -> bool:
+    return Path("/dev/nvidia0").exists()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked gpu need a real NVIDIA GPU; elsewhere they are skipped, saying why."""
+    if _gpu_present():
+        return
+    skip = pytest.mark.skip(reason="needs a real NVIDIA GPU (none on this machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,127 @@
+"""The native pieces: shared layout, hook table against cuda.h and the exports, shim hygiene."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import C_DIR, ROOT, compile_c
+
+from krex._native import ffi
+
+SHIM = ROOT / "shim"
+CUDA_H = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include" / "cuda.h"
+
+LAYOUT = {
+    "struct krex_header": (
+        128,
+        {
+            "magic": 0,
+            "major": 4,
+            "minor": 6,
+            "header_size": 8,
+            "gate_size": 12,
+            "slot_size": 16,
+            "n_gpus": 20,
+            "n_slots": 24,
+            "state": 28,
+            "total_size": 32,
+            "created_ns": 40,
+            "creator_pid": 48,
+            "overflow": 52,
+            "reserved": 56,
+        },
+    ),
+    "struct krex_gate": (
+        64,
+        {"word": 0, "wake": 8, "deadline_ns": 16, "regions": 24, "reserved": 32},
+    ),
+    "struct krex_slot": (
+        128,
+        {
+            "state": 0,
+            "pid": 4,
+            "start_time": 8,
+            "tenant": 16,
+            "gpu": 20,
+            "in_flight": 24,
+            "drain_ack": 28,
+            "intercepted": 32,
+            "blocked": 40,
+            "unmatched": 48,
+            "reserved0": 56,
+            "drain_req": 64,
+            "reserved2": 72,
+        },
+    ),
+}
+
+
+def test_c_sizes_and_offsets(tmp_path: Path) -> None:
+    """The C compiler lays the segment out exactly as the layout promises."""
+    exe = compile_c(C_DIR / "test_layout.c", tmp_path / "test_layout")
+    p = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stdout
+    assert p.stdout.strip().endswith(" 0 failed")
+
+
+@pytest.mark.parametrize("struct", sorted(LAYOUT))
+def test_cffi_sees_the_same_layout(struct: str) -> None:
+    """The cffi binding's view of each struct matches the header's, field by field."""
+    size, fields = LAYOUT[struct]
+    assert ffi.sizeof(struct) == size
+    for field, offset in fields.items():
+        assert ffi.offsetof(struct, field) == offset, field
+
+
+def hook_names(kind: str) -> set[str]:
+    text = (SHIM / "hooks.def").read_text()
+    return set(re.findall(rf"^{kind}\((\w+),", text, flags=re.M))
+
+
+def test_hook_table_is_what_the_library_exports() -> None:
+    """One list (hooks.def) generates the wrappers; the library exports exactly it."""
+    from krex.paths import shim_library
+
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(shim_library())],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    exported = {line.split()[-1] for line in out.splitlines() if line.strip()}
+    expected = hook_names("KREX_GATE") | hook_names("KREX_TRACK")
+    expected |= {
+        "cuGetProcAddress",
+        "cuGetProcAddress_v2",
+        "dlsym",
+        "krex_region_begin",
+        "krex_region_end",
+    }
+    assert exported == expected
+    assert len(hook_names("KREX_GATE")) >= 150
+
+
+def test_shim_hygiene() -> None:
+    """No bare dlsym( calls and no constructors in the shim (interception.md)."""
+    for src in sorted((SHIM / "preload").glob("*.c")):
+        code = re.sub(r"/\*.*?\*/", "", src.read_text(), flags=re.S)
+        code = re.sub(r'"(\\.|[^"\\])*"', '""', code)  # string literals may say anything
+        assert not re.search(r"(?<![\w_])dlsym\s*\(", code), f"bare dlsym call in {src.name}"
+        assert "constructor" not in code, f"constructor in {src.name}"
+
+
+@pytest.mark.skipif(not CUDA_H.exists(), reason=f"no real cuda.h at {CUDA_H}")
+def test_declarations_match_the_real_cuda_h(tmp_path: Path) -> None:
+    """Every hooks.def signature is the real prototype of its exact name, and our own types
+    have the real sizes and offsets."""
+    real = compile_c(
+        C_DIR / "check_cuda_h.c", tmp_path / "real", "-DKREX_REAL_CUDA_H", f"-I{CUDA_H.parent}"
+    )
+    ours = compile_c(C_DIR / "check_cuda_h.c", tmp_path / "ours")
+    a = subprocess.run([str(real)], capture_output=True, text=True, check=True).stdout
+    b = subprocess.run([str(ours)], capture_output=True, text=True, check=True).stdout
+    assert a == b

@@ -7,6 +7,8 @@
  *   workload submit THREADS N [NS] THREADS threads each submit N kernels (of NS ns, default
  *                                 0), copies and sets
  *   workload hold-copy BYTES      one synchronous copy (in flight for BYTES / bandwidth)
+ *   workload fork-child N         register, fork; the child makes N gated calls, prints
+ *                                 "child PID" and sleeps until killed (at most 60 s)
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -14,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cuda_api.h"
 
@@ -165,6 +169,27 @@ static int hold_copy(size_t bytes)
     return 0;
 }
 
+static int fork_child(int n)
+{
+    CHECK(launch(NULL, 0)); /* the parent registers first */
+    pid_t pid = fork();
+    if (pid < 0)
+        return 2;
+    if (pid == 0) {
+        /* A CUDA context does not survive fork; the calls may fail, but each one must reach the
+         * shim of a newly registered process (its own slot and drain thread). */
+        for (int i = 0; i < n; i++)
+            (void)launch(NULL, 0);
+        printf("child %d\n", (int)getpid());
+        fflush(stdout);
+        sleep(60);
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -179,6 +204,8 @@ int main(int argc, char **argv)
         return hammer(strtoull(argv[2], NULL, 10), atof(argv[3]));
     if (!strcmp(argv[1], "submit") && (argc == 4 || argc == 5))
         return submit(atoi(argv[2]), atoi(argv[3]), argc == 5 ? strtoull(argv[4], NULL, 10) : 0);
+    if (!strcmp(argv[1], "fork-child") && argc == 3)
+        return fork_child(atoi(argv[2]));
     if (!strcmp(argv[1], "hold-copy") && argc == 3)
         return hold_copy(strtoull(argv[2], NULL, 10));
     fprintf(stderr, "workload: bad arguments\n");

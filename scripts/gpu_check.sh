@@ -21,3 +21,9 @@ CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/include" -lcuda \
     -L/usr/local/nvidia/lib64 -L/usr/lib/x86_64-linux-gnu || exit 1
 python3 scripts/gpu/check.py --out "$OUT" --ptx "$BUILD/kernels.ptx" --overhead-bin "$BUILD/launch_overhead"
+rc=$?
+echo "== shim cost per call against a null driver (this machine's CPU)"
+python3 scripts/bench/shim_overhead.py --json "$OUT/shim_overhead.json" || rc=1
+echo "== krex demo on the GPU (python3 -m krex.cli demo --gpu)"
+python3 -m krex.cli demo --gpu || rc=1
+exit $rc

@@ -68,6 +68,18 @@ def main() -> int:
             text=True,
         ).stdout.strip()
         report["gpu"] = gpu
+        versions = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import importlib.metadata as m, sys; print(sys.version.split()[0], *(f'{p}="
+                "{m.version(p)}' for p in ('torch', 'triton', 'cupy-cuda13x', 'cuda-bindings')))",
+            ],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        report["python"] = versions[0] if versions else None
+        report["packages"] = versions[1:]
         for prog, extra in [
             ("torch_check.py", []),
             ("triton_check.py", []),

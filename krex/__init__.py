@@ -4,18 +4,23 @@ alone (see README.md)."""
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from krex.markers import RegionError, last_region, region
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "region"]
+__all__ = ["RegionError", "__version__", "last_region", "region"]
+
+# Re-exported from krex.markers on first use, so `import krex` stays light. The module is not
+# called krex.region: importing a submodule binds its name on the package, which would shadow
+# the function `krex.region`.
+_MARKERS = ("region", "last_region", "RegionError")
 
 
 def __getattr__(name: str) -> Any:
-    # `krex.region` is imported on first use, so `import krex` works without its dependencies.
-    if name == "region":
-        # Importing the submodule krex.region binds the package attribute `region` to the module;
-        # rebind it to the function, so later `krex.region` look-ups get the function directly.
-        function = importlib.import_module("krex.region").region
-        globals()["region"] = function
-        return function
+    if name in _MARKERS:
+        value = getattr(importlib.import_module("krex.markers"), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'krex' has no attribute {name!r}")

@@ -15,10 +15,6 @@ from krex import __version__, paths
 
 # Commands that land with the controller; they accept any arguments (`krex run -- cmd ...`).
 _PENDING = {
-    "run": "Run a command in a GPU slot with libkrex.so preloaded.",
-    "daemon": "Run the KREX controller.",
-    "status": "Show the controller's slots, gates and regions.",
-    "region": "Run a command as one exclusive region.",
     "bench": "Benchmark commands side by side through KREX.",
 }
 
@@ -45,6 +41,178 @@ def _pending(name: str, summary: str) -> click.Command:
 
 for _name, _summary in _PENDING.items():
     main.add_command(_pending(_name, _summary))
+
+
+@main.command(
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.option("--gpu", type=click.IntRange(min=0), help="Run on this GPU (default: least loaded).")
+@click.option(
+    "--report",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write a JSON report (exit code, GPU, wall time, counts, regions) here.",
+)
+@click.option(
+    "--auto-regions",
+    "auto_regions",
+    is_flag=False,
+    flag_value="default",
+    default=None,
+    metavar="[NAMES]",
+    help="Wrap these callables in regions in every child Python process (default: "
+    "triton.testing.do_bench and friends).",
+)
+@click.option(
+    "--region-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="S",
+    help="Revoke any region of this command that lasts longer than S seconds.",
+)
+@click.option(
+    "--no-pool", is_flag=True, help="Never run in a warm worker (accepted; the pool lands later)."
+)
+@click.option("--sim", is_flag=True, help="Run on the simulated GPU (a daemon of its own).")
+@click.option("--socket", "socket_path", metavar="PATH", help="The daemon's socket.")
+@click.option(
+    "--queue-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=3600.0,
+    show_default=True,
+    metavar="S",
+    help="Give up waiting for a slot after S seconds.",
+)
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(
+    argv: tuple[str, ...],
+    gpu: int | None,
+    report: Path | None,
+    auto_regions: str | None,
+    region_timeout: float | None,
+    no_pool: bool,
+    sim: bool,
+    socket_path: str | None,
+    queue_timeout: float,
+) -> None:
+    """Run CMD in a GPU slot with libkrex.so preloaded: krex run [OPTIONS] -- CMD..."""
+    from krex import client
+
+    if auto_regions == "default":
+        from krex.autoregions import DEFAULT_AUTO_REGIONS
+
+        auto_regions = ",".join(DEFAULT_AUTO_REGIONS)
+    del no_pool
+    sys.exit(
+        client.run(
+            client.RunOptions(
+                argv=list(argv),
+                gpu=gpu,
+                report=report,
+                auto_regions=auto_regions,
+                region_timeout_s=region_timeout,
+                sim=sim,
+                socket=socket_path,
+                queue_timeout_s=queue_timeout,
+            )
+        )
+    )
+
+
+@main.command()
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="TOML configuration (default: $KREX_CONFIG, then /etc/krex/config.toml).",
+)
+@click.option("--sim", is_flag=True, help="Serve simulated GPUs.")
+@click.option("--socket", "socket_path", metavar="PATH", help="Listen here.")
+@click.option("--gpus", type=click.IntRange(1, 16), help="Number of GPUs (simulated or real).")
+@click.option("--slots", type=click.IntRange(1, 256), help="Commands admitted per GPU at once.")
+def daemon(
+    config_path: Path | None,
+    sim: bool,
+    socket_path: str | None,
+    gpus: int | None,
+    slots: int | None,
+) -> None:
+    """Run the KREX controller in the foreground (for systemd or a terminal)."""
+    import dataclasses
+
+    from krex import config as kconfig
+    from krex import daemon as kdaemon
+
+    try:
+        cfg = kconfig.load(config_path)
+    except kconfig.ConfigError as e:
+        click.echo(f"krex daemon: {e}", err=True)
+        sys.exit(2)
+    changes: dict[str, object] = {}
+    if sim:
+        changes["sim"] = True
+    if socket_path:
+        changes["socket"] = Path(socket_path)
+    if gpus:
+        changes["gpu_count"] = gpus
+    if slots:
+        changes["slots"] = slots
+    sys.exit(kdaemon.run(dataclasses.replace(cfg, **changes)))  # type: ignore[arg-type]
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the raw status as JSON.")
+@click.option("--sim", is_flag=True, help="Ask the simulated-GPU daemon.")
+@click.option("--socket", "socket_path", metavar="PATH", help="The daemon's socket.")
+def status(as_json: bool, sim: bool, socket_path: str | None) -> None:
+    """Show the daemon's GPUs, slots, queues, regions, tenants and freezer."""
+    import json
+
+    from krex import client
+
+    try:
+        st = client.status(sim, socket_path)
+    except (client.ClientError, OSError) as e:
+        click.echo(f"krex status: {e}", err=True)
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps(st, indent=2))
+        return
+    kind = "simulated" if st["sim"] else "real"
+    click.echo(
+        f"krex daemon {st['version']} (pid {st['pid']}) on {st['socket']}: {kind} GPUs, "
+        f"freezer {st['freezer']}, MPS {'on' if st['mps'] else 'off'}"
+    )
+    for g in st["gpus"]:
+        region = g["region"]
+        held = (
+            f"region held by tenant {region['tenant']} for {region['age_s']:.1f} s"
+            if region
+            else "no region"
+        )
+        click.echo(
+            f"GPU {g['gpu']}: {g['used']}/{g['slots']} slots, {g['queue']} queued, "
+            f"{held}, {g['region_queue']} waiting for a region; cores region "
+            f"{g['region_cores']} shared {g['shared_cores']}"
+        )
+        for t in g["tenants"]:
+            click.echo(
+                f"  tenant {t['tenant']}: pids {t['pids']}, {t['regions']} region(s), "
+                f"{t['age_s']:.1f} s: {' '.join(t['argv'])}"
+            )
+
+
+@main.command(
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD...")
+def region(argv: tuple[str, ...]) -> None:
+    """Run a command as one exclusive region: krex region -- CMD...
+
+    For shell and C++ benchmarks. Exits with the command's status (127: it cannot start; 125:
+    the region cannot begin). Outside krex it just runs the command.
+    """
+    from krex.markers import run_in_region
+
+    sys.exit(run_in_region(argv))
 
 
 def _layout_version() -> tuple[str, bool]:

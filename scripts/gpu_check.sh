@@ -20,10 +20,24 @@ nvcc -ptx -arch=sm_90 -o "$BUILD/kernels.ptx" scripts/gpu/kernels.cu || exit 1
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/include" -lcuda \
     -L/usr/local/nvidia/lib64 -L/usr/lib/x86_64-linux-gnu || exit 1
-python3 scripts/gpu/check.py --out "$OUT" --ptx "$BUILD/kernels.ptx" --overhead-bin "$BUILD/launch_overhead"
-rc=$?
-echo "== shim cost per call against a null driver (this machine's CPU)"
-python3 scripts/bench/shim_overhead.py --json "$OUT/shim_overhead.json" || rc=1
-echo "== krex demo on the GPU (python3 -m krex.cli demo --gpu)"
-python3 -m krex.cli demo --gpu || rc=1
+# PARTS (default: all of them) picks sections: shim overhead controller demo.
+PARTS=${PARTS:-"shim overhead controller demo"}
+rc=0
+if [[ " $PARTS " == *" shim "* ]]; then
+    echo "== the shim under PyTorch, Triton, CuPy, cuda-python; launch cost; the gate"
+    python3 scripts/gpu/check.py --out "$OUT" --ptx "$BUILD/kernels.ptx" \
+        --overhead-bin "$BUILD/launch_overhead" || rc=1
+fi
+if [[ " $PARTS " == *" overhead "* ]]; then
+    echo "== shim cost per call against a null driver (this machine's CPU)"
+    python3 scripts/bench/shim_overhead.py --json "$OUT/shim_overhead.json" || rc=1
+fi
+if [[ " $PARTS " == *" controller "* ]]; then
+    echo "== the controller: fidelity next to 7 busy siblings, auto-regions, grant latency"
+    python3 scripts/gpu/controller_check.py --out "$OUT" || rc=1
+fi
+if [[ " $PARTS " == *" demo "* ]]; then
+    echo "== krex demo on the GPU (python3 -m krex.cli demo --gpu)"
+    python3 -m krex.cli demo --gpu || rc=1
+fi
 exit $rc

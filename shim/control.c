@@ -17,6 +17,14 @@ static int is_sibling(const struct krex_slot *s, uint32_t gpu, uint32_t owner)
     return KREX_LOAD(&s->state) == KREX_SLOT_LIVE && s->gpu == gpu && s->tenant != owner;
 }
 
+/* A live slot whose process is gone: nothing it announced can still reach the driver. Waits
+ * skip such slots but leave them to krex_slots_reap, so that the controller can read their
+ * counters first. */
+static int gone(const struct krex_slot *s)
+{
+    return KREX_LOAD(&s->state) == KREX_SLOT_LIVE && !krex_pid_alive(s->pid, s->start_time);
+}
+
 /* Free a slot whose process died, unless someone else changed it first. */
 static int reap_if_dead(struct krex_slot *s)
 {
@@ -88,7 +96,7 @@ int krex_quiesce(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint64_
             uint32_t n = KREX_LOAD(&s->in_flight);
             if (n == 0)
                 break;
-            if (reap_if_dead(s))
+            if (gone(s))
                 break;
             uint64_t now = krex_now_ns();
             if (now >= deadline) {
@@ -144,7 +152,7 @@ int krex_drain_await(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uin
             uint32_t ack = KREX_LOAD(&s->drain_ack);
             if (ack == epoch)
                 break;
-            if (reap_if_dead(s))
+            if (gone(s))
                 break;
             uint64_t now = krex_now_ns();
             if (now >= deadline) {

@@ -31,7 +31,8 @@ int krex_gate_open(struct krex_segment *seg, uint32_t gpu);
 uint64_t krex_gate_word(const struct krex_segment *seg, uint32_t gpu);
 
 /* Step 2: wait until no live sibling slot on `gpu` (tenant != owner) is in flight.
- * Slots of dead processes (pid gone, or start time changed) are freed and not waited for.
+ * Slots of dead processes (pid gone, or start time changed) are not waited for; they stay
+ * until krex_slots_reap frees them (after the controller has read their counters).
  * Returns KREX_OK, KREX_E_TIMEOUT (then *busy = slots still in flight) or KREX_E_ARG. */
 int krex_quiesce(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint64_t timeout_ns,
                  uint32_t *busy);
@@ -39,7 +40,7 @@ int krex_quiesce(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint64_
 /* Step 3: ask every live sibling slot on `gpu` to drain epoch `epoch`; returns how many were
  * asked (>= 0) or KREX_E_ARG. */
 int krex_drain_request(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint32_t epoch);
-/* Wait until every live sibling slot on `gpu` acknowledged `epoch` (dead ones are freed).
+/* Wait until every live sibling slot on `gpu` acknowledged `epoch` (dead ones are skipped).
  * Returns KREX_OK, KREX_E_TIMEOUT (then *pending = slots that did not answer) or KREX_E_ARG. */
 int krex_drain_await(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint32_t epoch,
                      uint64_t timeout_ns, uint32_t *pending);

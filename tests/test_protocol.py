@@ -201,7 +201,10 @@ def test_a_killed_process_never_stays_in_flight(node: Node) -> None:
         pass
     assert hold.clean, hold.problems
     assert time.monotonic() - t0 < 1.0
-    assert not node.seg.slots_of(p.pid)  # freed
+    (slot,) = node.seg.slots_of(p.pid)  # kept, so that its counters can still be read
+    assert not slot.alive
+    assert node.seg.reap() == 1
+    assert not node.seg.slots_of(p.pid)
 
 
 @pytest.mark.node(slots=4)

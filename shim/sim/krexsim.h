@@ -27,6 +27,20 @@ struct krexsim_witness {
     uint64_t violations;
 };
 
+/*
+ * Lock holders: the simulated node keeps its shared state under two process-shared locks (the
+ * real driver has no such cross-process lock). A process frozen while holding one would stall
+ * every other process on the node, the region's owner included. So the segment publishes, at
+ * fixed byte offsets, the pid holding each lock (0 when free), and a controller that freezes
+ * tenants on a simulated node thaws and refreezes any frozen holder.
+ */
+#define KREXSIM_MODEL_HOLDER_OFFSET 32
+#define KREXSIM_CTX_HOLDER_OFFSET 36
+/* The locks themselves (robust mutexes: their first 32-bit word holds the owner's thread id
+ * while taken, which also covers the instants before and after the holder fields are set). */
+#define KREXSIM_MODEL_LOCK_OFFSET 40
+#define KREXSIM_CTX_LOCK_OFFSET 80
+
 /* Work-submitting calls this process has made into the simulated driver (reset by fork). */
 unsigned long long krexsim_submissions(void);
 

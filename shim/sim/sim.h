@@ -83,7 +83,7 @@ SIM_HIDDEN void sim_robust_init(pthread_mutex_t *m);
 /* ---- The shared segment (sim_shm.c, layout here so that sim_model.c can use it). ---- */
 
 #define SIM_SHM_MAGIC 0x4D49534BU /* "KSIM" read as little-endian bytes */
-#define SIM_SHM_VERSION 1U
+#define SIM_SHM_VERSION 2U
 #define SIM_MAX_STREAMS 1024U
 #define SIM_MAX_EVENTS 8192U
 #define SIM_MAX_JOBS 8192U
@@ -148,6 +148,10 @@ struct sim_shm {
     uint32_t ready; /* written last by the creator */
     uint32_t pad0;
     int64_t epoch_ns; /* CLOCK_MONOTONIC at creation: model time 0 */
+    /* Pids holding the two locks (0: free), at the fixed offsets krexsim.h documents: the
+     * controller must never leave a process frozen inside them (krexsim.h explains). */
+    uint32_t model_holder;
+    uint32_t ctx_holder;
 
     pthread_mutex_t model_lock; /* everything below */
     pthread_mutex_t ctx_lock;   /* node-wide context creation */

@@ -151,10 +151,12 @@ static CUresult sim_ctx_creation_delay(void)
     int recovered;
     if (sim_robust_lock(&sim_shm->ctx_lock, &recovered) != 0)
         return CUDA_ERROR_UNKNOWN;
+    __atomic_store_n(&sim_shm->ctx_holder, (uint32_t)sim_pid, __ATOMIC_RELEASE);
     if (recovered)
         sim_debug("a process died while creating a context; going on");
     if (sim_cfg.ctx_create_ns > 0)
         sim_sleep_until(sim_mono_ns() + (int64_t)sim_cfg.ctx_create_ns);
+    __atomic_store_n(&sim_shm->ctx_holder, 0, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&sim_shm->ctx_lock);
     return CUDA_SUCCESS;
 }

@@ -445,6 +445,7 @@ CUresult sim_model_lock_raw(void)
     int recovered;
     if (sim_robust_lock(&S->model_lock, &recovered) != 0)
         return CUDA_ERROR_UNKNOWN;
+    __atomic_store_n(&S->model_holder, (uint32_t)sim_pid, __ATOMIC_RELEASE);
     if (recovered)
         sim_model_repair();
     if (sim_mono_ns() - S->last_reap_ns >= SIM_REAP_NS)
@@ -479,5 +480,6 @@ CUresult sim_model_lock(double *now)
 
 void sim_model_unlock(void)
 {
+    __atomic_store_n(&S->model_holder, 0, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&S->model_lock);
 }

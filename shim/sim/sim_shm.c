@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "krexsim.h"
 #include "sim.h"
 
 struct sim_shm *sim_shm;
@@ -186,3 +187,12 @@ CUresult sim_ensure_init(void)
     pthread_once(&sim_once, sim_init_once);
     return sim_init_result;
 }
+
+_Static_assert(offsetof(struct sim_shm, model_holder) == KREXSIM_MODEL_HOLDER_OFFSET,
+               "krexsim.h documents where the model lock's holder is");
+_Static_assert(offsetof(struct sim_shm, ctx_holder) == KREXSIM_CTX_HOLDER_OFFSET,
+               "krexsim.h documents where the context lock's holder is");
+_Static_assert(offsetof(struct sim_shm, model_lock) == KREXSIM_MODEL_LOCK_OFFSET,
+               "krexsim.h documents where the model lock is");
+_Static_assert(offsetof(struct sim_shm, ctx_lock) == KREXSIM_CTX_LOCK_OFFSET,
+               "krexsim.h documents where the context lock is");

@@ -7,10 +7,15 @@
  *   workload submit THREADS N [NS] THREADS threads each submit N kernels (of NS ns, default
  *                                 0), copies and sets
  *   workload hold-copy BYTES      one synchronous copy (in flight for BYTES / bandwidth)
+ *   workload bench REGIONS OUTSIDE_MS REPS NS...
+ *                                 for each NS: launch 1 ms kernels for OUTSIDE_MS (work outside
+ *                                 regions), then time REPS kernels of NS ns, inside a region
+ *                                 (krex_region_begin/end) when REGIONS is 1; print JSON
  *   workload fork-child N         register, fork; the child makes N gated calls, prints
  *                                 "child PID" and sleeps until killed (at most 60 s)
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -169,6 +174,58 @@ static int hold_copy(size_t bytes)
     return 0;
 }
 
+typedef int (*region_fn)(void);
+
+static int bench(int regions, double outside_ms, int reps, int n, char **ns_list)
+{
+    /* The markers come from the preloaded libkrex.so (C benchmarks link nothing else). */
+    region_fn begin = (region_fn)dlsym(RTLD_DEFAULT, "krex_region_begin");
+    region_fn end = (region_fn)dlsym(RTLD_DEFAULT, "krex_region_end");
+    if (regions && (!begin || !end)) {
+        fprintf(stderr, "workload: krex_region_begin/end not found (is libkrex.so preloaded?)\n");
+        return 2;
+    }
+    CUstream s, bg;
+    CUevent start, stop, ev;
+    CHECK(cuStreamCreate(&s, 0));
+    CHECK(cuStreamCreate(&bg, 0));
+    CHECK(cuEventCreate(&start, 0));
+    CHECK(cuEventCreate(&stop, 0));
+    CHECK(cuEventCreate(&ev, 0));
+    printf("{\"results\": [");
+    for (int k = 0; k < n; k++) {
+        uint64_t ns = strtoull(ns_list[k], NULL, 10);
+        double until = now_s() + outside_ms / 1e3;
+        while (now_s() < until) {
+            CHECK(launch(bg, 1000000));
+            CHECK(cuEventRecord(ev, bg));
+            CHECK(cuEventSynchronize(ev));
+        }
+        if (regions && begin() != 0)
+            return 3;
+        double *ms = calloc((size_t)reps, sizeof(double));
+        CHECK(launch(s, ns)); /* warm-up, inside the region like do_bench's */
+        CHECK(cuStreamSynchronize(s));
+        for (int i = 0; i < reps; i++) {
+            CHECK(cuEventRecord(start, s));
+            CHECK(launch(s, ns));
+            CHECK(cuEventRecord(stop, s));
+            CHECK(cuEventSynchronize(stop));
+            float t = 0;
+            CHECK(cuEventElapsedTime(&t, start, stop));
+            ms[i] = t;
+        }
+        if (regions && end() != 0)
+            return 3;
+        qsort(ms, (size_t)reps, sizeof(double), cmp_double);
+        printf("%s{\"kernel_ms\": %.6f, \"median_ms\": %.6f, \"max_ms\": %.6f}", k ? ", " : "",
+               (double)ns / 1e6, ms[reps / 2], ms[reps - 1]);
+        free(ms);
+    }
+    printf("]}\n");
+    return 0;
+}
+
 static int fork_child(int n)
 {
     CHECK(launch(NULL, 0)); /* the parent registers first */
@@ -204,6 +261,8 @@ int main(int argc, char **argv)
         return hammer(strtoull(argv[2], NULL, 10), atof(argv[3]));
     if (!strcmp(argv[1], "submit") && (argc == 4 || argc == 5))
         return submit(atoi(argv[2]), atoi(argv[3]), argc == 5 ? strtoull(argv[4], NULL, 10) : 0);
+    if (!strcmp(argv[1], "bench") && argc >= 6)
+        return bench(atoi(argv[2]), atof(argv[3]), atoi(argv[4]), argc - 5, argv + 5);
     if (!strcmp(argv[1], "fork-child") && argc == 3)
         return fork_child(atoi(argv[2]));
     if (!strcmp(argv[1], "hold-copy") && argc == 3)

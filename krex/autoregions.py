@@ -1,0 +1,243 @@
+"""Auto-regions: wrap named benchmark callables in regions, with no change to the user's code.
+
+`krex run --auto-regions` puts `env_for(names)` into a tenant's environment. Every Python
+process of the tenant then imports `krex/_auto/sitecustomize.py`, which calls `install()`: each
+named callable is wrapped in `krex.region()` as soon as its module is imported (at once if it
+already is). A wrapped call is one region from its first line to its return, so it covers all
+of a timing call: do_bench's first call, its estimate, warm-up, L2 flushes and final sync
+(docs/measurement.md). Where the installed torch has Inductor's `set_gpu_benchmark_lock_context`
+(pytorch PR #184905), every Inductor GPU benchmark is put in a region through it as well.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from krex.markers import WRAPPED_MARK, region
+
+ENV_VAR = "KREX_AUTO_REGIONS"
+DEFAULT_AUTO_REGIONS = (
+    "triton.testing.do_bench",
+    "triton.testing.do_bench_cudagraph",
+    "torch.utils.benchmark.Timer.timeit",
+    "torch.utils.benchmark.Timer.blocked_autorange",
+    "torch.utils.benchmark.Timer.adaptive_autorange",
+)
+# Inductor's hook for an external benchmark lock (pytorch PR #184905): it takes a factory of
+# context managers that must allow nested entry from one thread, which regions do.
+INDUCTOR_MODULE = "torch._inductor.runtime.benchmarking"
+INDUCTOR_HOOK = "set_gpu_benchmark_lock_context"
+
+AUTO_DIR = Path(__file__).resolve().parent / "_auto"
+
+
+def env_for(names: Sequence[str], base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables `krex run --auto-regions` adds to a tenant's environment.
+
+    Args:
+        names: dotted paths of the callables to wrap (see DEFAULT_AUTO_REGIONS).
+        base: the environment being extended (default: os.environ); its PYTHONPATH is kept,
+            after the directory of our sitecustomize.
+
+    Returns:
+        KREX_AUTO_REGIONS and PYTHONPATH.
+    """
+    parse(",".join(names))  # a bad name fails here, in `krex run`, not in every child
+    environ = os.environ if base is None else base
+    rest = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(AUTO_DIR)]
+    # Only the sitecustomize directory goes first. The directory that holds krex (in a wheel
+    # install, a whole site-packages) is appended by the sitecustomize only when the child
+    # cannot import krex by itself, so it never shadows the child's own packages.
+    return {ENV_VAR: ",".join(names), "PYTHONPATH": os.pathsep.join([str(AUTO_DIR), *rest])}
+
+
+def parse(value: str) -> list[str]:
+    """The names of a KREX_AUTO_REGIONS value (comma-separated dotted paths).
+
+    Raises:
+        ValueError: a name is not a dotted path of identifiers with at least one dot.
+    """
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    for name in names:
+        parts = name.split(".")
+        if len(parts) < 2 or not all(part.isidentifier() for part in parts):
+            raise ValueError(f"{ENV_VAR}: {name!r} is not a dotted path such as module.function")
+    return names
+
+
+class _Registry:
+    """What install() asked for, keyed by the modules whose import may make it resolvable."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        # module name -> attribute paths under it ("Timer.timeit"); for a.b.c.f every split
+        # (a.b.c + f, a.b + c.f, a + b.c.f): which prefix is the module is known only on import.
+        self.watched: dict[str, set[str]] = {}
+        self.inductor = False
+
+
+_registry = _Registry()
+
+
+def install(names: Iterable[str] = DEFAULT_AUTO_REGIONS, *, inductor: bool = True) -> None:
+    """Wrap each named callable in a region, now or when its module is imported.
+
+    Idempotent; names whose module is never imported cost nothing. With `inductor`, a torch
+    that has Inductor's GPU benchmark lock hook gets a region registered into it.
+
+    Raises:
+        ValueError: a name is not a dotted path (see parse()).
+    """
+    names = parse(",".join(names))
+    with _registry.lock:
+        for name in names:
+            parts = name.split(".")
+            for cut in range(len(parts) - 1, 0, -1):
+                prefix = ".".join(parts[:cut])
+                _registry.watched.setdefault(prefix, set()).add(".".join(parts[cut:]))
+        if inductor:
+            _registry.inductor = True
+            _registry.watched.setdefault(INDUCTOR_MODULE, set())
+        if _FINDER not in sys.meta_path:
+            sys.meta_path.insert(0, _FINDER)
+        # Longest module names first: a.b.c's own attribute is the one to wrap, before a.b's
+        # re-export of it is reached (then found wrapped already).
+        for module_name in sorted(_registry.watched, key=len, reverse=True):
+            module = sys.modules.get(module_name)
+            if module is not None:
+                _on_import(module)
+
+
+def _on_import(module: ModuleType) -> None:
+    with _registry.lock:
+        paths = sorted(_registry.watched.get(module.__name__, ()))
+        inductor = _registry.inductor and module.__name__ == INDUCTOR_MODULE
+    for path in paths:
+        _wrap(module, path)
+    if inductor:
+        _register_inductor(module)
+
+
+def _wrap(module: ModuleType, path: str) -> None:
+    """Replace module.<path> by a region-wrapped version, if it exists and is not yet wrapped."""
+    *owners, attr = path.split(".")
+    owner: Any = module
+    for name in owners:
+        owner = _lookup(owner, name)
+        if owner is None:
+            return  # not there (yet): a later import may bring it
+    raw = _lookup(owner, attr)
+    if raw is None:
+        return
+    kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
+    fn = raw.__func__ if kind is not None else raw
+    if not callable(fn) or getattr(fn, WRAPPED_MARK, False):
+        return
+    wrapped: Any = region()(fn)
+    setattr(owner, attr, kind(wrapped) if kind is not None else wrapped)
+
+
+def _lookup(owner: Any, attr: str) -> Any:
+    """owner.attr as stored: no module __getattr__ runs (it may import), and a class gives
+    its staticmethod or classmethod object itself, not what that binds."""
+    if isinstance(owner, type):
+        for klass in owner.__mro__:
+            if attr in vars(klass):
+                return vars(klass)[attr]
+        return None
+    if isinstance(owner, ModuleType):
+        return vars(owner).get(attr)
+    return None
+
+
+def _register_inductor(module: ModuleType) -> None:
+    setter = getattr(module, INDUCTOR_HOOK, None)
+    if not callable(setter):
+        return  # an older torch: its benchmarks are covered only by the wrapped callables
+    previous = setter(_inductor_region)
+    if previous is None or previous is _inductor_region or getattr(previous, WRAPPED_MARK, False):
+        return  # nothing of theirs to keep, or ours already
+    # Someone registered their own lock first: keep it, outside the region, so that waiting
+    # for their lock never holds the GPU closed to everyone else.
+
+    @contextlib.contextmanager
+    def both() -> Iterator[None]:
+        with previous(), region():
+            yield
+
+    setattr(both, WRAPPED_MARK, True)
+    setter(both)
+
+
+def _inductor_region() -> contextlib.AbstractContextManager[None]:
+    return region()
+
+
+class _PostImportLoader(importlib.abc.Loader):
+    """A loader that runs the real one, then wraps what was asked for in the fresh module.
+
+    It stands in only while the module executes: afterwards the module's __loader__ and
+    __spec__.loader are the real loader again, for everything that inspects them.
+    """
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        try:
+            self.loader.exec_module(module)
+        finally:
+            if getattr(module, "__loader__", None) is self:
+                module.__loader__ = self.loader
+            spec = getattr(module, "__spec__", None)
+            if spec is not None and spec.loader is self:
+                spec.loader = self.loader
+        _on_import(module)
+
+    def __getattr__(self, name: str) -> Any:
+        # get_source, get_resource_reader, is_package...: whatever the real loader offers.
+        return getattr(self.loader, name)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """First on sys.meta_path; for a watched module, asks the finders after it for the spec and
+    puts the post-import loader in front of the real one. Other modules pass untouched."""
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        with _registry.lock:
+            if fullname not in _registry.watched:
+                return None
+        finders = list(sys.meta_path)
+        rest = finders[finders.index(self) + 1 :] if self in finders else finders
+        for finder in rest:
+            find = getattr(finder, "find_spec", None)
+            if find is None:
+                continue
+            spec: importlib.machinery.ModuleSpec | None = find(fullname, path, target)
+            if spec is None:
+                continue
+            loader = spec.loader
+            if loader is not None and hasattr(loader, "exec_module"):
+                spec.loader = _PostImportLoader(loader)
+            return spec
+        return None
+
+
+_FINDER = _Finder()

@@ -1,0 +1,266 @@
+"""`krex run` and `krex status`: the client side of docs/protocol.md.
+
+`krex run -- CMD` asks the daemon for a slot (starting the per-user daemon if none answers),
+forks CMD held before exec until the daemon has put it in the tenant's group and on its GPU's
+shared cores, then execs it with the tenant's environment. CMD's stdin, stdout, stderr and exit
+status are its own (killed by signal N: 128+N); signals sent to `krex run` are forwarded to it.
+Exit statuses of krex itself: 125 (krex could not do its part), 127 (CMD could not start).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from krex.config import default_socket, load
+
+EXIT_KREX = 125
+EXIT_NOT_STARTED = 127
+_PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
+FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+class ClientError(Exception):
+    """krex could not do its part; the message is for the user."""
+
+
+class Connection:
+    """One conversation with the daemon: JSON lines over its unix socket."""
+
+    def __init__(self, path: Path, timeout_s: float | None = 10.0) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout_s)
+        self.sock.connect(str(path))
+        self.file = self.sock.makefile("rwb")
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.file.write(json.dumps({"v": 1, **msg}).encode() + b"\n")
+        self.file.flush()
+
+    def recv(self, timeout_s: float | None = 10.0) -> dict[str, Any]:
+        self.sock.settimeout(timeout_s)
+        try:
+            line = self.file.readline()
+        except TimeoutError as e:
+            raise ClientError(f"the daemon at {self.path} did not answer in time") from e
+        if not line:
+            raise ClientError(f"the daemon at {self.path} closed the connection")
+        msg = json.loads(line)
+        if not msg.get("ok"):
+            raise ClientError(str(msg.get("error", "the daemon refused")))
+        return dict(msg)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.file.close()
+            self.sock.close()
+
+
+def socket_for(sim: bool, explicit: str | None) -> Path:
+    """--socket, else $KREX_SOCKET, else the configured socket, else the per-user default."""
+    if explicit:
+        return Path(explicit)
+    if os.environ.get("KREX_SOCKET"):
+        return Path(os.environ["KREX_SOCKET"])
+    cfg = load()
+    if cfg.socket is not None and cfg.sim == sim:
+        return cfg.socket
+    return default_socket(sim)
+
+
+def connect(path: Path, *, sim: bool, start: bool) -> Connection:
+    """Connect to the daemon, starting the per-user one (once, under a lock) when none answers."""
+    try:
+        return Connection(path)
+    except (FileNotFoundError, ConnectionRefusedError) as e:
+        if not start:
+            raise ClientError(f"no krex daemon answers at {path}") from e
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lock = os.open(str(path) + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        # Two `krex run` started at once: one starts the daemon, the other waits here and
+        # then finds it answering.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with contextlib.suppress(FileNotFoundError, ConnectionRefusedError):
+            return Connection(path)
+        log_path = path.parent / (path.stem + ".log")
+        cmd = [sys.executable, "-m", "krex.cli", "daemon", "--socket", str(path)]
+        if sim:
+            cmd.append("--sim")
+        with open(log_path, "ab") as logf:
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=logf,
+                start_new_session=True,
+                close_fds=True,
+            )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with contextlib.suppress(FileNotFoundError, ConnectionRefusedError):
+                return Connection(path)
+            if proc.poll() is not None:
+                tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+                raise ClientError(f"the krex daemon did not start: {tail[0]} (log: {log_path})")
+            time.sleep(0.05)
+        raise ClientError(f"the krex daemon did not answer at {path} within 20 s")
+    finally:
+        os.close(lock)
+
+
+@dataclass
+class RunOptions:
+    argv: list[str]
+    gpu: int | None = None
+    report: Path | None = None
+    auto_regions: str | None = None
+    region_timeout_s: float | None = None
+    sim: bool = False
+    socket: str | None = None
+    queue_timeout_s: float = 3600.0
+
+
+def _spawn_held(argv: list[str], env: dict[str, str]) -> tuple[int, int, int]:
+    """Fork argv held before exec. Returns (pid, go_fd, err_fd): a byte on go_fd lets it exec;
+    err_fd yields the reason if exec fails, or EOF once it succeeded."""
+    parent = os.getpid()
+    go_r, go_w = os.pipe()
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # the child: nothing here may raise past os._exit
+        try:
+            os.close(go_w)
+            os.close(err_r)
+            # The command dies with `krex run`: a command whose client is gone has lost its
+            # slot and must not run on unsupervised.
+            _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent or not os.read(go_r, 1):
+                os._exit(EXIT_KREX)  # krex run died before letting it start
+            os.close(go_r)
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, *FORWARDED):
+                signal.signal(sig, signal.SIG_DFL)
+            os.execvpe(argv[0], argv, env)
+        except OSError as e:
+            os.write(err_w, f"{e.strerror or e}".encode())
+        finally:
+            os._exit(EXIT_NOT_STARTED)
+    os.close(go_r)
+    os.close(err_w)
+    return pid, go_w, err_r
+
+
+def _wait(pid: int) -> int:
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:
+            return EXIT_KREX
+        if os.WIFEXITED(status):
+            return os.WEXITSTATUS(status)
+        if os.WIFSIGNALED(status):
+            return 128 + os.WTERMSIG(status)
+
+
+def run(opts: RunOptions) -> int:
+    """`krex run`: the command's exit status, or 125/127 (module docstring)."""
+    t0 = time.monotonic()
+    path = socket_for(opts.sim, opts.socket)
+    try:
+        conn = connect(path, sim=opts.sim, start=True)
+        conn.send(
+            {
+                "op": "admit",
+                "argv": opts.argv,
+                "gpu": opts.gpu,
+                "sim": opts.sim,
+                "auto_regions": opts.auto_regions,
+                "region_timeout_s": opts.region_timeout_s,
+            }
+        )
+        deadline = time.monotonic() + opts.queue_timeout_s
+        reply = conn.recv()
+        while "queued" in reply:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ClientError(f"no slot became free within {opts.queue_timeout_s:g} s")
+            reply = conn.recv(timeout_s=left)
+    except (ClientError, OSError) as e:
+        print(f"krex run: {e}", file=sys.stderr)
+        return EXIT_KREX
+    env = dict(os.environ)
+    extra: dict[str, str] = reply["env"]
+    for key in ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH"):
+        if key in extra and env.get(key):
+            extra[key] = f"{extra[key]}:{env[key]}"
+    env.update(extra)
+    pid, go, err = _spawn_held(opts.argv, env)
+    previous = {s: signal.signal(s, lambda n, _f: os.kill(pid, n)) for s in FORWARDED}
+    # Ctrl-C reaches the command directly (same process group): krex run itself ignores it.
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        try:
+            conn.send({"op": "started", "pid": pid})
+            conn.recv()
+        except (ClientError, OSError) as e:
+            os.kill(pid, signal.SIGKILL)
+            _wait(pid)
+            print(f"krex run: the daemon could not take the command in: {e}", file=sys.stderr)
+            return EXIT_KREX
+        os.write(go, b"g")
+        os.close(go)
+        why = os.read(err, 4096).decode(errors="replace")
+        os.close(err)
+        if why:
+            print(f"krex run: cannot start {opts.argv[0]}: {why}", file=sys.stderr)
+        code = _wait(pid)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    wall = time.monotonic() - t0
+    report: dict[str, Any] = {
+        "exit_code": code,
+        "gpu": reply["gpu"],
+        "tenant": reply["tenant"],
+        "wall_s": wall,
+        "argv": opts.argv,
+    }
+    try:
+        conn.send({"op": "finished", "exit_code": code})
+        report.update(conn.recv()["report"])
+    except (ClientError, OSError) as e:
+        report["error"] = f"no report from the daemon: {e}"
+    finally:
+        conn.close()
+    report["wall_s"] = wall
+    if opts.report is not None:
+        try:
+            opts.report.write_text(json.dumps(report, indent=2) + "\n")
+        except OSError as e:
+            print(
+                f"krex run: cannot write the report to {opts.report}: {e.strerror}", file=sys.stderr
+            )
+    return code
+
+
+def status(sim: bool, explicit_socket: str | None) -> dict[str, Any]:
+    """The daemon's status (ClientError when none answers)."""
+    conn = connect(socket_for(sim, explicit_socket), sim=sim, start=False)
+    try:
+        conn.send({"op": "status"})
+        return conn.recv()
+    finally:
+        conn.close()

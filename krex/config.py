@@ -1,0 +1,226 @@
+"""The controller's configuration: TOML, validated, with defaults derived from the machine.
+
+Looked up in this order: the `--config` flag, `$KREX_CONFIG`, `/etc/krex/config.toml`; without
+any, the embedded defaults. Every bad key or value is one `ConfigError` naming it.
+
+```toml
+[daemon]
+socket = "/run/krex/krex.sock"   # default: $XDG_RUNTIME_DIR/krex/krex.sock or /tmp/krex-$UID/
+segment = "/krex-0"              # shared-memory name (default derived from the socket)
+
+[gpus]
+count = 1          # default: the GPUs the driver shows (or 1 simulated GPU)
+sim = false        # serve simulated GPUs (krex run --sim)
+slots = 8          # commands admitted per GPU at once
+
+[timeouts]
+quiesce_s = 5.0    # waiting for siblings half-way into the driver
+drain_s = 10.0     # waiting for siblings' queued GPU work
+freeze_s = 5.0     # waiting for siblings' cgroups to freeze
+region_s = 600.0   # a region's longest life (krex run --region-timeout overrides per command)
+
+[freezer]
+backend = "auto"   # auto | cgroup-v2 | cgroup-v1 | signal
+
+[slices.0]         # per GPU: cores for the region owner, cores for everyone else
+region = "0-1"
+shared = "2-15"
+
+[mps]
+enabled = false
+```
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+from krex.shm import KrexError
+
+DEFAULT_PATH = Path("/etc/krex/config.toml")
+FREEZERS = ("auto", "cgroup-v2", "cgroup-v1", "signal")
+
+
+class ConfigError(KrexError):
+    """A configuration file or value that cannot be used."""
+
+
+def runtime_dir() -> Path:
+    """Where the per-user daemon keeps its socket, lock and log."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(xdg) / "krex" if xdg else Path(f"/tmp/krex-{os.getuid()}")
+
+
+def default_socket(sim: bool) -> Path:
+    """The embedded default daemon's socket (simulated GPUs get a daemon of their own)."""
+    return runtime_dir() / ("krex-sim.sock" if sim else "krex.sock")
+
+
+def parse_cpus(text: str, where: str) -> frozenset[int]:
+    """'0-3,8,10-11' -> {0,1,2,3,8,10,11}."""
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            lo, _, hi = part.partition("-")
+            a, b = int(lo), int(hi or lo)
+            if a < 0 or b < a:
+                raise ValueError(part)
+            cpus.update(range(a, b + 1))
+    except ValueError as e:
+        raise ConfigError(f"{where}: {text!r} is not a CPU list like '0-3,8'") from e
+    return frozenset(cpus)
+
+
+@dataclass(frozen=True)
+class SliceConfig:
+    region: frozenset[int]
+    shared: frozenset[int]
+
+
+@dataclass(frozen=True)
+class Config:
+    socket: Path | None = None
+    segment: str | None = None
+    gpu_count: int | None = None
+    sim: bool = False
+    slots: int = 8
+    quiesce_s: float = 5.0
+    drain_s: float = 10.0
+    freeze_s: float = 5.0
+    region_s: float = 600.0
+    freezer: str = "auto"
+    slices: dict[int, SliceConfig] = field(default_factory=dict)
+    mps: bool = False
+    source: str = "defaults"
+
+    def socket_path(self) -> Path:
+        return self.socket or default_socket(self.sim)
+
+    def segment_name(self) -> str:
+        if self.segment:
+            return self.segment
+        # One segment per daemon socket, so a sim daemon and a real one can live side by side.
+        # A stable hash: a restarted daemon must find its predecessor's segment.
+        return f"/krex-{os.getuid()}-{zlib.crc32(str(self.socket_path()).encode()):08x}"
+
+
+_SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "daemon": {"socket": str, "segment": str},
+    "gpus": {"count": int, "sim": bool, "slots": int},
+    "timeouts": {
+        "quiesce_s": (int, float),
+        "drain_s": (int, float),
+        "freeze_s": (int, float),
+        "region_s": (int, float),
+    },
+    "freezer": {"backend": str},
+    "mps": {"enabled": bool},
+}
+
+
+def _check(doc: dict[str, Any], where: str) -> None:
+    for section, body in doc.items():
+        if section == "slices":
+            if not isinstance(body, dict):
+                raise ConfigError(f"{where}: [slices] must be a table of GPUs")
+            for gpu, s in body.items():
+                key = f"slices.{gpu}"
+                if not gpu.isdigit():
+                    raise ConfigError(f"{where}: {key}: the key must be a GPU index")
+                if not isinstance(s, dict) or set(s) - {"region", "shared"}:
+                    raise ConfigError(f"{where}: {key} takes only 'region' and 'shared'")
+                for k in ("region", "shared"):
+                    if not isinstance(s.get(k), str):
+                        raise ConfigError(f"{where}: {key}.{k} must be a CPU list string")
+            continue
+        if section not in _SCHEMA:
+            raise ConfigError(f"{where}: unknown section [{section}]")
+        if not isinstance(body, dict):
+            raise ConfigError(f"{where}: [{section}] must be a table")
+        for key, value in body.items():
+            want = _SCHEMA[section].get(key)
+            if want is None:
+                raise ConfigError(f"{where}: unknown key {section}.{key}")
+            bad_bool = isinstance(value, bool) and want is not bool
+            if bad_bool or not isinstance(value, want):
+                raise ConfigError(f"{where}: {section}.{key} has the wrong type ({value!r})")
+
+
+def from_toml(text: str, where: str = "config") -> Config:
+    """Parse and validate a configuration document."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{where}: not valid TOML: {e}") from e
+    _check(doc, where)
+    d, g, t = doc.get("daemon", {}), doc.get("gpus", {}), doc.get("timeouts", {})
+    cfg = Config(
+        socket=Path(d["socket"]) if "socket" in d else None,
+        segment=d.get("segment"),
+        gpu_count=g.get("count"),
+        sim=g.get("sim", False),
+        slots=g.get("slots", 8),
+        quiesce_s=float(t.get("quiesce_s", 5.0)),
+        drain_s=float(t.get("drain_s", 10.0)),
+        freeze_s=float(t.get("freeze_s", 5.0)),
+        region_s=float(t.get("region_s", 600.0)),
+        freezer=doc.get("freezer", {}).get("backend", "auto"),
+        slices={
+            int(k): SliceConfig(
+                parse_cpus(v["region"], f"{where}: slices.{k}.region"),
+                parse_cpus(v["shared"], f"{where}: slices.{k}.shared"),
+            )
+            for k, v in doc.get("slices", {}).items()
+        },
+        mps=doc.get("mps", {}).get("enabled", False),
+        source=where,
+    )
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Value checks that do not depend on the machine."""
+    if cfg.gpu_count is not None and not 1 <= cfg.gpu_count <= 16:
+        raise ConfigError(f"{cfg.source}: gpus.count must be 1..16, got {cfg.gpu_count}")
+    if not 1 <= cfg.slots <= 256:
+        raise ConfigError(f"{cfg.source}: gpus.slots must be 1..256, got {cfg.slots}")
+    for name in ("quiesce_s", "drain_s", "freeze_s", "region_s"):
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"{cfg.source}: timeouts.{name} must be > 0")
+    if cfg.freezer not in FREEZERS:
+        raise ConfigError(
+            f"{cfg.source}: freezer.backend must be one of {', '.join(FREEZERS)}, "
+            f"got {cfg.freezer!r}"
+        )
+    if cfg.segment is not None and not (cfg.segment.startswith("/") and "/" not in cfg.segment[1:]):
+        raise ConfigError(f"{cfg.source}: daemon.segment must look like '/name'")
+
+
+def load(path: Path | None = None) -> Config:
+    """The effective configuration: the file given, $KREX_CONFIG, /etc/krex/config.toml, or
+    the embedded defaults."""
+    if path is None and os.environ.get("KREX_CONFIG"):
+        path = Path(os.environ["KREX_CONFIG"])
+    if path is None and DEFAULT_PATH.is_file():
+        path = DEFAULT_PATH
+    if path is None:
+        return Config()
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the configuration ({e.strerror})") from e
+    return from_toml(text, str(path))

@@ -1,0 +1,829 @@
+"""`krex daemon`: the per-node controller (admission, tenants, the region protocol, reports).
+
+One asyncio loop owns all state; the blocking steps of the region protocol (quiesce, drain,
+freeze) run in worker threads. Per GPU there is a FIFO admission queue for slots and a FIFO
+region queue: regions are granted in request order and each lasts at most its time-out, so a
+request waits at most (requests ahead of it) x (their time-outs) and no tenant starves.
+docs/protocol.md is the wire protocol; design.md the region protocol and its invariants.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from krex import __version__
+from krex.config import Config, ConfigError
+from krex.nvml import Nvml, throttled
+from krex.paths import shim_library, sim_library_dir
+from krex.shm import Segment, SegmentError, WaitTimeout
+from krex.slices import Slice, SliceError, default_slices, validate_slices
+from krex.tenants import FreezerKind, TenantGroup, TenantsError, detect_freezer, recover
+
+log = logging.getLogger("krex.daemon")
+
+MAX_LINE = 64 * 1024
+PROTOCOL_VERSION = 1
+GATE_GRACE_S = 30.0  # blocked threads pass on their own this long after a region's time-out
+
+
+class ProtocolError(Exception):
+    """A request that cannot be served; its message goes back to the client."""
+
+
+@dataclass
+class RegionRequest:
+    tenant: Tenant
+    writer: asyncio.StreamWriter
+    t_request: float
+    granted: asyncio.Future[dict[str, Any]]
+
+
+@dataclass
+class Region:
+    """The region a GPU is in: who owns it and what taking the GPU cost."""
+
+    tenant: Tenant
+    epoch: int
+    t_request: float
+    t_grant: float
+    wait_s: float
+    drain_s: float
+    freeze_s: float
+    clean: bool
+    frozen: list[Tenant]
+    clock_at_grant: dict[str, int] | None = None
+    holders: int = 1  # region_begin calls of the owner tenant (other threads nest)
+    revoked: bool = False
+    timer: asyncio.TimerHandle | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Tenant:
+    id: int
+    gpu: int
+    argv: list[str]
+    group: TenantGroup
+    region_timeout_s: float
+    t_admit: float
+    pids: list[int] = field(default_factory=list)
+    regions: list[dict[str, Any]] = field(default_factory=list)
+    intercepted: int = 0  # from slots of its processes that are gone (reaped)
+    blocked: int = 0
+    gone: bool = False
+
+
+@dataclass
+class Gpu:
+    index: int
+    slots: int
+    slice: Slice
+    tenants: list[Tenant] = field(default_factory=list)
+    admission: deque[asyncio.Future[None]] = field(default_factory=deque)
+    requests: deque[RegionRequest] = field(default_factory=deque)
+    region: Region | None = None
+    busy: bool = False  # a region is being set up or torn down
+
+
+def _detect_gpus() -> int:
+    """NVIDIA GPUs the driver shows (0 when there is no driver)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return 0
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+class Daemon:
+    """The controller of one node (or of one simulated node)."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.socket = cfg.socket_path()
+        self.root = cfg.segment_name().lstrip("/")
+        n = cfg.gpu_count or (1 if cfg.sim else _detect_gpus())
+        if n == 0:
+            raise ConfigError("no NVIDIA GPU found: run with --sim for the simulated GPU")
+        self.freezer: FreezerKind = detect_freezer(cfg.freezer)
+        available = os.sched_getaffinity(0)
+        slices = default_slices(n, set(available))
+        for gpu, s in cfg.slices.items():
+            if gpu >= n:
+                raise ConfigError(f"{cfg.source}: slices.{gpu}: there are only {n} GPUs")
+            slices[gpu] = Slice(gpu=gpu, region_cores=s.region, shared_cores=s.shared)
+        try:
+            # Defaults may share cores when there are more GPUs than cores; configured ones not.
+            validate_slices(slices, set(available), allow_overlap=not cfg.slices)
+        except SliceError as e:
+            raise ConfigError(f"{cfg.source}: slices: {e}") from e
+        self.gpus = [Gpu(index=i, slots=cfg.slots, slice=slices[i]) for i in range(n)]
+        self.tenants: dict[int, Tenant] = {}
+        self.next_tenant = 1
+        self.accounted: set[tuple[int, int]] = set()
+        self.seg = self._segment(n)
+        self.mps_dir: Path | None = None
+        self.nvml = None if cfg.sim else Nvml.open()
+        self._lock_fd: int | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._stopping: asyncio.Event | None = None
+
+    # Start-up and shutdown.
+    def _segment(self, n: int) -> Segment:
+        name = self.cfg.segment_name()
+        try:
+            seg = Segment.attach(name)
+        except SegmentError:
+            seg = None
+        if seg is not None and seg.n_gpus == n:
+            # A predecessor died: its gates may be closed and its tenants frozen. Reopen and
+            # thaw everything; tenants that are still running carry on with this segment.
+            for g in range(n):
+                seg.gate_open(g)
+            thawed = recover(self.root)
+            self.next_tenant = 1 + max((s.tenant for s in seg.slots()), default=0)
+            log.warning("recovered segment %s: gates reopened, %d group(s) thawed", name, thawed)
+            return seg
+        if seg is not None:
+            seg.close()
+        _unlink(name)
+        recover(self.root)
+        return Segment.create(name, n_gpus=n, n_slots=min(4096, max(64, 16 * n * self.cfg.slots)))
+
+    def _take_lock(self) -> None:
+        self.socket.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(str(self.socket) + ".pid", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigError(f"another krex daemon is running on {self.socket}") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _start_mps(self) -> None:
+        control = shutil.which("nvidia-cuda-mps-control")
+        if not control:
+            raise ConfigError("mps.enabled is set but nvidia-cuda-mps-control is not on PATH")
+        self.mps_dir = self.socket.parent / f"mps-{self.root}"
+        for sub in ("pipe", "log"):
+            (self.mps_dir / sub).mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, **self._mps_env())
+        subprocess.run([control, "-d"], env=env, check=True, timeout=30)
+        log.info("started MPS (pipe directory %s)", self.mps_dir / "pipe")
+
+    def _mps_env(self) -> dict[str, str]:
+        if self.mps_dir is None:
+            return {}
+        return {
+            "CUDA_MPS_PIPE_DIRECTORY": str(self.mps_dir / "pipe"),
+            "CUDA_MPS_LOG_DIRECTORY": str(self.mps_dir / "log"),
+        }
+
+    def _stop_mps(self) -> None:
+        control = shutil.which("nvidia-cuda-mps-control")
+        if self.mps_dir is None or not control:
+            return
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                [control],
+                input="quit\n",
+                text=True,
+                timeout=30,
+                env=dict(os.environ, **self._mps_env()),
+            )
+
+    async def serve(self) -> None:
+        """Serve until SIGTERM or SIGINT; then thaw everything, open every gate, and exit."""
+        self._take_lock()
+        if self.cfg.mps and not self.cfg.sim:
+            self._start_mps()
+        with contextlib.suppress(FileNotFoundError):
+            self.socket.unlink()
+        self._stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stopping.set)
+        self._server = await asyncio.start_unix_server(
+            self._client, path=str(self.socket), limit=MAX_LINE
+        )
+        os.chmod(self.socket, 0o600)
+        log.info(
+            "krex daemon %s on %s: %d %sGPU(s), %d slots each, freezer %s, segment %s",
+            __version__,
+            self.socket,
+            len(self.gpus),
+            "simulated " if self.cfg.sim else "",
+            self.cfg.slots,
+            self.freezer.value,
+            self.seg.name,
+        )
+        reaper = asyncio.create_task(self._reap_loop())
+        try:
+            await self._stopping.wait()
+        finally:
+            reaper.cancel()
+            await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        log.info("stopping: ending regions, thawing tenants, opening gates")
+        if self._server is not None:
+            self._server.close()
+        for g in self.gpus:
+            if g.region is not None:
+                self._finish_region(g, revoked=True, why="daemon stopping")
+            self.seg.gate_open(g.index)
+        for t in list(self.tenants.values()):
+            t.group.destroy()
+        self._stop_mps()
+        if self.nvml is not None:
+            self.nvml.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.socket.unlink()
+        if not any(s.alive for s in self.seg.slots()):
+            self.seg.unlink()
+        self.seg.close()
+
+    # Connections.
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        tenant: Tenant | None = None
+        try:
+            first = await self._read(reader)
+            if first is None:
+                return
+            op = first.get("op")
+            if op == "admit":
+                tenant = await self._admit(first, reader, writer)
+            elif op == "region_begin":
+                await self._region_conn(first, reader, writer)
+            elif op == "hello":
+                await self._send(writer, {"ok": True, "version": __version__, "pid": os.getpid()})
+            elif op == "status":
+                await self._send(writer, {"ok": True, **self.status()})
+            else:
+                raise ProtocolError(f"unknown op {op!r}")
+        except ProtocolError as e:
+            with contextlib.suppress(ConnectionError):
+                await self._send(writer, {"ok": False, "error": str(e)})
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            if tenant is not None:
+                self._release(tenant)
+            with contextlib.suppress(ConnectionError, OSError):
+                writer.close()
+
+    async def _read(self, reader: asyncio.StreamReader) -> dict[str, Any] | None:
+        try:
+            line = await reader.readline()
+        except (ValueError, asyncio.LimitOverrunError) as e:
+            raise ProtocolError(f"request longer than {MAX_LINE} bytes") from e
+        if not line:
+            return None
+        try:
+            msg = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ProtocolError("request is not one JSON object per line") from e
+        if not isinstance(msg, dict):
+            raise ProtocolError("request is not a JSON object")
+        if msg.get("v") != PROTOCOL_VERSION:
+            raise ProtocolError(f"protocol version {msg.get('v')!r} is not supported (want 1)")
+        return msg
+
+    async def _send(self, writer: asyncio.StreamWriter, msg: dict[str, Any]) -> None:
+        writer.write(json.dumps(msg).encode() + b"\n")
+        await writer.drain()
+
+    # Admission.
+    def _pick_gpu(self, wanted: Any) -> Gpu:
+        if wanted is not None:
+            if not isinstance(wanted, int) or isinstance(wanted, bool):
+                raise ProtocolError(f"gpu must be an integer, got {wanted!r}")
+            if not 0 <= wanted < len(self.gpus):
+                raise ProtocolError(f"GPU {wanted} does not exist (this node has {len(self.gpus)})")
+            return self.gpus[wanted]
+        return min(self.gpus, key=lambda g: (len(g.tenants) + len(g.admission), g.index))
+
+    async def _admit(
+        self, msg: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> Tenant:
+        argv = msg.get("argv")
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            raise ProtocolError("argv must be a non-empty list of strings")
+        if bool(msg.get("sim", False)) != self.cfg.sim:
+            kind = "simulated" if self.cfg.sim else "real"
+            raise ProtocolError(f"this daemon serves {kind} GPUs")
+        timeout = msg.get("region_timeout_s")
+        if timeout is None:
+            timeout = self.cfg.region_s
+        if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
+            raise ProtocolError("region_timeout_s must be a positive number")
+        auto = msg.get("auto_regions")
+        if auto is not None and not isinstance(auto, str):
+            raise ProtocolError("auto_regions must be a string")
+        g = self._pick_gpu(msg.get("gpu"))
+        if len(g.tenants) >= g.slots:
+            ticket: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            g.admission.append(ticket)
+            await self._send(writer, {"ok": True, "queued": len(g.admission)})
+            try:
+                await self._until(ticket, reader)
+            finally:
+                if ticket in g.admission:
+                    g.admission.remove(ticket)
+                elif ticket.done() and not ticket.cancelled():
+                    # We were handed a slot but are leaving: pass it on.
+                    self._admit_next(g)
+        tid = self.next_tenant
+        self.next_tenant += 1
+        try:
+            group = TenantGroup.create(self.freezer, self.root, tid)
+        except TenantsError as e:
+            self._admit_next(g)
+            raise ProtocolError(f"cannot create the tenant's group: {e}") from e
+        t = Tenant(
+            id=tid,
+            gpu=g.index,
+            argv=argv,
+            group=group,
+            region_timeout_s=float(timeout),
+            t_admit=time.monotonic(),
+        )
+        self.tenants[tid] = t
+        g.tenants.append(t)
+        log.info("admitted tenant %d on GPU %d: %s", tid, g.index, " ".join(argv)[:200])
+        await self._send(
+            writer, {"ok": True, "tenant": tid, "gpu": g.index, "env": self._env(t, auto)}
+        )
+        await self._tenant_conn(t, reader, writer)
+        return t
+
+    async def _until(self, fut: asyncio.Future[Any], reader: asyncio.StreamReader) -> None:
+        """Wait for fut, but give up when the client goes away (EOF). The client says nothing
+        while it waits, so the watch for EOF reads no request."""
+        eof = asyncio.create_task(reader.read(1))
+        try:
+            done, _ = await asyncio.wait({fut, eof}, return_when=asyncio.FIRST_COMPLETED)
+            if fut not in done or fut.cancelled():
+                raise ConnectionError("client left while waiting")
+        finally:
+            eof.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                if await eof:
+                    raise ProtocolError("nothing may be sent while waiting")
+
+    def _admit_next(self, g: Gpu) -> None:
+        while g.admission and len(g.tenants) < g.slots:
+            ticket = g.admission.popleft()
+            if not ticket.done():
+                ticket.set_result(None)
+                return
+
+    def _env(self, t: Tenant, auto: str | None) -> dict[str, str]:
+        env = {
+            "KREX_SOCKET": str(self.socket),
+            "KREX_TENANT": str(t.id),
+            "KREX_GPU": str(t.gpu),
+            "KREX_SHM": self.seg.name,
+            "LD_PRELOAD": str(shim_library()),
+        }
+        if self.cfg.sim:
+            env["LD_LIBRARY_PATH"] = str(sim_library_dir())
+            env["KREX_SIM_SHM"] = self.seg.name + "-sim"
+            env["KREX_SIM_GPUS"] = str(len(self.gpus))
+        else:
+            # PCI bus order: the same GPU numbering as NVML (CUDA's default is fastest first).
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+            env["CUDA_VISIBLE_DEVICES"] = str(t.gpu)
+            env.update(self._mps_env())
+        if auto:
+            from krex.autoregions import env_for
+
+            try:
+                # base={}: the client puts its own PYTHONPATH after ours.
+                env.update(env_for([n for n in auto.split(",") if n], base={}))
+            except ValueError as e:
+                raise ProtocolError(f"auto_regions: {e}") from e
+        return env
+
+    async def _tenant_conn(
+        self, t: Tenant, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        while True:
+            msg = await self._read(reader)
+            if msg is None:
+                return
+            op = msg.get("op")
+            if op == "started":
+                pid = msg.get("pid")
+                if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+                    raise ProtocolError("pid must be a positive integer")
+                await self._started(t, pid)
+                await self._send(writer, {"ok": True, "freezer": self.freezer.value})
+            elif op == "finished":
+                report = self._report(t)
+                await self._send(writer, {"ok": True, "report": report})
+                return
+            else:
+                raise ProtocolError(f"unknown op {op!r} for a tenant")
+
+    async def _started(self, t: Tenant, pid: int) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, t.group.add, pid)
+            await loop.run_in_executor(None, t.group.pin, set(self.gpus[t.gpu].slice.shared_cores))
+        except TenantsError as e:
+            raise ProtocolError(f"cannot place process {pid}: {e}") from e
+        t.pids.append(pid)
+        region = self.gpus[t.gpu].region
+        if region is not None and region.tenant is not t:
+            # Admitted while another tenant holds the GPU: it starts frozen like its siblings.
+            ok = await loop.run_in_executor(None, t.group.freeze, self.cfg.freeze_s)
+            region.frozen.append(t)
+            if not ok:
+                region.clean = False
+                region.problems.append(f"tenant {t.id} admitted during the region did not freeze")
+
+    def _release(self, t: Tenant) -> None:
+        if t.gone:
+            return
+        t.gone = True
+        g = self.gpus[t.gpu]
+        for req in list(g.requests):
+            if req.tenant is t:
+                g.requests.remove(req)
+                if not req.granted.done():
+                    req.granted.cancel()
+        if g.region is not None and g.region.tenant is t:
+            self._finish_region(g, revoked=False, why="tenant finished")
+        if g.region is not None and t in g.region.frozen:
+            g.region.frozen.remove(t)
+        self._account(t)
+        t.group.destroy()
+        g.tenants.remove(t)
+        del self.tenants[t.id]
+        log.info("tenant %d left GPU %d", t.id, g.index)
+        self._admit_next(g)
+
+    # Accounting.
+    def _account(self, t: Tenant | None = None) -> None:
+        """Fold the counters of dead processes' slots into their tenants, then free the slots."""
+        for s in self.seg.slots():
+            if s.alive or (s.index, s.pid) in self.accounted:
+                continue
+            owner = self.tenants.get(s.tenant)
+            if owner is not None:
+                owner.intercepted += s.intercepted
+                owner.blocked += s.blocked
+            self.accounted.add((s.index, s.pid))
+        self.seg.reap()
+        if len(self.accounted) > 100_000:
+            self.accounted.clear()
+        del t
+
+    def _report(self, t: Tenant) -> dict[str, Any]:
+        self._account()
+        live = [s for s in self.seg.slots() if s.tenant == t.id and s.alive]
+        return {
+            "tenant": t.id,
+            "gpu": t.gpu,
+            "intercepted": t.intercepted + sum(s.intercepted for s in live),
+            "blocked": t.blocked + sum(s.blocked for s in live),
+            "regions": list(t.regions),
+            "freezer": self.freezer.value,
+        }
+
+    async def _reap_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self._account()
+
+    # Regions.
+    async def _region_conn(
+        self, msg: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        tid = msg.get("tenant")
+        t = self.tenants.get(tid) if isinstance(tid, int) else None
+        if t is None:
+            raise ProtocolError(f"tenant {tid!r} is not admitted here")
+        g = self.gpus[t.gpu]
+        loop = asyncio.get_running_loop()
+        req = RegionRequest(
+            tenant=t, writer=writer, t_request=time.monotonic(), granted=loop.create_future()
+        )
+        g.requests.append(req)
+        self._schedule(g)
+        try:
+            await self._until(req.granted, reader)
+        except ConnectionError:
+            if req in g.requests:
+                g.requests.remove(req)
+            if req.granted.done() and not req.granted.cancelled():
+                self._drop_holder(g, t, why="owner gone")
+            return
+        grant = req.granted.result()
+        await self._send(writer, {"ok": True, **grant})
+        end = await self._read(reader)
+        if end is None or end.get("op") != "region_end":
+            # EOF (the owner died, or closed without region_end): the region ends at once.
+            self._drop_holder(g, t, why="owner gone")
+            if end is not None:
+                raise ProtocolError("expected region_end")
+            return
+        record = self._drop_holder(g, t, why="region_end")
+        await self._send(writer, {"ok": True, "region": record})
+
+    def _schedule(self, g: Gpu) -> None:
+        if g.busy or not g.requests:
+            return
+        if g.region is not None:
+            # Other threads of the owner nest into its region at once.
+            for req in [r for r in g.requests if r.tenant is g.region.tenant]:
+                g.requests.remove(req)
+                g.region.holders += 1
+                req.granted.set_result(self._grant_record(g.region, req.t_request))
+            return
+        req = g.requests.popleft()
+        g.busy = True
+        asyncio.get_running_loop().create_task(self._open_region(g, req))
+
+    def _grant_record(self, r: Region, t_request: float) -> dict[str, Any]:
+        return {
+            "epoch": r.epoch,
+            "wait_s": time.monotonic() - t_request,
+            "drain_s": r.drain_s,
+            "freeze_s": r.freeze_s,
+            "clean": r.clean,
+        }
+
+    async def _open_region(self, g: Gpu, req: RegionRequest) -> None:
+        """Steps 1-6 of design.md for req's tenant on GPU g."""
+        loop = asyncio.get_running_loop()
+        t = req.tenant
+        problems: list[str] = []
+        try:
+            epoch = self.seg.gate_close(g.index, t.id, deadline_s=t.region_timeout_s + GATE_GRACE_S)
+            t0 = time.monotonic()
+            for step, fn in (
+                ("quiesce", lambda: self.seg.quiesce(g.index, t.id, self.cfg.quiesce_s)),
+                ("drain", lambda: self._drain(g.index, t.id, epoch)),
+            ):
+                try:
+                    await loop.run_in_executor(None, fn)
+                except WaitTimeout as e:
+                    problems.append(f"{step}: {e}")
+            t1 = time.monotonic()
+            siblings = [s for s in g.tenants if s is not t]
+            frozen = await asyncio.gather(
+                *(loop.run_in_executor(None, self._freeze, s) for s in siblings)
+            )
+            problems += [
+                f"tenant {s.id} did not freeze"
+                for s, ok in zip(siblings, frozen, strict=True)
+                if not ok
+            ]
+            t2 = time.monotonic()
+            await loop.run_in_executor(None, t.group.pin, set(g.slice.region_cores))
+            if self.seg.overflow:
+                problems.append(f"{self.seg.overflow} process(es) had no slot (not drained)")
+        except Exception as e:
+            log.exception("opening a region for tenant %d failed", t.id)
+            self.seg.gate_open(g.index)
+            g.busy = False
+            if not req.granted.done():
+                req.granted.set_exception(ConnectionError(str(e)))
+            self._schedule(g)
+            return
+        now = time.monotonic()
+        r = Region(
+            tenant=t,
+            epoch=epoch,
+            t_request=req.t_request,
+            t_grant=now,
+            wait_s=now - req.t_request,
+            drain_s=t1 - t0,
+            freeze_s=t2 - t1,
+            clean=not problems,
+            frozen=siblings,
+            problems=problems,
+            clock_at_grant=self.nvml.sample(g.index) if self.nvml else None,
+        )
+        g.region = r
+        g.busy = False
+        if req.granted.cancelled() or t.gone:
+            self._finish_region(g, revoked=False, why="owner gone before its grant")
+            return
+        r.timer = loop.call_later(t.region_timeout_s, self._revoke, g, r)
+        req.granted.set_result(self._grant_record(r, req.t_request))
+        if problems:
+            log.warning(
+                "region of tenant %d on GPU %d is unclean: %s", t.id, g.index, "; ".join(problems)
+            )
+        self._schedule(g)  # other threads of the owner waiting behind it
+
+    def _freeze_all(self, siblings: list[Tenant]) -> list[str]:
+        """Step 4: freeze every sibling; on a simulated node, never leave one frozen inside the
+        simulated driver's shared lock (krexsim.h): thaw it a moment and freeze it again."""
+        problems = [f"tenant {s.id} did not freeze" for s in siblings if not self._freeze(s)]
+        if not self.cfg.sim:
+            return problems
+        for _ in range(200):
+            holders = _sim_lock_holders(self.seg.name + "-sim")
+            stuck = [s for s in siblings if holders & set(s.group.pids())]
+            if not stuck:
+                return problems
+            for s in stuck:
+                s.group.thaw()
+            time.sleep(0.0005)
+            for s in stuck:
+                self._freeze(s)
+        return [*problems, "a frozen tenant kept the simulated driver's lock"]
+
+    def _freeze(self, t: Tenant) -> bool:
+        try:
+            return t.group.freeze(self.cfg.freeze_s)
+        except TenantsError as e:  # e.g. it left while the region was being set up
+            log.warning("freezing tenant %d failed: %s", t.id, e)
+            return t.gone
+
+    def _drain(self, gpu: int, owner: int, epoch: int) -> None:
+        self.seg.drain_request(gpu, owner, epoch)
+        self.seg.drain_await(gpu, owner, epoch, self.cfg.drain_s)
+
+    def _revoke(self, g: Gpu, r: Region) -> None:
+        if g.region is r:
+            log.warning(
+                "region of tenant %d on GPU %d passed its time-out (%.1f s): revoked",
+                r.tenant.id,
+                g.index,
+                r.tenant.region_timeout_s,
+            )
+            self._finish_region(g, revoked=True, why="time-out")
+
+    def _drop_holder(self, g: Gpu, t: Tenant, why: str) -> dict[str, Any]:
+        """One region_begin of tenant t is over; the region ends with its last holder."""
+        r = g.region
+        if r is None or r.tenant is not t:
+            # Already finished (revoked, or the tenant left): report what it was.
+            return t.regions[-1] if t.regions else {"revoked": True}
+        r.holders -= 1
+        if r.holders > 0:
+            return self._record(r, time.monotonic())
+        return self._finish_region(g, revoked=False, why=why)
+
+    def _record(self, r: Region, t_end: float) -> dict[str, Any]:
+        rec: dict[str, Any] = {
+            "wait_s": r.wait_s,
+            "drain_s": r.drain_s,
+            "freeze_s": r.freeze_s,
+            "duration_s": t_end - r.t_grant,
+            "clean": r.clean,
+            "revoked": r.revoked,
+            "problems": list(r.problems),
+        }
+        end = self.nvml.sample(r.tenant.gpu) if self.nvml else None
+        if r.clock_at_grant and end:
+            # measurement.md: record the SM clock and throttle reasons; flag throttled regions.
+            rec["sm_clock_mhz"] = [r.clock_at_grant["sm_clock_mhz"], end["sm_clock_mhz"]]
+            reasons = r.clock_at_grant["throttle_reasons"] | end["throttle_reasons"]
+            rec["throttle_reasons"] = reasons
+            rec["throttled"] = throttled(reasons)
+        return rec
+
+    def _finish_region(self, g: Gpu, *, revoked: bool, why: str) -> dict[str, Any]:
+        """Exit: undo the pin, thaw the siblings, open the gate, wake the next request."""
+        r = g.region
+        assert r is not None
+        t_end = time.monotonic()
+        if r.timer is not None:
+            r.timer.cancel()
+        r.revoked = r.revoked or revoked
+        if not r.tenant.gone:
+            with contextlib.suppress(TenantsError):
+                r.tenant.group.pin(set(g.slice.shared_cores))
+        for s in r.frozen:
+            with contextlib.suppress(TenantsError):
+                s.group.thaw()
+        self.seg.gate_open(g.index)
+        g.region = None
+        record = self._record(r, t_end)
+        r.tenant.regions.append(record)
+        log.info(
+            "region of tenant %d on GPU %d ended (%s) after %.3f s",
+            r.tenant.id,
+            g.index,
+            why,
+            record["duration_s"],
+        )
+        self._schedule(g)
+        return record
+
+    # Status.
+    def status(self) -> dict[str, Any]:
+        now = time.monotonic()
+        return {
+            "version": __version__,
+            "pid": os.getpid(),
+            "socket": str(self.socket),
+            "segment": self.seg.name,
+            "sim": self.cfg.sim,
+            "freezer": self.freezer.value,
+            "mps": self.mps_dir is not None,
+            "gpus": [
+                {
+                    "gpu": g.index,
+                    "slots": g.slots,
+                    "used": len(g.tenants),
+                    "queue": len(g.admission),
+                    "region_queue": len(g.requests),
+                    "region_cores": sorted(g.slice.region_cores),
+                    "shared_cores": sorted(g.slice.shared_cores),
+                    "region": None
+                    if g.region is None
+                    else {
+                        "tenant": g.region.tenant.id,
+                        "age_s": now - g.region.t_grant,
+                        "clean": g.region.clean,
+                    },
+                    "tenants": [
+                        {
+                            "tenant": t.id,
+                            "argv": t.argv[:8],
+                            "pids": t.pids,
+                            "age_s": now - t.t_admit,
+                            "regions": len(t.regions),
+                        }
+                        for t in g.tenants
+                    ],
+                }
+                for g in self.gpus
+            ],
+        }
+
+
+def _tgid(tid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{tid}/status").read_text().splitlines():
+            if line.startswith("Tgid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+# shim/sim/krexsim.h: where the simulated node publishes who holds its two locks.
+_SIM_HOLDERS = (32, 36)
+_SIM_LOCKS = (40, 80)
+
+
+def _sim_lock_holders(sim_shm: str) -> set[int]:
+    """Pids holding the simulated driver's shared locks (empty when none, or no segment)."""
+    try:
+        with open(Path("/dev/shm", sim_shm.lstrip("/")), "rb") as f:
+            head = f.read(128)
+    except OSError:
+        return set()
+    if len(head) < 128:
+        return set()
+    pids = {int.from_bytes(head[o : o + 4], "little") for o in _SIM_HOLDERS}
+    for o in _SIM_LOCKS:
+        tid = int.from_bytes(head[o : o + 4], "little") & 0x3FFFFFFF  # robust mutex: owner tid
+        if tid and (pid := _tgid(tid)) is not None:
+            pids.add(pid)
+    pids.discard(0)
+    return pids
+
+
+def _unlink(name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        Path("/dev/shm", name.lstrip("/")).unlink()
+
+
+def run(cfg: Config) -> int:
+    """Run the daemon in the foreground; returns the exit status."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s krex-daemon %(levelname)s %(message)s"
+    )
+    try:
+        daemon = Daemon(cfg)
+        asyncio.run(daemon.serve())
+    except ConfigError as e:
+        log.error("%s", e)
+        return 2
+    return 0

@@ -1,0 +1,58 @@
+"""The GPU's SM clock and throttle reasons around a region, where NVML gives them.
+
+NVML (the nvidia-ml-py package, module `pynvml`) is optional: without it, or without a GPU, or
+on the simulated GPU, `Nvml.open()` returns None and regions carry no clock fields.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+
+class Nvml:
+    """An initialised NVML; `sample(gpu)` reads one GPU's SM clock and throttle reasons."""
+
+    def __init__(self, lib: Any) -> None:
+        self._lib = lib
+
+    @classmethod
+    def open(cls) -> Nvml | None:
+        try:
+            import pynvml
+        except ImportError:
+            return None
+        try:
+            pynvml.nvmlInit()
+        except Exception:
+            return None
+        return cls(pynvml)
+
+    def sample(self, gpu: int) -> dict[str, int] | None:
+        """{"sm_clock_mhz", "throttle_reasons"} of GPU `gpu` (an NVML index), or None."""
+        lib = self._lib
+        try:
+            h = lib.nvmlDeviceGetHandleByIndex(gpu)
+            clock = int(lib.nvmlDeviceGetClockInfo(h, lib.NVML_CLOCK_SM))
+            # Renamed in newer NVML (throttle -> clocks event); ask under either name.
+            get = getattr(lib, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            get = get or lib.nvmlDeviceGetCurrentClocksThrottleReasons
+            reasons = int(get(h))
+        except Exception:
+            return None
+        return {"sm_clock_mhz": clock, "throttle_reasons": reasons}
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._lib.nvmlShutdown()
+
+
+# Reasons that mean the clock was held down by something other than idling or the app's
+# own clock settings (NVML's clocks-event reason bits).
+IDLE = 0x1
+APPLICATION_CLOCKS = 0x2
+
+
+def throttled(reasons: int) -> bool:
+    """Whether a sample's reasons say the SM clock was held down (power, thermal, ...)."""
+    return bool(reasons & ~(IDLE | APPLICATION_CLOCKS))

@@ -1,0 +1,471 @@
+"""The controller end to end on the simulated GPU: `krex daemon`, `krex run`, regions, faults.
+
+Every test runs its own daemon (a socket in tmp_path, hence its own segment and cgroups) with
+the freezer this machine has (cgroup v1 in CI).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Native
+
+KREX = [sys.executable, "-m", "krex.cli"]
+TRUTH_NS = (100_000, 1_000_000, 10_000_000)  # 0.1, 1 and 10 ms
+
+
+class Daemon:
+    def __init__(self, socket: Path, *extra: str) -> None:
+        self.socket = socket
+        self.extra = extra
+        self.log = socket.parent / "daemon.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [*KREX, "daemon", "--sim", "--socket", str(self.socket), *self.extra],
+                stdout=log,
+                stderr=log,
+            )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.status(check=False) is not None:
+                return
+            assert self.proc.poll() is None, self.log.read_text()
+            time.sleep(0.05)
+        raise AssertionError("daemon did not start: " + self.log.read_text())
+
+    def status(self, check: bool = True) -> dict[str, Any] | None:
+        p = subprocess.run(
+            [*KREX, "status", "--json", "--socket", str(self.socket)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if p.returncode != 0:
+            assert not check, p.stderr
+            return None
+        return dict(json.loads(p.stdout))
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    d = Daemon(tmp_path / "krex.sock")
+    d.start()
+    try:
+        yield d
+    finally:
+        d.stop()
+        assert d.proc is not None and d.proc.returncode == 0, d.log.read_text()
+
+
+def krex_run(
+    d: Daemon,
+    *argv: str,
+    report: Path | None = None,
+    **popen: Any,
+) -> subprocess.Popen[str]:
+    cmd = [*KREX, "run", "--sim", "--socket", str(d.socket)]
+    if report is not None:
+        cmd += ["--report", str(report)]
+    return subprocess.Popen([*cmd, "--", *argv], text=True, **popen)
+
+
+def bench_argv(native: Native, regions: bool) -> list[str]:
+    return [
+        native.program("workload"),
+        "bench",
+        "1" if regions else "0",
+        "100",
+        "10",
+        *map(str, TRUTH_NS),
+    ]
+
+
+def results(out: str) -> list[dict[str, float]]:
+    return list(json.loads(out.strip().splitlines()[-1])["results"])
+
+
+def test_eight_commands_share_a_gpu_and_regions_measure_the_truth(
+    daemon: Daemon, native: Native, tmp_path: Path
+) -> None:
+    """8 concurrent commands time 0.1, 1 and 10 ms kernels in regions while the others launch
+    outside theirs: every region measures the truth within 1 % and is clean; without regions
+    the same commands inflate by >= 30 %; the wall time is far below the sum of solo runs."""
+
+    def batch(regions: bool, n: int) -> tuple[float, list[dict[str, Any]], list[str]]:
+        t0 = time.monotonic()
+        procs = [
+            krex_run(
+                daemon,
+                *bench_argv(native, regions),
+                report=tmp_path / f"r{int(regions)}-{i}.json",
+                stdout=subprocess.PIPE,
+            )
+            for i in range(n)
+        ]
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+        wall = time.monotonic() - t0
+        assert all(p.returncode == 0 for p in procs), outs
+        reports = [
+            json.loads((tmp_path / f"r{int(regions)}-{i}.json").read_text()) for i in range(n)
+        ]
+        return wall, reports, outs
+
+    solo_walls = []
+    for _ in range(2):
+        w, _, _ = batch(True, 1)
+        solo_walls.append(w)
+    wall, reports, outs = batch(True, 8)
+    for out, rep in zip(outs, reports, strict=True):
+        for r in results(out):
+            assert abs(r["median_ms"] - r["kernel_ms"]) <= 0.01 * r["kernel_ms"], r
+        assert len(rep["regions"]) == 3
+        assert all(reg["clean"] and not reg["revoked"] for reg in rep["regions"]), rep
+        assert rep["intercepted"] > 30 and rep["exit_code"] == 0
+    assert wall < 0.6 * 8 * statistics.median(solo_walls), (wall, solo_walls)
+
+    _, _, unprotected = batch(False, 8)
+    inflation = [r["median_ms"] / r["kernel_ms"] - 1 for out in unprotected for r in results(out)]
+    assert statistics.median(inflation) >= 0.30, inflation
+
+
+BURNER = textwrap.dedent("""
+    import sys, time
+    n = 0
+    while True:
+        n += 1
+        if n % 20000 == 0:
+            print(n, flush=True)
+""")
+
+
+class Counter:
+    """A CPU-burning tenant whose progress we can read (it prints its loop count)."""
+
+    def __init__(self, d: Daemon) -> None:
+        self.proc = krex_run(d, sys.executable, "-c", BURNER, stdout=subprocess.PIPE)
+        self.last = 0
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.wait_moving()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.last = int(line)
+
+    def value(self) -> int:
+        return self.last
+
+    def wait_moving(self, within_s: float = 10.0) -> float:
+        """Seconds until the count moves (fails if it does not within `within_s`)."""
+        t0 = time.monotonic()
+        start = self.value()
+        while time.monotonic() - t0 < within_s:
+            time.sleep(0.01)
+            if self.value() != start:
+                return time.monotonic() - t0
+        raise AssertionError("the sibling does not make progress")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+HOLDER = textwrap.dedent("""
+    import os, sys, time, krex
+    with krex.region():
+        print("in region", os.getpid(), flush=True)
+        time.sleep(float(sys.argv[1]))
+    print("out", flush=True)
+""")
+
+
+def test_a_sibling_makes_no_progress_while_a_region_is_held(daemon: Daemon) -> None:
+    """The real freezer: a sibling burning CPU is frozen for exactly the region's life."""
+    sib = Counter(daemon)
+    try:
+        holder = krex_run(daemon, sys.executable, "-c", HOLDER, "1.0", stdout=subprocess.PIPE)
+        assert holder.stdout is not None
+        assert holder.stdout.readline().startswith("in region")
+        time.sleep(0.1)
+        frozen_at = sib.value()
+        time.sleep(0.6)
+        assert sib.value() == frozen_at, "the sibling ran during the region"
+        assert holder.stdout.readline().strip() == "out"
+        sib.wait_moving(within_s=2.0)
+        assert holder.wait(timeout=30) == 0
+    finally:
+        sib.stop()
+
+
+def test_owner_killed_inside_a_region_releases_it_within_a_second(daemon: Daemon) -> None:
+    sib = Counter(daemon)
+    try:
+        holder = krex_run(daemon, sys.executable, "-c", HOLDER, "60", stdout=subprocess.PIPE)
+        assert holder.stdout is not None
+        pid = int(holder.stdout.readline().split()[-1])
+        time.sleep(0.2)
+        os.kill(pid, signal.SIGKILL)
+        assert sib.wait_moving(within_s=1.0) < 1.0
+        assert holder.wait(timeout=30) == 128 + signal.SIGKILL
+        st = daemon.status()
+        assert st is not None and st["gpus"][0]["region"] is None
+    finally:
+        sib.stop()
+
+
+def test_a_region_past_its_time_out_is_revoked_and_reported(daemon: Daemon, tmp_path: Path) -> None:
+    sib = Counter(daemon)
+    try:
+        report = tmp_path / "r.json"
+        p = subprocess.run(
+            [
+                *KREX,
+                "run",
+                "--sim",
+                "--socket",
+                str(daemon.socket),
+                "--region-timeout",
+                "0.5",
+                "--report",
+                str(report),
+                "--",
+                sys.executable,
+                "-c",
+                HOLDER,
+                "2",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert p.returncode == 0, p.stderr
+        (region,) = json.loads(report.read_text())["regions"]
+        assert region["revoked"] is True
+        assert 0.45 <= region["duration_s"] <= 1.5
+    finally:
+        sib.stop()
+
+
+def test_daemon_killed_in_a_region_restart_thaws_and_reopens(tmp_path: Path) -> None:
+    """SIGKILL the daemon while a sibling is frozen: the next daemon on that socket thaws every
+    krex cgroup and opens every gate, and the tenants go on."""
+    d = Daemon(tmp_path / "krex.sock")
+    d.start()
+    sib = Counter(d)
+    holder = krex_run(
+        d, sys.executable, "-c", HOLDER, "3", stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().startswith("in region")
+        time.sleep(0.2)
+        frozen_at = sib.value()
+        d.stop(signal.SIGKILL)
+        time.sleep(0.3)
+        assert sib.value() == frozen_at  # still frozen: nobody thawed it yet
+        d.start()
+        sib.wait_moving(within_s=2.0)
+        assert holder.wait(timeout=30) == 0  # the owner carried on to its end
+    finally:
+        sib.stop()
+        holder.kill()
+        d.stop()
+
+
+def test_a_command_that_cannot_start_exits_127(daemon: Daemon) -> None:
+    p = subprocess.run(
+        [*KREX, "run", "--sim", "--socket", str(daemon.socket), "--", "/nonexistent/benchmark"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 127
+    assert p.stderr.count("\n") == 1 and "cannot start /nonexistent/benchmark" in p.stderr
+
+
+def test_exit_status_and_signals_are_the_commands_own(daemon: Daemon) -> None:
+    p = subprocess.run(
+        [
+            *KREX,
+            "run",
+            "--sim",
+            "--socket",
+            str(daemon.socket),
+            "--",
+            "sh",
+            "-c",
+            "echo out; echo err >&2; exit 7",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (p.returncode, p.stdout, p.stderr) == (7, "out\n", "err\n")
+    p = subprocess.run(
+        [*KREX, "run", "--sim", "--socket", str(daemon.socket), "--", "sh", "-c", "kill -TERM $$"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 128 + signal.SIGTERM
+    p = subprocess.run(
+        [*KREX, "run", "--sim", "--socket", str(daemon.socket), "--", "cat"],
+        input="via stdin",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.stdout == "via stdin"
+
+
+def test_sigterm_to_krex_run_reaches_the_command(daemon: Daemon) -> None:
+    p = krex_run(
+        daemon,
+        "sh",
+        "-c",
+        "trap 'echo got TERM; exit 3' TERM; echo ready; while :; do sleep 0.05; done",
+        stdout=subprocess.PIPE,
+    )
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 3
+    assert p.stdout.read().strip() == "got TERM"
+
+
+def test_slots_queue_and_status(tmp_path: Path) -> None:
+    """With 1 slot the second command waits in the FIFO queue; status shows both."""
+    d = Daemon(tmp_path / "krex.sock", "--slots", "1")
+    d.start()
+    try:
+        first = krex_run(d, "sh", "-c", "echo go; sleep 1", stdout=subprocess.PIPE)
+        assert first.stdout is not None and first.stdout.readline().strip() == "go"
+        second = krex_run(d, "true")
+        time.sleep(0.3)
+        st = d.status()
+        assert st is not None
+        g = st["gpus"][0]
+        assert (g["used"], g["queue"]) == (1, 1)
+        assert st["freezer"] in ("cgroup-v1", "cgroup-v2", "signal")
+        assert second.poll() is None  # still waiting for the slot
+        assert first.wait(timeout=30) == 0 and second.wait(timeout=30) == 0
+    finally:
+        d.stop()
+
+
+def test_two_runs_at_once_start_one_daemon(tmp_path: Path, native: Native) -> None:
+    """With no daemon answering, two `krex run` started together start exactly one."""
+    sock = tmp_path / "auto.sock"
+    procs = [
+        subprocess.Popen([*KREX, "run", "--sim", "--socket", str(sock), "--", "true"])
+        for _ in range(2)
+    ]
+    try:
+        assert [p.wait(timeout=60) for p in procs] == [0, 0]
+        pid = int((tmp_path / "auto.sock.pid").read_text())
+        daemons = subprocess.run(
+            ["pgrep", "-f", f"daemon --socket {sock}"], capture_output=True, text=True
+        ).stdout.split()
+        assert daemons == [str(pid)]
+    finally:
+        pid_file = tmp_path / "auto.sock.pid"
+        if pid_file.exists() and pid_file.read_text().strip():
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+    del native
+
+
+REGION_LOOP = textwrap.dedent("""
+    import sys, time, krex
+    print("looping", flush=True)
+    for _ in range(int(sys.argv[1])):
+        with krex.region():
+            time.sleep(float(sys.argv[2]))
+""")
+
+
+def test_regions_are_granted_in_request_order_so_nobody_starves(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    """The region queue is FIFO per GPU: a tenant that asks while another takes regions back to
+    back waits for at most the region ahead of it, not for the other's whole loop."""
+    hog = krex_run(daemon, sys.executable, "-c", REGION_LOOP, "60", "0.05", stdout=subprocess.PIPE)
+    try:
+        assert hog.stdout is not None and hog.stdout.readline().strip() == "looping"
+        time.sleep(0.3)
+        report = tmp_path / "late.json"
+        p = subprocess.run(
+            [
+                *KREX,
+                "run",
+                "--sim",
+                "--socket",
+                str(daemon.socket),
+                "--report",
+                str(report),
+                "--",
+                sys.executable,
+                "-c",
+                REGION_LOOP,
+                "3",
+                "0.01",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert p.returncode == 0, p.stderr
+        waits = [r["wait_s"] for r in json.loads(report.read_text())["regions"]]
+        assert len(waits) == 3 and max(waits) < 0.5, waits
+        assert hog.poll() is None  # the hog was still looping: the late tenant got in between
+    finally:
+        hog.kill()
+        hog.wait(timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("toml", "words"),
+    [
+        ("[gpus]\nslotz = 3\n", "unknown key gpus.slotz"),
+        ("[gpus]\nslots = 'many'\n", "gpus.slots has the wrong type"),
+        ("[freezer]\nbackend = 'ice'\n", "freezer.backend must be one of"),
+        ("[slices.0]\nregion = '0'\nshared = '0-999'\n", "slices"),
+        ("[timeouts]\ndrain_s = -1\n", "timeouts.drain_s must be > 0"),
+        ("not toml at all [", "not valid TOML"),
+    ],
+)
+def test_bad_configuration_is_one_clear_error_and_nothing_starts(
+    tmp_path: Path, toml: str, words: str
+) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(toml)
+    sock = tmp_path / "krex.sock"
+    p = subprocess.run(
+        [*KREX, "daemon", "--sim", "--config", str(cfg), "--socket", str(sock)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 2
+    errors = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and words in errors[0], p.stderr
+    assert not sock.exists()

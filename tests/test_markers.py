@@ -1,0 +1,584 @@
+"""Region markers against a fake daemon: the Python API, `krex region --`, the C entry points
+of libkrex.so, and auto-regions in an unmodified child Python process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import C_DIR, compile_c
+from fake_daemon import FakeDaemon
+
+import krex
+from krex import autoregions, markers
+from krex.markers import RegionError, last_region, region
+from krex.paths import shim_library
+from krex.shm import KrexError
+
+KREX_ENV = ("KREX_SOCKET", "KREX_TENANT", "KREX_REGION_WAIT_S", "KREX_AUTO_REGIONS")
+TENANT = 7
+
+
+def clean_env(**more: str) -> dict[str, str]:
+    """os.environ without any KREX_* variable (as outside krex), plus `more`."""
+    env = {k: v for k, v in os.environ.items() if k not in KREX_ENV}
+    env.update(more)
+    return env
+
+
+@pytest.fixture
+def outside(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in KREX_ENV:
+        monkeypatch.delenv(name, raising=False)
+    markers._environment.cache_clear()
+    yield
+    markers._environment.cache_clear()
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[FakeDaemon]:
+    with FakeDaemon(tmp_path / "krex.sock") as d:
+        yield d
+
+
+@pytest.fixture
+def inside(
+    outside: None, daemon: FakeDaemon, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[FakeDaemon]:
+    """This test process is a tenant of the fake daemon."""
+    for name, value in daemon.env(TENANT).items():
+        monkeypatch.setenv(name, value)
+    markers._environment.cache_clear()
+    yield daemon
+
+
+def pairs(n: int) -> list[tuple[str, int | None, int | None]]:
+    return [("region_begin", TENANT, os.getpid()), ("region_end", TENANT, os.getpid())] * n
+
+
+# The Python API
+
+
+def test_outside_krex_a_region_is_a_cheap_no_op(outside: None, daemon: FakeDaemon) -> None:
+    """Without KREX_SOCKET/KREX_TENANT nothing connects, and an enter/exit pair costs < 2 us."""
+    with region():
+        pass
+    n = 20_000
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(n):
+            with krex.region():
+                pass
+        best = min(best, (time.perf_counter() - start) / n)
+    assert best < 2e-6, f"{best * 1e9:.0f} ns per region outside krex"
+    assert daemon.connections == 0
+
+
+def test_package_reexports_the_markers() -> None:
+    """`krex.region`, `krex.last_region` and `krex.RegionError` are krex.markers' own."""
+    assert krex.region is region
+    assert krex.last_region is last_region
+    assert krex.RegionError is RegionError
+    assert issubclass(RegionError, KrexError)
+
+
+def test_nested_regions_send_one_begin_end_pair(inside: FakeDaemon) -> None:
+    """Only the outermost region of a thread talks to the daemon; nesting only counts."""
+    with region(), region(), region():
+        assert inside.ops() == ["region_begin"]
+    assert inside.wait_for(2) == pairs(1)
+    with region():
+        pass
+    assert inside.wait_for(4) == pairs(2)
+
+
+def test_decorator_runs_each_call_in_a_region(inside: FakeDaemon) -> None:
+    """`@region()` keeps the function's metadata and makes each call one region."""
+
+    @region()
+    def bench(x: int) -> int:
+        """Doc of bench."""
+        assert inside.ops()[-1] == "region_begin"
+        return x + 1
+
+    assert (bench.__name__, bench.__doc__) == ("bench", "Doc of bench.")
+    assert bench(1) == 2
+    assert bench(2) == 3
+    assert inside.wait_for(4) == pairs(2)
+
+
+def test_a_region_ends_when_its_body_raises(inside: FakeDaemon) -> None:
+    """The body's exception propagates and region_end is still sent."""
+    with pytest.raises(ZeroDivisionError), region():
+        _ = 1 / 0
+    assert inside.wait_for(2) == pairs(1)
+
+
+def test_two_threads_hold_two_regions(inside: FakeDaemon) -> None:
+    """Depth is per thread: two threads inside at once are two begins on two connections."""
+    both_inside = threading.Barrier(2, timeout=10)
+
+    def work() -> None:
+        with region():
+            both_inside.wait()
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    ops = [op for op, _, _ in inside.wait_for(4)]
+    assert ops[:2] == ["region_begin", "region_begin"]
+    assert sorted(ops[2:]) == ["region_end", "region_end"]
+    assert inside.connections == 2
+
+
+def test_a_forked_child_never_ends_its_parents_region(inside: FakeDaemon) -> None:
+    """A child forked inside a region leaves it without region_end; the parent's end works."""
+    with region():
+        pid = os.fork()
+    if pid == 0:  # the child, having left the region it inherited
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert inside.wait_for(2) == pairs(1)
+
+
+def test_last_region_is_the_daemons_record(inside: FakeDaemon) -> None:
+    """last_region() returns the `region` object of the region_end reply."""
+    with region():
+        time.sleep(0.01)
+    record = last_region()
+    assert record is not None
+    assert record["duration_s"] >= 0.01
+    assert (record["drain_s"], record["freeze_s"]) == (0.001, 0.002)
+    assert (record["clean"], record["revoked"]) == (True, False)
+
+
+def test_a_daemon_lost_inside_a_region_is_a_revoked_record(
+    outside: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The daemon dies inside the region: the exit does not raise; one `krex:` line says so and
+    last_region() is revoked and unclean."""
+    gone = FakeDaemon(tmp_path / "krex.sock")
+    with gone:
+        for name, value in gone.env(TENANT).items():
+            monkeypatch.setenv(name, value)
+        markers._environment.cache_clear()
+        region().__enter__()
+    region().__exit__(None, None, None)  # after the daemon has gone
+    record = last_region()
+    assert record is not None
+    assert (record["revoked"], record["clean"]) == (True, False)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("krex: "), lines
+    assert lines[0].endswith("the region is recorded as revoked")
+
+
+def test_unreachable_daemon_fails_fast_and_clearly(
+    outside: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No daemon at KREX_SOCKET: a RegionError naming the socket once the retries run out."""
+    monkeypatch.setattr(markers, "CONNECT_RETRY_S", 0.3)
+    monkeypatch.setenv("KREX_SOCKET", str(tmp_path / "none.sock"))
+    monkeypatch.setenv("KREX_TENANT", "3")
+    start = time.monotonic()
+    with (
+        pytest.raises(RegionError, match=r"cannot connect to the krex daemon at .*none\.sock"),
+        region(),
+    ):
+        pytest.fail("the body ran without a region")
+    assert 0.2 < time.monotonic() - start < 3
+
+
+def test_a_daemon_that_comes_up_late_is_waited_for(
+    outside: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Connecting is retried: a daemon listening 0.3 s after region() was entered grants it."""
+    late = FakeDaemon(tmp_path / "krex.sock")
+    for name, value in late.env(TENANT).items():
+        monkeypatch.setenv(name, value)
+    markers._environment.cache_clear()
+    timer = threading.Timer(0.3, late.__enter__)
+    timer.start()
+    try:
+        with region():
+            pass
+        assert late.wait_for(2) == pairs(1)
+    finally:
+        timer.join()
+        late.__exit__(None, None, None)
+
+
+def test_refused_region_raises_the_daemons_reason(
+    outside: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An `ok: false` reply to region_begin is a RegionError carrying the daemon's error."""
+    with FakeDaemon(tmp_path / "krex.sock", refuse="tenant 7 is not admitted") as d:
+        for name, value in d.env(TENANT).items():
+            monkeypatch.setenv(name, value)
+        markers._environment.cache_clear()
+        with (
+            pytest.raises(RegionError, match="refused region_begin: tenant 7 is not admitted"),
+            region(),
+        ):
+            pass
+
+
+def test_the_wait_for_a_grant_is_bounded(
+    outside: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No grant within KREX_REGION_WAIT_S: RegionError, and the daemon sees the client leave."""
+    with FakeDaemon(tmp_path / "krex.sock", grant_delay_s=30) as d:
+        for name, value in d.env(TENANT).items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("KREX_REGION_WAIT_S", "0.3")
+        markers._environment.cache_clear()
+        start = time.monotonic()
+        with pytest.raises(RegionError, match=r"granted no region within 0\.3 s"), region():
+            pass
+        assert time.monotonic() - start < 3
+        assert [op for op, _, _ in d.wait_for(2)] == ["region_begin", "eof"]
+
+
+def test_bad_tenant_variable_is_one_clear_error(
+    outside: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A malformed KREX_TENANT is reported as such, not as a connection problem."""
+    monkeypatch.setenv("KREX_SOCKET", "/nonexistent.sock")
+    monkeypatch.setenv("KREX_TENANT", "seven")
+    markers._environment.cache_clear()
+    with (
+        pytest.raises(RegionError, match="KREX_TENANT must be a positive integer, not 'seven'"),
+        region(),
+    ):
+        pass
+
+
+# krex region -- CMD
+
+
+def krex_region(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "krex.cli", "region", "--", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_krex_region_exits_with_the_commands_status(daemon: FakeDaemon) -> None:
+    """`krex region -- sh -c 'exit 3'` exits 3 and is exactly one region, owned by the CLI."""
+    result = krex_region("sh", "-c", "echo out; exit 3", env=clean_env(**daemon.env(TENANT)))
+    assert result.returncode == 3, result.stderr
+    assert result.stdout == "out\n"
+    received = daemon.wait_for(2)
+    assert [(op, tenant) for op, tenant, _ in received] == [
+        ("region_begin", TENANT),
+        ("region_end", TENANT),
+    ]
+
+
+def test_krex_region_reports_a_signal_as_128_plus_n(daemon: FakeDaemon) -> None:
+    """A command killed by SIGTERM makes `krex region` exit 143, and the region still ends."""
+    result = krex_region("sh", "-c", "kill -TERM $$", env=clean_env(**daemon.env(TENANT)))
+    assert result.returncode == 128 + 15, result.stderr
+    assert daemon.ops() == ["region_begin", "region_end"]
+
+
+def test_krex_region_of_a_missing_command_is_127_and_one_line(daemon: FakeDaemon) -> None:
+    """A command that cannot start: exit 127, one line on stderr, and no region taken."""
+    result = krex_region("/nonexistent", "--flag", env=clean_env(**daemon.env(TENANT)))
+    assert result.returncode == 127
+    assert result.stderr.splitlines() == [
+        "krex region: cannot run /nonexistent: no such file or directory"
+    ]
+    assert daemon.connections == 0
+
+
+def test_krex_region_outside_krex_just_runs_the_command(daemon: FakeDaemon) -> None:
+    """Outside krex `krex region --` runs the command with no region and its own status."""
+    result = krex_region("sh", "-c", "exit 5", env=clean_env())
+    assert result.returncode == 5
+    assert daemon.connections == 0
+
+
+# The C entry points in libkrex.so
+
+
+@pytest.fixture(scope="module")
+def region_user(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return compile_c(C_DIR / "region_user.c", tmp_path_factory.mktemp("c") / "region_user")
+
+
+def run_c(program: Path, mode: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    env = {**env, "LD_PRELOAD": str(shim_library())}
+    return subprocess.run([str(program), mode], env=env, capture_output=True, text=True, timeout=30)
+
+
+def test_c_nested_regions_are_one_pair(region_user: Path, daemon: FakeDaemon) -> None:
+    """krex_region_begin/end nested twice under LD_PRELOAD: one begin/end pair, all return 0."""
+    result = run_c(region_user, "nested", clean_env(**daemon.env(TENANT)))
+    assert (result.returncode, result.stdout, result.stderr) == (0, "rc 0 0 0 0\n", "")
+    received = daemon.wait_for(2)
+    assert [(op, tenant) for op, tenant, _ in received] == [
+        ("region_begin", TENANT),
+        ("region_end", TENANT),
+    ]
+    assert received[0][2] == received[1][2] != os.getpid()  # the C program's own pid
+
+
+def test_c_threads_hold_their_own_regions(region_user: Path, daemon: FakeDaemon) -> None:
+    """The C depth is per thread: two threads inside at once are two regions."""
+    result = run_c(region_user, "threads", clean_env(**daemon.env(TENANT)))
+    assert (result.returncode, result.stdout) == (0, "rc 0 0 0 0\n"), result.stderr
+    assert sorted(daemon.ops()) == ["region_begin"] * 2 + ["region_end"] * 2
+    assert daemon.connections == 2
+
+
+def test_c_outside_krex_returns_0_without_connecting(region_user: Path, daemon: FakeDaemon) -> None:
+    """Preloaded but outside krex: both calls return 0 and nothing connects."""
+    result = run_c(region_user, "nested", clean_env())
+    assert (result.returncode, result.stdout, result.stderr) == (0, "rc 0 0 0 0\n", "")
+    assert daemon.connections == 0
+
+
+def test_c_without_libkrex_sees_null_symbols(region_user: Path) -> None:
+    """<krex.h> declares the entry points weak: without libkrex.so the program still runs."""
+    result = subprocess.run(
+        [str(region_user)], env=clean_env(), capture_output=True, text=True, timeout=30
+    )
+    assert (result.returncode, result.stdout) == (2, "no libkrex\n")
+
+
+def test_c_waits_for_a_daemon_that_comes_up_late(region_user: Path, tmp_path: Path) -> None:
+    """The C client retries connecting too: a daemon listening 0.3 s later grants the region."""
+    late = FakeDaemon(tmp_path / "krex.sock")
+    proc = subprocess.Popen(
+        [str(region_user), "once"],
+        env={**clean_env(**late.env(TENANT)), "LD_PRELOAD": str(shim_library())},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(0.3)
+    with late:
+        out, _ = proc.communicate(timeout=30)
+        assert (proc.returncode, out) == (0, "rc 0 0\n")
+        assert late.ops() == ["region_begin", "region_end"]
+
+
+def test_c_refusal_is_minus_1_and_one_warning(region_user: Path, tmp_path: Path) -> None:
+    """A refused begin returns -1 with one warning line naming the reason; its end is -1, quiet."""
+    with FakeDaemon(tmp_path / "krex.sock", refuse="no such tenant") as d:
+        result = run_c(region_user, "once", clean_env(**d.env(TENANT)))
+    assert (result.returncode, result.stdout) == (1, "rc -1 -1\n")
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].endswith(
+        "krex_region_begin: the krex daemon refused: no such tenant"
+    ), result.stderr
+
+
+def test_c_wait_for_a_grant_is_bounded(region_user: Path, tmp_path: Path) -> None:
+    """No grant within KREX_REGION_WAIT_S: begin returns -1 in time and the daemon sees EOF."""
+    with FakeDaemon(tmp_path / "krex.sock", grant_delay_s=30) as d:
+        start = time.monotonic()
+        env = clean_env(**d.env(TENANT), KREX_REGION_WAIT_S="0.3")
+        result = run_c(region_user, "once", env)
+        assert time.monotonic() - start < 5
+        assert [op for op, _, _ in d.wait_for(2)] == ["region_begin", "eof"]
+    assert result.stdout == "rc -1 -1\n"
+    assert "did not answer within 0.3 s (KREX_REGION_WAIT_S)" in result.stderr
+
+
+# Auto-regions
+
+
+FAKEBENCH = '''
+def do_bench(fn):
+    """Time fn (a stand-in for triton.testing.do_bench)."""
+    fn()
+    return 1.0
+'''
+
+SCRIPT = """
+import sys
+import fakebench.testing
+from fakebench.testing import do_bench
+
+do_bench(lambda: None)
+fakebench.testing.do_bench(lambda: None)
+print(do_bench.__name__, do_bench.__doc__)
+print("sitecustomize" in sys.modules and sys.modules["sitecustomize"].__file__)
+"""
+
+
+def test_auto_regions_wrap_an_unmodified_script(daemon: FakeDaemon, tmp_path: Path) -> None:
+    """With env_for(["fakebench.testing.do_bench"]), each do_bench call of a script that never
+    mentions krex is one region, and the user's own sitecustomize still runs."""
+    (tmp_path / "fakebench").mkdir()
+    (tmp_path / "fakebench" / "__init__.py").write_text("")
+    (tmp_path / "fakebench" / "testing.py").write_text(FAKEBENCH)
+    (tmp_path / "usersite").mkdir()
+    user_site = tmp_path / "usersite" / "sitecustomize.py"
+    user_site.write_text("import os\nos.environ['USER_SITE_RAN'] = '1'\nprint('user site')\n")
+    (tmp_path / "main.py").write_text(SCRIPT + "import os\nprint(os.environ['USER_SITE_RAN'])\n")
+    base = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "usersite"), str(tmp_path)])}
+    env = clean_env(**autoregions.env_for(["fakebench.testing.do_bench"], base))
+    env.update(daemon.env(TENANT))
+    result = subprocess.run(
+        [sys.executable, str(tmp_path / "main.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert result.stdout.splitlines() == [
+        "user site",
+        "do_bench Time fn (a stand-in for triton.testing.do_bench).",
+        str(user_site),
+        "1",
+    ]
+    assert [op for op, _, _ in daemon.wait_for(4)] == ["region_begin", "region_end"] * 2
+
+
+def test_auto_regions_never_break_the_program(tmp_path: Path) -> None:
+    """A bad KREX_AUTO_REGIONS costs one `krex:` warning line; the program runs on."""
+    env = clean_env(PYTHONPATH=str(autoregions.AUTO_DIR), KREX_AUTO_REGIONS="not a name")
+    result = subprocess.run(
+        [sys.executable, "-c", "print('ran')"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert (result.returncode, result.stdout) == (0, "ran\n")
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("krex: auto-regions are off"), result.stderr
+
+
+FAKE_INDUCTOR = '''
+import contextlib
+
+_context = None
+
+
+def set_gpu_benchmark_lock_context(factory):
+    """The hook's contract (pytorch PR #184905): set the factory, return the previous one."""
+    global _context
+    previous, _context = _context, factory
+    return previous
+
+
+@contextlib.contextmanager
+def maybe_gpu_benchmark_lock():
+    if _context is None:
+        yield
+        return
+    with _context():
+        yield
+'''
+
+
+def test_auto_regions_register_into_inductors_lock_hook(daemon: FakeDaemon, tmp_path: Path) -> None:
+    """Where torch._inductor.runtime.benchmarking has set_gpu_benchmark_lock_context, its
+    benchmarks (nested ones too) become one region each once the module is imported."""
+    package = tmp_path / "torch" / "_inductor" / "runtime"
+    package.mkdir(parents=True)
+    for directory in (package, package.parent, package.parent.parent):
+        (directory / "__init__.py").write_text("")
+    (package / "benchmarking.py").write_text(FAKE_INDUCTOR)
+    script = textwrap.dedent("""
+        from torch._inductor.runtime.benchmarking import maybe_gpu_benchmark_lock
+        with maybe_gpu_benchmark_lock():
+            with maybe_gpu_benchmark_lock():
+                pass
+        print("benchmarked")
+        """)
+    env = clean_env(**autoregions.env_for(["nomodule.f"], {"PYTHONPATH": str(tmp_path)}))
+    env.update(daemon.env(TENANT))
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (0, "benchmarked\n", "")
+    assert daemon.ops() == ["region_begin", "region_end"]
+
+
+@pytest.fixture
+def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """install() in this process without leaving its finder or names behind."""
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setattr(autoregions, "_registry", autoregions._Registry())
+    yield
+
+
+BENCHLIB = '''
+class Timer:
+    def timeit(self, number):
+        """Time it."""
+        return number
+
+    @staticmethod
+    def helper():
+        return "static"
+
+
+def do_bench():
+    return "bench"
+'''
+
+
+def test_install_wraps_now_or_on_import_and_only_once(
+    fresh_registry: None, inside: FakeDaemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module imported later gets wrapped by the import hook, one imported already at once;
+    class methods and staticmethods by dotted path; installing again wraps nothing twice;
+    names whose module never comes are ignored."""
+    (tmp_path / "benchlib_late.py").write_text(BENCHLIB)
+    (tmp_path / "benchlib_early.py").write_text(BENCHLIB)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("benchlib_late", "benchlib_early"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    import benchlib_early  # type: ignore[import-not-found]  # written by this test
+
+    names = [
+        "benchlib_late.do_bench",
+        "benchlib_late.Timer.timeit",
+        "benchlib_early.Timer.helper",
+        "never_imported_module.run",
+    ]
+    autoregions.install(names)
+    autoregions.install(names)
+    import benchlib_late  # type: ignore[import-not-found]  # written by this test
+
+    timer = benchlib_late.Timer()
+    assert (timer.timeit(3), benchlib_late.do_bench(), benchlib_early.Timer.helper()) == (
+        3,
+        "bench",
+        "static",
+    )
+    assert benchlib_late.Timer.timeit.__doc__ == "Time it."
+    assert not hasattr(benchlib_late.Timer.timeit.__wrapped__, "__wrapped__")  # wrapped once
+    assert inside.wait_for(6) == pairs(3)
+    assert benchlib_late.__loader__.__class__.__name__ == "SourceFileLoader"
+    assert benchlib_early.do_bench() == "bench"  # not named: not wrapped
+    assert len(inside.received) == 6
+
+
+def test_env_for_puts_the_sitecustomize_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """env_for() names the callables and puts krex/_auto before the existing PYTHONPATH."""
+    env = autoregions.env_for(autoregions.DEFAULT_AUTO_REGIONS, {"PYTHONPATH": "/a:/b"})
+    assert env["KREX_AUTO_REGIONS"] == ",".join(autoregions.DEFAULT_AUTO_REGIONS)
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(autoregions.AUTO_DIR), "/a", "/b"]
+    assert (autoregions.AUTO_DIR / "sitecustomize.py").is_file()
+    with pytest.raises(ValueError, match="not a dotted path"):
+        autoregions.env_for(["do_bench"])

@@ -20,8 +20,8 @@ nvcc -ptx -arch=sm_90 -o "$BUILD/kernels.ptx" scripts/gpu/kernels.cu || exit 1
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/include" -lcuda \
     -L/usr/local/nvidia/lib64 -L/usr/lib/x86_64-linux-gnu || exit 1
-# PARTS (default: all of them) picks sections: shim overhead controller demo.
-PARTS=${PARTS:-"shim overhead controller demo"}
+# PARTS (default: all of them) picks sections: shim overhead controller mps demo.
+PARTS=${PARTS:-"shim overhead controller mps demo"}
 rc=0
 if [[ " $PARTS " == *" shim "* ]]; then
     echo "== the shim under PyTorch, Triton, CuPy, cuda-python; launch cost; the gate"
@@ -35,6 +35,10 @@ fi
 if [[ " $PARTS " == *" controller "* ]]; then
     echo "== the controller: fidelity next to 7 busy siblings, auto-regions, grant latency"
     python3 scripts/gpu/controller_check.py --out "$OUT" || rc=1
+fi
+if [[ " $PARTS " == *" mps "* ]]; then
+    echo "== the controller with MPS on (its own control daemon)"
+    python3 scripts/gpu/mps_check.py --out "$OUT" || rc=1
 fi
 if [[ " $PARTS " == *" demo "* ]]; then
     echo "== krex demo on the GPU (python3 -m krex.cli demo --gpu)"

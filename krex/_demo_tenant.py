@@ -4,6 +4,10 @@
     python -m krex._demo_tenant sim hammer NS SECONDS
     python -m krex._demo_tenant torch measure N REPS    (real GPU: an N x N fp32 matmul)
     python -m krex._demo_tenant torch hammer N SECONDS  (real GPU: N x N bf16 matmuls)
+    python -m krex._demo_tenant sim|torch bench SIZE REPS OUTSIDE_S region|none
+        a benchmarking command: OUTSIDE_S seconds of GPU work outside any region (standing for
+        building inputs, compiling and checking a candidate), then the timed part, inside
+        krex.region() unless "none"
 
 It knows nothing of KREX: the shim, preloaded by the demo, sees its driver calls. `measure`
 prints one JSON line with the median of REPS event-timed runs.
@@ -11,6 +15,7 @@ prints one JSON line with the median of REPS event-timed runs.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import statistics
@@ -112,10 +117,27 @@ def torch_hammer(n: int, seconds: float) -> None:
         torch.cuda.synchronize()
 
 
+def bench(backend: str, size: int, reps: int, outside_s: float, use_region: bool) -> list[float]:
+    """Work outside the region, then the timed part (in a region unless use_region is False)."""
+    import krex
+
+    if backend == "sim":
+        gpu = SimGPU()
+        gpu.hammer(1_000_000, outside_s)
+        with krex.region() if use_region else contextlib.nullcontext():
+            return gpu.measure(size, reps)
+    torch_hammer(4096, outside_s)
+    with krex.region() if use_region else contextlib.nullcontext():
+        return torch_measure(size, reps)
+
+
 def main(argv: list[str]) -> int:
     backend, action, size, amount = argv[0], argv[1], int(argv[2]), float(argv[3])
     result: dict[str, Any]
-    if action == "measure":
+    if action == "bench":
+        runs = bench(backend, size, int(amount), float(argv[4]), argv[5] == "region")
+        print(json.dumps({"median_ms": statistics.median(runs), "runs": len(runs)}), flush=True)
+    elif action == "measure":
         runs = (
             SimGPU().measure(size, int(amount))
             if backend == "sim"

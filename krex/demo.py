@@ -1,30 +1,29 @@
-"""`krex demo` (the README's main job): what a region buys a kernel benchmark on a shared GPU.
+"""`krex demo` (the README's main job): concurrent benchmarking through krex, side by side.
 
-One benchmarking command times a kernel three ways: with the GPU to itself, next to three
-neighbour commands that keep the GPU busy, and next to the same neighbours inside a KREX region
-(the gate closed to them, their queued work drained). On a machine with an NVIDIA GPU and
-PyTorch it runs real matmuls; elsewhere it runs on KREX's simulated GPU and says so.
+The same benchmarking commands run three ways on one GPU: one at a time (what users do today),
+all at once with no protection, and all at once through `krex run` with their timed part in a
+region. Each command does some GPU work outside its region (standing for building inputs,
+compiling and checking a candidate), then times a kernel. The demo reports wall time,
+throughput and how far each command's measurement is from the truth.
 
-This is the foundation-stage demo: the demo process plays the controller itself through
-krex.gate. `krex run` and the daemon replace that in the controller issue.
+On a machine with an NVIDIA GPU and PyTorch it runs real matmuls (the truth: the one-at-a-time
+medians); elsewhere it runs on KREX's simulated GPU (the truth: the simulated kernel's length)
+and says so. It runs its own daemon on a private socket, stopped at the end.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from krex.gate import exclusive
-from krex.paths import shim_library, sim_library_dir
-from krex.shm import Segment
-
-NEIGHBOURS = 3
+COMMANDS = 6
 
 
 @dataclass(frozen=True)
@@ -32,20 +31,22 @@ class Backend:
     name: str
     label: str
     size: int  # simulated: kernel length in ns; real: matmul side
-    neighbour_size: int
     reps: int
+    outside_s: float
     what: str
 
 
 SIM = Backend(
     "sim",
-    "SIMULATED GPU (no NVIDIA GPU here: kernels are simulated on the CPU)",
-    2_000_000,
+    "the SIMULATED GPU (no NVIDIA GPU here: kernels are simulated on the CPU)",
     2_000_000,
     15,
+    0.4,
     "a 2.000 ms simulated kernel",
 )
-GPU = Backend("torch", "NVIDIA GPU (real CUDA)", 4096, 8192, 30, "a 4096x4096 fp32 matmul (cuBLAS)")
+GPU = Backend(
+    "torch", "an NVIDIA GPU (real CUDA)", 4096, 30, 3.0, "a 4096x4096 fp32 matmul (cuBLAS)"
+)
 
 
 def gpu_available() -> bool:
@@ -59,6 +60,12 @@ def gpu_available() -> bool:
         return False
 
 
+@dataclass
+class Batch:
+    wall_s: float
+    medians_ms: list[float]
+
+
 def main(force_sim: bool | None = None) -> int:
     """Run the demo; force_sim True/False forces the simulated or the real GPU."""
     use_gpu = gpu_available() if force_sim is None else not force_sim
@@ -69,79 +76,105 @@ def main(force_sim: bool | None = None) -> int:
         )
         return 2
     b = GPU if use_gpu else SIM
-    seg = Segment.create(f"/krex-demo-{os.getpid()}", n_gpus=1, n_slots=64)
-    sim_shm = f"/krex-demo-sim-{os.getpid()}"
-    env = dict(
-        os.environ,
-        LD_PRELOAD=str(shim_library()),
-        KREX_SHM=seg.name,
-        KREX_GPU="0",
-        KREX_SIM_SHM=sim_shm,
+    tmp = Path(tempfile.mkdtemp(prefix="krex-demo-"))
+    sock = tmp / "krex.sock"
+    krex = [sys.executable, "-m", "krex.cli"]
+    sim = ["--sim"] if b is SIM else []
+    log = open(tmp / "daemon.log", "wb")  # noqa: SIM115 - closed in finally
+    daemon = subprocess.Popen(
+        [*krex, "daemon", *sim, "--socket", str(sock), "--slots", str(COMMANDS)],
+        stdout=log,
+        stderr=log,
     )
-    if b is SIM:
-        env["LD_LIBRARY_PATH"] = f"{sim_library_dir()}:{env.get('LD_LIBRARY_PATH', '')}"
-    tenant = [sys.executable, "-m", "krex._demo_tenant", b.name]
+    tenant = [
+        sys.executable,
+        "-m",
+        "krex._demo_tenant",
+        b.name,
+        "bench",
+        str(b.size),
+        str(b.reps),
+        str(b.outside_s),
+    ]
 
-    def measure() -> float:
-        p = subprocess.run(
-            [*tenant, "measure", str(b.size), str(b.reps)],
-            env=dict(env, KREX_TENANT="1"),
-            capture_output=True,
-            text=True,
-            timeout=300,
+    def batch(at_once: bool, region: bool) -> Batch:
+        run = [*krex, "run", *sim, "--socket", str(sock), "--"]
+        cmd = [*run, *tenant, "region" if region else "none"]
+        t0 = time.monotonic()
+        outs: list[str] = []
+        if at_once:
+            procs = [
+                subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for _ in range(COMMANDS)
+            ]
+            results = [p.communicate(timeout=600) for p in procs]
+            codes = [p.returncode for p in procs]
+        else:
+            done = [
+                subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+                for _ in range(COMMANDS)
+            ]
+            results = [(d.stdout, d.stderr) for d in done]
+            codes = [d.returncode for d in done]
+        wall = time.monotonic() - t0
+        for code, (out, err) in zip(codes, results, strict=True):
+            if code != 0:
+                raise RuntimeError(f"a benchmarking command failed ({code}):\n{err[-2000:]}")
+            outs.append(out)
+        return Batch(
+            wall, [float(json.loads(o.strip().splitlines()[-1])["median_ms"]) for o in outs]
         )
-        if p.returncode != 0:
-            raise RuntimeError(f"the measuring command failed:\n{p.stderr}")
-        return float(json.loads(p.stdout.strip().splitlines()[-1])["median_ms"])
 
-    print(f"KREX demo on the {b.label}")
-    print(f"One command times {b.what} (median of {b.reps} event-timed runs).\n")
-    neighbours: list[subprocess.Popen[str]] = []
     try:
-        alone = measure()
-        for i in range(NEIGHBOURS):
-            p = subprocess.Popen(
-                [*tenant, "hammer", str(b.neighbour_size), "600"],
-                env=dict(env, KREX_TENANT=str(2 + i)),
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            neighbours.append(p)
-        for p in neighbours:
-            assert p.stdout is not None
-            if p.stdout.readline().strip() != "ready":
-                raise RuntimeError("a neighbour command failed to start")
-        time.sleep(0.5)
-        shared = measure()
-        with exclusive(seg, 0, owner=1) as hold:
-            gated = measure()
+        deadline = time.monotonic() + 30
+        while not sock.exists():
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    "the demo's krex daemon did not start: "
+                    + (tmp / "daemon.log").read_text()[-2000:]
+                )
+            time.sleep(0.05)
+        print(f"KREX demo on {b.label}")
+        print(
+            f"{COMMANDS} benchmarking commands; each does {b.outside_s:g} s of GPU work outside "
+            f"its region, then times {b.what}\n(median of {b.reps} event-timed runs).\n"
+        )
+        serial = batch(at_once=False, region=True)
+        shared = batch(at_once=True, region=False)
+        krexed = batch(at_once=True, region=True)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        print(f"krex demo: {e}", file=sys.stderr)
+        return 1
     finally:
-        for p in neighbours:
-            p.kill()
-            p.wait()
-        seg.close()
-        seg.unlink()
-        sim_path = Path("/dev/shm") / sim_shm.lstrip("/")
-        if sim_path.exists():
-            sim_path.unlink()
+        daemon.terminate()
+        daemon.wait(timeout=60)
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
 
-    def row(label: str, ms: float) -> str:
-        return f"  {label:<44} {ms:9.3f} ms   ({(ms / alone - 1) * 100:+6.1f} %)"
-
-    print(f"  {'with the GPU to itself':<44} {alone:9.3f} ms")
-    print(row(f"next to {NEIGHBOURS} busy neighbours, unprotected", shared))
-    print(row(f"next to {NEIGHBOURS} busy neighbours, in a KREX region", gated))
+    truth = b.size / 1e6 if b is SIM else statistics.median(serial.medians_ms)
     print(
-        f"\n  region: gate closed to {hold.drained} neighbour process(es), quiesce "
-        f"{hold.quiesce_s * 1e3:.2f} ms, drain {hold.drain_s * 1e3:.2f} ms, "
-        f"clean = {str(hold.clean).lower()}"
+        f"  {'mode':<34} {'wall':>7} {'cmds/min':>9} {'speed-up':>9} {'median error':>13}"
+        f" {'worst error':>12}"
     )
+    for label, bt in (
+        ("one at a time", serial),
+        ("all at once, unprotected", shared),
+        ("all at once through krex", krexed),
+    ):
+        errors = [abs(m / truth - 1) * 100 for m in bt.medians_ms]
+        print(
+            f"  {label:<34} {bt.wall_s:6.1f}s {COMMANDS / bt.wall_s * 60:9.1f} "
+            f"{serial.wall_s / bt.wall_s:8.2f}x {statistics.median(errors):12.2f}% "
+            f"{max(errors):11.2f}%"
+        )
+    basis = "the simulated kernel's length" if b is SIM else "the one-at-a-time median"
+    print(f"\n  error: each command's measured median against {basis} ({truth:.3f} ms)")
     if b is SIM:
         print(
-            "\n  (simulated GPU: every number above is simulated device time, not a "
-            "measurement of real hardware)"
+            "  (simulated GPU: every time above is simulated device time or this machine's "
+            "wall time, not a measurement of real hardware)"
         )
-    return 0 if hold.clean else 1
+    return 0
 
 
 if __name__ == "__main__":

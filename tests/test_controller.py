@@ -469,3 +469,47 @@ def test_bad_configuration_is_one_clear_error_and_nothing_starts(
     errors = [line for line in p.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and words in errors[0], p.stderr
     assert not sock.exists()
+
+
+def test_ctrl_c_reaches_the_command_once(daemon: Daemon) -> None:
+    """Ctrl-C in a terminal signals the whole foreground process group: the command gets one
+    SIGINT (krex run itself ignores it) and its exit status is its own."""
+    p = subprocess.Popen(
+        [
+            *KREX,
+            "run",
+            "--sim",
+            "--socket",
+            str(daemon.socket),
+            "--",
+            "sh",
+            "-c",
+            "n=0; trap 'n=$((n+1))' INT; echo ready; sleep 1; echo \"ints $n\"; exit 4",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    os.killpg(p.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+    assert p.wait(timeout=30) == 4
+    assert p.stdout.read().strip() == "ints 1"
+
+
+def test_killing_krex_run_kills_its_command(daemon: Daemon, tmp_path: Path) -> None:
+    """A command whose `krex run` is gone has lost its slot: it does not run on unsupervised."""
+    pid_file = tmp_path / "pid"
+    p = krex_run(
+        daemon, "sh", "-c", f"echo $$ > {pid_file}; echo ready; sleep 60", stdout=subprocess.PIPE
+    )
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    cmd_pid = int(pid_file.read_text())
+    p.kill()
+    p.wait(timeout=30)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and Path(f"/proc/{cmd_pid}").exists():
+        time.sleep(0.02)
+    assert (
+        not Path(f"/proc/{cmd_pid}").exists()
+        or "Z" in Path(f"/proc/{cmd_pid}/stat").read_text().split(")")[-1][:3]
+    )

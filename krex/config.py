@@ -46,6 +46,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from krex.shm import KrexError
+from krex.slices import SliceError, parse_cpu_list
 
 DEFAULT_PATH = Path("/etc/krex/config.toml")
 FREEZERS = ("auto", "cgroup-v2", "cgroup-v1", "signal")
@@ -68,20 +69,10 @@ def default_socket(sim: bool) -> Path:
 
 def parse_cpus(text: str, where: str) -> frozenset[int]:
     """'0-3,8,10-11' -> {0,1,2,3,8,10,11}."""
-    cpus: set[int] = set()
     try:
-        for part in text.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            lo, _, hi = part.partition("-")
-            a, b = int(lo), int(hi or lo)
-            if a < 0 or b < a:
-                raise ValueError(part)
-            cpus.update(range(a, b + 1))
-    except ValueError as e:
-        raise ConfigError(f"{where}: {text!r} is not a CPU list like '0-3,8'") from e
-    return frozenset(cpus)
+        return frozenset(parse_cpu_list(text))
+    except SliceError as e:
+        raise ConfigError(f"{where}: {e}") from e
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from krex.kernelfs import read as _read
+
 SYS_CPU = "/sys/devices/system/cpu"
 SYS_NODE = "/sys/devices/system/node"
 SYS_PCI = "/sys/bus/pci/devices"
@@ -33,15 +35,6 @@ class Slice:
 
 class SliceError(ValueError):
     """A CPU slice that cannot be used; the message is one sentence naming the GPU and cores."""
-
-
-def _read_sysfs(path: str) -> str | None:
-    """The stripped text of a sysfs file, or None when it is missing or unreadable."""
-    try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            return f.read().strip()
-    except OSError:
-        return None
 
 
 def _listdir(path: str) -> list[str]:
@@ -96,7 +89,7 @@ def physical_cores(cpus: set[int]) -> list[set[int]]:
     for cpu in sorted(cpus):
         if cpu in seen:
             continue
-        text = _read_sysfs(f"{SYS_CPU}/cpu{cpu}/topology/thread_siblings_list")
+        text = _read(f"{SYS_CPU}/cpu{cpu}/topology/thread_siblings_list")
         try:
             siblings = parse_cpu_list(text) if text else set()
         except SliceError:
@@ -113,7 +106,7 @@ def _cpu_nodes() -> dict[int, int]:
     for name in _listdir(SYS_NODE):
         if not (name.startswith("node") and name[4:].isdigit()):
             continue
-        text = _read_sysfs(f"{SYS_NODE}/{name}/cpulist")
+        text = _read(f"{SYS_NODE}/{name}/cpulist")
         try:
             cpus = parse_cpu_list(text) if text else set()
         except SliceError:
@@ -124,7 +117,7 @@ def _cpu_nodes() -> dict[int, int]:
 
 
 def _pci_numa_node(bus_id: str) -> int | None:
-    text = _read_sysfs(f"{SYS_PCI}/{bus_id}/numa_node")
+    text = _read(f"{SYS_PCI}/{bus_id}/numa_node")
     try:
         node = int(text) if text is not None else -1
     except ValueError:
@@ -161,9 +154,9 @@ def _sysfs_nvidia_gpus() -> list[str]:
     """PCI addresses of NVIDIA GPUs in bus order (the order NVML numbers them by default)."""
     found: list[str] = []
     for dev in _listdir(SYS_PCI):
-        if _read_sysfs(f"{SYS_PCI}/{dev}/vendor") != _NVIDIA_VENDOR:
+        if _read(f"{SYS_PCI}/{dev}/vendor") != _NVIDIA_VENDOR:
             continue
-        cls = _read_sysfs(f"{SYS_PCI}/{dev}/class") or ""
+        cls = _read(f"{SYS_PCI}/{dev}/class") or ""
         if cls.startswith(_GPU_CLASSES):
             found.append(dev)
     return sorted(found)

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from enum import Enum
 from pathlib import Path
 
+from krex.kernelfs import read as _read
 from krex.slices import format_cpu_list
 
 # Where the hierarchies are mounted; module attributes so that a test can point them elsewhere.
@@ -51,15 +52,6 @@ class TenantsError(Exception):
 
 
 # --- small file and /proc helpers ------------------------------------------------------------
-
-
-def _read(path: str) -> str | None:
-    """The stripped text of a file, or None when it (or the process it describes) is gone."""
-    try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            return f.read().strip()
-    except OSError:
-        return None
 
 
 def _write(path: str, text: str) -> None:

@@ -77,13 +77,18 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
         assert d.proc is not None and d.proc.returncode == 0, d.log.read_text()
 
 
+def run_argv(d: Daemon) -> list[str]:
+    """`krex run` on the simulated GPU through d."""
+    return [*KREX, "run", "--sim", "--socket", str(d.socket)]
+
+
 def krex_run(
     d: Daemon,
     *argv: str,
     report: Path | None = None,
     **popen: Any,
 ) -> subprocess.Popen[str]:
-    cmd = [*KREX, "run", "--sim", "--socket", str(d.socket)]
+    cmd = run_argv(d)
     if report is not None:
         cmd += ["--report", str(report)]
     return subprocess.Popen([*cmd, "--", *argv], text=True, **popen)
@@ -240,11 +245,7 @@ def test_a_region_past_its_time_out_is_revoked_and_reported(daemon: Daemon, tmp_
         report = tmp_path / "r.json"
         p = subprocess.run(
             [
-                *KREX,
-                "run",
-                "--sim",
-                "--socket",
-                str(daemon.socket),
+                *run_argv(daemon),
                 "--region-timeout",
                 "0.5",
                 "--report",
@@ -295,7 +296,7 @@ def test_daemon_killed_in_a_region_restart_thaws_and_reopens(tmp_path: Path) -> 
 
 def test_a_command_that_cannot_start_exits_127(daemon: Daemon) -> None:
     p = subprocess.run(
-        [*KREX, "run", "--sim", "--socket", str(daemon.socket), "--", "/nonexistent/benchmark"],
+        [*run_argv(daemon), "--", "/nonexistent/benchmark"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -307,11 +308,7 @@ def test_a_command_that_cannot_start_exits_127(daemon: Daemon) -> None:
 def test_exit_status_and_signals_are_the_commands_own(daemon: Daemon) -> None:
     p = subprocess.run(
         [
-            *KREX,
-            "run",
-            "--sim",
-            "--socket",
-            str(daemon.socket),
+            *run_argv(daemon),
             "--",
             "sh",
             "-c",
@@ -323,14 +320,14 @@ def test_exit_status_and_signals_are_the_commands_own(daemon: Daemon) -> None:
     )
     assert (p.returncode, p.stdout, p.stderr) == (7, "out\n", "err\n")
     p = subprocess.run(
-        [*KREX, "run", "--sim", "--socket", str(daemon.socket), "--", "sh", "-c", "kill -TERM $$"],
+        [*run_argv(daemon), "--", "sh", "-c", "kill -TERM $$"],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert p.returncode == 128 + signal.SIGTERM
     p = subprocess.run(
-        [*KREX, "run", "--sim", "--socket", str(daemon.socket), "--", "cat"],
+        [*run_argv(daemon), "--", "cat"],
         input="via stdin",
         capture_output=True,
         text=True,
@@ -415,11 +412,7 @@ def test_regions_are_granted_in_request_order_so_nobody_starves(
         report = tmp_path / "late.json"
         p = subprocess.run(
             [
-                *KREX,
-                "run",
-                "--sim",
-                "--socket",
-                str(daemon.socket),
+                *run_argv(daemon),
                 "--report",
                 str(report),
                 "--",
@@ -476,11 +469,7 @@ def test_ctrl_c_reaches_the_command_once(daemon: Daemon) -> None:
     SIGINT (krex run itself ignores it) and its exit status is its own."""
     p = subprocess.Popen(
         [
-            *KREX,
-            "run",
-            "--sim",
-            "--socket",
-            str(daemon.socket),
+            *run_argv(daemon),
             "--",
             "sh",
             "-c",

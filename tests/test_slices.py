@@ -44,7 +44,7 @@ def fake_sysfs(monkeypatch: pytest.MonkeyPatch) -> FakeFs:
             prefix = path.rstrip("/") + "/"
             return sorted({p[len(prefix) :].split("/")[0] for p in files if p.startswith(prefix)})
 
-        monkeypatch.setattr(slices, "_read_sysfs", read)
+        monkeypatch.setattr(slices, "_read", read)
         monkeypatch.setattr(slices, "_listdir", listdir)
         if not keep_nvml:
             monkeypatch.setattr(slices, "_nvml_bus_id", lambda gpu: None)

@@ -61,6 +61,25 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* A warm-up launch, then reps kernels of ns ns each between two events; sorted times in ms. */
+static double *time_kernel(CUstream s, CUevent start, CUevent stop, uint64_t ns, int reps)
+{
+    double *ms = calloc((size_t)reps, sizeof(double));
+    CHECK(launch(s, ns));
+    CHECK(cuStreamSynchronize(s));
+    for (int i = 0; i < reps; i++) {
+        CHECK(cuEventRecord(start, s));
+        CHECK(launch(s, ns));
+        CHECK(cuEventRecord(stop, s));
+        CHECK(cuEventSynchronize(stop));
+        float t = 0;
+        CHECK(cuEventElapsedTime(&t, start, stop));
+        ms[i] = t;
+    }
+    qsort(ms, (size_t)reps, sizeof(double), cmp_double);
+    return ms;
+}
+
 static int measure(uint64_t ns, int reps)
 {
     CUstream s;
@@ -68,19 +87,7 @@ static int measure(uint64_t ns, int reps)
     CHECK(cuStreamCreate(&s, 0));
     CHECK(cuEventCreate(&start, 0));
     CHECK(cuEventCreate(&end, 0));
-    double *ms = calloc((size_t)reps, sizeof(double));
-    CHECK(launch(s, ns)); /* warm-up */
-    CHECK(cuStreamSynchronize(s));
-    for (int i = 0; i < reps; i++) {
-        CHECK(cuEventRecord(start, s));
-        CHECK(launch(s, ns));
-        CHECK(cuEventRecord(end, s));
-        CHECK(cuEventSynchronize(end));
-        float t = 0;
-        CHECK(cuEventElapsedTime(&t, start, end));
-        ms[i] = t;
-    }
-    qsort(ms, (size_t)reps, sizeof(double), cmp_double);
+    double *ms = time_kernel(s, start, end, ns, reps);
     printf("{\"kernel_ms\": %.6f, \"reps\": %d, \"median_ms\": %.6f, \"min_ms\": %.6f, "
            "\"max_ms\": %.6f}\n",
            (double)ns / 1e6, reps, ms[reps / 2], ms[0], ms[reps - 1]);
@@ -203,21 +210,9 @@ static int bench(int regions, double outside_ms, int reps, int n, char **ns_list
         }
         if (regions && begin() != 0)
             return 3;
-        double *ms = calloc((size_t)reps, sizeof(double));
-        CHECK(launch(s, ns)); /* warm-up, inside the region like do_bench's */
-        CHECK(cuStreamSynchronize(s));
-        for (int i = 0; i < reps; i++) {
-            CHECK(cuEventRecord(start, s));
-            CHECK(launch(s, ns));
-            CHECK(cuEventRecord(stop, s));
-            CHECK(cuEventSynchronize(stop));
-            float t = 0;
-            CHECK(cuEventElapsedTime(&t, start, stop));
-            ms[i] = t;
-        }
+        double *ms = time_kernel(s, start, stop, ns, reps); /* warm-up inside, like do_bench */
         if (regions && end() != 0)
             return 3;
-        qsort(ms, (size_t)reps, sizeof(double), cmp_double);
         printf("%s{\"kernel_ms\": %.6f, \"median_ms\": %.6f, \"max_ms\": %.6f}", k ? ", " : "",
                (double)ns / 1e6, ms[reps / 2], ms[reps - 1]);
         free(ms);

@@ -115,7 +115,8 @@ def connect(path: Path, *, sim: bool, start: bool) -> Connection:
                 return Connection(path)
             if proc.poll() is not None:
                 tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or [""]
-                raise ClientError(f"the krex daemon did not start: {tail[0]} (log: {log_path})")
+                why = tail[0].split(" ERROR ", 1)[-1]  # the daemon's message, not its log prefix
+                raise ClientError(f"the krex daemon did not start: {why} (log: {log_path})")
             time.sleep(0.05)
         raise ClientError(f"the krex daemon did not answer at {path} within 20 s")
     finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -26,9 +27,10 @@ from typing import Any
 
 from krex import __version__
 from krex.config import Config, ConfigError
+from krex.gate import Hold, quiesce_and_drain
 from krex.nvml import Nvml, throttled
 from krex.paths import shim_library, sim_library_dir
-from krex.shm import Segment, SegmentError, WaitTimeout
+from krex.shm import Segment, SegmentError
 from krex.slices import Slice, SliceError, default_slices, validate_slices
 from krex.tenants import FreezerKind, TenantGroup, TenantsError, detect_freezer, recover
 
@@ -578,30 +580,26 @@ class Daemon:
         t = req.tenant
         problems: list[str] = []
         try:
-            epoch = self.seg.gate_close(g.index, t.id, deadline_s=t.region_timeout_s + GATE_GRACE_S)
-            t0 = time.monotonic()
-            for step, fn in (
-                ("quiesce", lambda: self.seg.quiesce(g.index, t.id, self.cfg.quiesce_s)),
-                ("drain", lambda: self._drain(g.index, t.id, epoch)),
-            ):
-                try:
-                    await loop.run_in_executor(None, fn)
-                except WaitTimeout as e:
-                    problems.append(f"{step}: {e}")
+            hold = Hold(gpu=g.index, owner=t.id)
+            hold.epoch = epoch = self.seg.gate_close(
+                g.index, t.id, deadline_s=t.region_timeout_s + GATE_GRACE_S
+            )
+            await loop.run_in_executor(
+                None,
+                functools.partial(
+                    quiesce_and_drain,
+                    self.seg,
+                    hold,
+                    quiesce_timeout_s=self.cfg.quiesce_s,
+                    drain_timeout_s=self.cfg.drain_s,
+                ),
+            )
+            problems += hold.problems
             t1 = time.monotonic()
             siblings = [s for s in g.tenants if s is not t]
-            frozen = await asyncio.gather(
-                *(loop.run_in_executor(None, self._freeze, s) for s in siblings)
-            )
-            problems += [
-                f"tenant {s.id} did not freeze"
-                for s, ok in zip(siblings, frozen, strict=True)
-                if not ok
-            ]
+            problems += await loop.run_in_executor(None, self._freeze_all, siblings)
             t2 = time.monotonic()
             await loop.run_in_executor(None, t.group.pin, set(g.slice.region_cores))
-            if self.seg.overflow:
-                problems.append(f"{self.seg.overflow} process(es) had no slot (not drained)")
         except Exception as e:
             log.exception("opening a region for tenant %d failed", t.id)
             self.seg.gate_open(g.index)
@@ -617,7 +615,7 @@ class Daemon:
             t_request=req.t_request,
             t_grant=now,
             wait_s=now - req.t_request,
-            drain_s=t1 - t0,
+            drain_s=hold.quiesce_s + hold.drain_s,
             freeze_s=t2 - t1,
             clean=not problems,
             frozen=siblings,
@@ -661,10 +659,6 @@ class Daemon:
         except TenantsError as e:  # e.g. it left while the region was being set up
             log.warning("freezing tenant %d failed: %s", t.id, e)
             return t.gone
-
-    def _drain(self, gpu: int, owner: int, epoch: int) -> None:
-        self.seg.drain_request(gpu, owner, epoch)
-        self.seg.drain_await(gpu, owner, epoch, self.cfg.drain_s)
 
     def _revoke(self, g: Gpu, r: Region) -> None:
         if g.region is r:

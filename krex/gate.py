@@ -29,6 +29,29 @@ class Hold:
     problems: list[str] = field(default_factory=list)
 
 
+def quiesce_and_drain(
+    seg: Segment, hold: Hold, *, quiesce_timeout_s: float, drain_timeout_s: float
+) -> None:
+    """Steps 2 and 3 behind a gate closed for hold.owner (hold.epoch): fills in the hold."""
+    t0 = time.perf_counter()
+    try:
+        seg.quiesce(hold.gpu, hold.owner, quiesce_timeout_s)
+    except WaitTimeout as e:
+        hold.clean = False
+        hold.problems.append(f"quiesce: {e}")
+    t1 = time.perf_counter()
+    hold.drained = seg.drain_request(hold.gpu, hold.owner, hold.epoch)
+    try:
+        seg.drain_await(hold.gpu, hold.owner, hold.epoch, drain_timeout_s)
+    except WaitTimeout as e:
+        hold.clean = False
+        hold.problems.append(f"drain: {e}")
+    hold.quiesce_s, hold.drain_s = t1 - t0, time.perf_counter() - t1
+    if seg.overflow:
+        hold.clean = False
+        hold.problems.append(f"{seg.overflow} process(es) had no slot and could not drain")
+
+
 @contextmanager
 def exclusive(
     seg: Segment,
@@ -43,24 +66,9 @@ def exclusive(
     hold = Hold(gpu=gpu, owner=owner)
     hold.epoch = seg.gate_close(gpu, owner, deadline_s=deadline_s)
     try:
-        t0 = time.perf_counter()
-        try:
-            seg.quiesce(gpu, owner, quiesce_timeout_s)
-        except WaitTimeout as e:
-            hold.clean = False
-            hold.problems.append(str(e))
-        t1 = time.perf_counter()
-        hold.drained = seg.drain_request(gpu, owner, hold.epoch)
-        try:
-            seg.drain_await(gpu, owner, hold.epoch, drain_timeout_s)
-        except WaitTimeout as e:
-            hold.clean = False
-            hold.problems.append(str(e))
-        t2 = time.perf_counter()
-        hold.quiesce_s, hold.drain_s = t1 - t0, t2 - t1
-        if seg.overflow:
-            hold.clean = False
-            hold.problems.append(f"{seg.overflow} process(es) had no slot and could not drain")
+        quiesce_and_drain(
+            seg, hold, quiesce_timeout_s=quiesce_timeout_s, drain_timeout_s=drain_timeout_s
+        )
         yield hold
     finally:
         seg.gate_open(gpu)

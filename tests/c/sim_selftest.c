@@ -566,7 +566,9 @@ static void test_default_streams(void)
     OK(cuCtxSynchronize());
     float ms = 0;
     OK(cuEventElapsedTime_v2(&ms, e[0], e[1]));
-    CHECK(near(ms, 4.0, 0.01), "per-thread and legacy streams shared the GPU: %.4f ms", ms);
+    /* Shared: about 4 ms; serialised it would be 2 ms. The host gap between the two launches
+     * adds to it under load, hence the loose bound. */
+    CHECK(near(ms, 4.0, 0.10), "per-thread and legacy streams shared the GPU: %.4f ms", ms);
     OK(cuEventDestroy_v2(e[0]));
     OK(cuEventDestroy_v2(e[1]));
 }

@@ -1,0 +1,1 @@
+"""Benchmark support for `krex bench`: the workload suite's metrics."""

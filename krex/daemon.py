@@ -597,7 +597,17 @@ class Daemon:
             problems += hold.problems
             t1 = time.monotonic()
             siblings = [s for s in g.tenants if s is not t]
-            problems += await loop.run_in_executor(None, self._freeze_all, siblings)
+            # Freeze the siblings in parallel (each waits for its own group to report frozen).
+            frozen = await asyncio.gather(
+                *(loop.run_in_executor(None, self._freeze, s) for s in siblings)
+            )
+            problems += [
+                f"tenant {s.id} did not freeze"
+                for s, ok in zip(siblings, frozen, strict=True)
+                if not ok
+            ]
+            if self.cfg.sim:
+                problems += await loop.run_in_executor(None, self._unlock_sim, siblings)
             t2 = time.monotonic()
             await loop.run_in_executor(None, t.group.pin, set(g.slice.region_cores))
         except Exception as e:
@@ -635,23 +645,20 @@ class Daemon:
             )
         self._schedule(g)  # other threads of the owner waiting behind it
 
-    def _freeze_all(self, siblings: list[Tenant]) -> list[str]:
-        """Step 4: freeze every sibling; on a simulated node, never leave one frozen inside the
-        simulated driver's shared lock (krexsim.h): thaw it a moment and freeze it again."""
-        problems = [f"tenant {s.id} did not freeze" for s in siblings if not self._freeze(s)]
-        if not self.cfg.sim:
-            return problems
+    def _unlock_sim(self, siblings: list[Tenant]) -> list[str]:
+        """On a simulated node, never leave a sibling frozen inside the simulated driver's
+        shared lock (krexsim.h): thaw it a moment and freeze it again."""
         for _ in range(200):
             holders = _sim_lock_holders(self.seg.name + "-sim")
             stuck = [s for s in siblings if holders & set(s.group.pids())]
             if not stuck:
-                return problems
+                return []
             for s in stuck:
                 s.group.thaw()
             time.sleep(0.0005)
             for s in stuck:
                 self._freeze(s)
-        return [*problems, "a frozen tenant kept the simulated driver's lock"]
+        return ["a frozen tenant kept the simulated driver's lock"]
 
     def _freeze(self, t: Tenant) -> bool:
         try:

@@ -1,0 +1,40 @@
+"""Pieces of the daemon that need no daemon running."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from pathlib import Path
+
+from conftest import ROOT, remove_shm, unique
+
+from krex import daemon
+
+
+def test_sim_lock_offsets_are_the_ones_krexsim_h_documents() -> None:
+    """The daemon reads the simulated node's lock holders where shim/sim/krexsim.h says."""
+    header = (ROOT / "shim" / "sim" / "krexsim.h").read_text()
+    defs = {k: int(v) for k, v in re.findall(r"#define (KREXSIM_\w+_OFFSET) (\d+)", header)}
+    assert (
+        defs["KREXSIM_MODEL_HOLDER_OFFSET"],
+        defs["KREXSIM_CTX_HOLDER_OFFSET"],
+    ) == daemon._SIM_HOLDERS
+    assert (defs["KREXSIM_MODEL_LOCK_OFFSET"], defs["KREXSIM_CTX_LOCK_OFFSET"]) == daemon._SIM_LOCKS
+
+
+def test_sim_lock_holders_reads_holder_pids_and_lock_owner_threads() -> None:
+    """A holder pid field and a robust mutex's owner thread id both name the holding process."""
+    name = unique("krex-simlock")
+    path = Path("/dev/shm") / name.lstrip("/")
+    head = bytearray(128)
+    head[32:36] = (12345).to_bytes(4, "little")  # model lock holder (a pid)
+    head[80:84] = (threading.get_native_id() | 0x80000000).to_bytes(4, "little")  # waiters bit
+    path.write_bytes(bytes(head))
+    try:
+        assert daemon._sim_lock_holders(name) == {12345, os.getpid()}
+        path.write_bytes(bytes(128))
+        assert daemon._sim_lock_holders(name) == set()
+    finally:
+        remove_shm(name)
+    assert daemon._sim_lock_holders("/krex-no-such-sim") == set()

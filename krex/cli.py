@@ -13,11 +13,6 @@ import click
 
 from krex import __version__, paths
 
-# Commands that land with the controller; they accept any arguments (`krex run -- cmd ...`).
-_PENDING = {
-    "bench": "Benchmark commands side by side through KREX.",
-}
-
 
 @click.group(name="krex", context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="krex")
@@ -25,22 +20,69 @@ def main() -> None:
     """KREX: many GPU benchmarking commands share a GPU; each timing-critical region runs alone."""
 
 
-def _pending(name: str, summary: str) -> click.Command:
-    @click.command(
-        name=name,
-        help=f"{summary} (Not available yet.)",
-        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-    )
-    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-    def command(args: tuple[str, ...]) -> None:
-        click.echo(f"krex {name}: not available yet (lands with the controller issue)", err=True)
+@main.group()
+def bench() -> None:
+    """Benchmark a workload suite side by side: exclusive, shared, krex."""
+
+
+@bench.command(name="run")
+@click.option(
+    "--modes",
+    default="exclusive,shared,krex",
+    show_default=True,
+    help="Comma-separated: exclusive (also gives native_repeat), shared, krex, krex-serial.",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Commands at once in the shared and krex modes.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Directory for results.json, report.md and the plots.",
+)
+@click.option(
+    "--profile",
+    type=click.Choice(["tiny", "quick", "full"]),
+    default="tiny",
+    show_default=True,
+    help="tiny: the simulated suite; quick/full: real GPUs.",
+)
+def bench_run(modes: str, concurrency: int, out_dir: Path, profile: str) -> None:
+    """Run the suite in each mode and report throughput and fidelity side by side."""
+    from krex.bench import runner
+    from krex.bench.suite import SuiteError
+
+    command = "krex " + " ".join(sys.argv[1:]) if len(sys.argv) > 1 else "krex bench run"
+    try:
+        results = runner.run(runner.parse_modes(modes), concurrency, out_dir, profile, command)
+    except (runner.BenchError, SuiteError) as e:
+        click.echo(f"krex bench: {e}", err=True)
         sys.exit(2)
+    ratio = results["throughput_ratio_vs_exclusive"]
+    click.echo(f"results in {out_dir}: " + ", ".join(f"{m} {ratio[m]:.2f}x" for m in ratio))
 
-    return command
 
+@bench.command(name="report")
+@click.argument("out_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+def bench_report(out_dir: Path) -> None:
+    """Re-render report.md and the plots of a finished run from its results.json."""
+    import json
 
-for _name, _summary in _PENDING.items():
-    main.add_command(_pending(_name, _summary))
+    from krex.bench import runner
+
+    try:
+        results = json.loads((out_dir / "results.json").read_text())
+    except (OSError, ValueError) as e:
+        click.echo(f"krex bench report: cannot read {out_dir / 'results.json'}: {e}", err=True)
+        sys.exit(2)
+    for path in runner.render_report(results, out_dir):
+        click.echo(path)
 
 
 @main.command(

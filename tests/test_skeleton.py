@@ -15,7 +15,7 @@ import krex
 from krex import paths
 
 ROOT = Path(__file__).resolve().parent.parent
-PENDING = ["bench"]
+COMMANDS = ["run", "daemon", "status", "region", "bench", "info", "demo"]
 
 
 def krex_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -50,18 +50,8 @@ def test_console_script_is_installed() -> None:
         pytest.skip("krex is not installed in this interpreter's environment")
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    for command in [*PENDING, "info", "demo"]:
+    for command in COMMANDS:
         assert command in result.stdout
-
-
-@pytest.mark.parametrize("command", PENDING)
-def test_pending_command_exits_2_with_one_line(command: str) -> None:
-    """Commands of the controller stage fail with exit status 2 and one line on stderr."""
-    result = krex_cli(command, "--", "python", "bench.py", "--flag")
-    assert result.returncode == 2
-    assert result.stdout == ""
-    lines = result.stderr.splitlines()
-    assert lines == [f"krex {command}: not available yet (lands with the controller issue)"]
 
 
 def test_info_reports_versions_libraries_and_gpu() -> None:

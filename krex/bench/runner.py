@@ -1,0 +1,266 @@
+"""`krex bench run`: one workload suite in several modes, side by side, in one run.
+
+Modes: `exclusive` (one command at a time without krex: today's command-granular baseline, run
+twice so that the second run, `native_repeat`, shows the native noise), `shared` (C at once, no
+protection), `krex` (C at once through `krex run`, timed parts in regions) and `krex-serial`
+(one at a time through krex). The krex modes use a private daemon on a socket of their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.progress import Progress
+
+from krex.bench.metrics import Measurement, ModeRun, RegionTimes, summarize
+from krex.bench.suite import Command, commands
+from krex.paths import sim_library_dir
+
+MODES = ("exclusive", "shared", "krex", "krex-serial")
+COMMAND_TIMEOUT_S = 600.0
+
+
+class BenchError(Exception):
+    """The benchmark could not run; the message says why."""
+
+
+@dataclass
+class Outcome:
+    cmd: Command
+    median_ms: float
+    wall_s: float
+    regions: list[RegionTimes]
+
+
+def parse_modes(text: str) -> list[str]:
+    """'exclusive,shared,krex' -> the modes to run, in the order given (exclusive required)."""
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise BenchError(f"unknown mode(s) {', '.join(bad)} (choose from {', '.join(MODES)})")
+    if "exclusive" not in modes:
+        raise BenchError("--modes must include exclusive: it is the baseline of every metric")
+    return list(dict.fromkeys(modes))
+
+
+def _plain_env(sim_shm: str) -> dict[str, str]:
+    """A command's environment outside krex: no shim, no tenant (markers are no-ops)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
+    env.pop("LD_PRELOAD", None)
+    env["LD_LIBRARY_PATH"] = f"{sim_library_dir()}:{env.get('LD_LIBRARY_PATH', '')}"
+    env["KREX_SIM_SHM"] = sim_shm
+    return env
+
+
+@contextlib.contextmanager
+def _daemon(tmp: Path, slots: int) -> Iterator[Path]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    sock = tmp / "krex.sock"
+    log = open(tmp / "daemon.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "krex.cli",
+            "daemon",
+            "--sim",
+            "--socket",
+            str(sock),
+            "--slots",
+            str(slots),
+        ],
+        stdout=log,
+        stderr=log,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise BenchError(
+                    "the bench's krex daemon did not start: "
+                    + (tmp / "daemon.log").read_text()[-1500:]
+                )
+            time.sleep(0.05)
+        yield sock
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.close()
+
+
+def _batch(
+    cmds: Sequence[Command],
+    concurrency: int,
+    env: dict[str, str],
+    krex_socket: Path | None,
+    tmp: Path,
+    progress: Progress,
+    label: str,
+) -> tuple[float, list[Outcome]]:
+    """Run cmds, at most `concurrency` at once; returns (wall time, outcomes in suite order)."""
+    task = progress.add_task(label, total=len(cmds))
+    pending = deque(enumerate(cmds))
+    running: dict[int, tuple[subprocess.Popen[str], float, Path]] = {}
+    results: dict[int, Outcome] = {}
+    t0 = time.monotonic()
+    try:
+        while pending or running:
+            while pending and len(running) < concurrency:
+                i, cmd = pending.popleft()
+                report = tmp / f"{label}-{i}.json"
+                argv = list(cmd.argv)
+                if krex_socket is not None:
+                    argv = [
+                        sys.executable,
+                        "-m",
+                        "krex.cli",
+                        "run",
+                        "--sim",
+                        "--socket",
+                        str(krex_socket),
+                        "--report",
+                        str(report),
+                        "--",
+                        *argv,
+                    ]
+                p = subprocess.Popen(
+                    argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                )
+                running[i] = (p, time.monotonic(), report)
+            time.sleep(0.005)
+            for i, (p, started, report) in list(running.items()):
+                if p.poll() is None:
+                    if time.monotonic() - started > COMMAND_TIMEOUT_S:
+                        p.kill()
+                    continue
+                del running[i]
+                out, err = p.communicate()
+                wall = time.monotonic() - started
+                if p.returncode != 0:
+                    raise BenchError(
+                        f"{shlex.join(cmds[i].argv)} failed with status "
+                        f"{p.returncode}:\n{err[-1500:]}"
+                    )
+                line = json.loads(out.strip().splitlines()[-1])
+                regions = []
+                if krex_socket is not None:
+                    regions = [
+                        RegionTimes(
+                            wait_s=r["wait_s"],
+                            drain_s=r["drain_s"],
+                            freeze_s=r["freeze_s"],
+                            duration_s=r["duration_s"],
+                            clean=r["clean"],
+                        )
+                        for r in json.loads(report.read_text())["regions"]
+                    ]
+                results[i] = Outcome(cmds[i], float(line["median_ms"]), wall, regions)
+                progress.advance(task)
+    finally:
+        for p, _, _ in running.values():
+            p.kill()
+    return time.monotonic() - t0, [results[i] for i in range(len(cmds))]
+
+
+def _mode_run(mode: str, wall: float, outcomes: list[Outcome]) -> ModeRun:
+    return ModeRun(
+        mode=mode,
+        wall_s=wall,
+        measurements=tuple(
+            Measurement(
+                task=o.cmd.task,
+                variant=o.cmd.variant,
+                median_ms=o.median_ms,
+                wall_s=o.wall_s,
+                region_s=sum(r.duration_s for r in o.regions),
+                regions=tuple(o.regions),
+            )
+            for o in outcomes
+        ),
+    )
+
+
+def run(
+    modes: list[str],
+    concurrency: int,
+    out_dir: Path,
+    profile: str,
+    command: str,
+) -> dict[str, Any]:
+    """Run the suite in every mode, write DIR/results.json and the report; return the results."""
+    if concurrency < 1:
+        raise BenchError(f"--concurrency must be at least 1, got {concurrency}")
+    cmds = commands(profile)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plan: list[tuple[str, int, bool]] = []  # (mode name in results, concurrency, through krex)
+    for m in modes:
+        if m == "exclusive":
+            plan += [("exclusive", 1, False), ("native_repeat", 1, False)]
+        else:
+            plan.append((m, 1 if m == "krex-serial" else concurrency, m.startswith("krex")))
+    runs: dict[str, ModeRun] = {}
+    records: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="krex-bench-") as tmp_name, Progress() as progress:
+        tmp = Path(tmp_name)
+        sim_shm = f"/krex-bench-{os.getpid()}-plain"
+        try:
+            for name, c, through_krex in plan:
+                env = _plain_env(sim_shm)
+                if through_krex:
+                    with _daemon(tmp / name, max(c, 1)) as sock:
+                        wall, outcomes = _batch(
+                            cmds, c, dict(os.environ), sock, tmp, progress, name
+                        )
+                else:
+                    wall, outcomes = _batch(cmds, c, env, None, tmp, progress, name)
+                runs[name] = _mode_run(name, wall, outcomes)
+                records += [
+                    {
+                        "mode": name,
+                        "task": o.cmd.task,
+                        "variant": o.cmd.variant,
+                        "median_ms": o.median_ms,
+                        "wall_s": o.wall_s,
+                        "region_s": sum(r.duration_s for r in o.regions),
+                        "regions": len(o.regions),
+                    }
+                    for o in outcomes
+                ]
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                Path("/dev/shm", sim_shm.lstrip("/")).unlink()
+    results: dict[str, Any] = dict(
+        summarize(
+            runs,
+            machine=f"{platform.node()} ({os.cpu_count()} cores)",
+            date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            command=command,
+            concurrency=concurrency,
+        )
+    )
+    results["commands"] = records
+    results["simulated"] = any(c.simulated for c in cmds)
+    results["profile"] = profile
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    render_report(results, out_dir)
+    return results
+
+
+def render_report(results: dict[str, Any], out_dir: Path) -> list[Path]:
+    """report.md and the plots, from results.json's content."""
+    from krex.bench.report import render
+
+    return render(results, out_dir)

@@ -1,0 +1,250 @@
+"""krex.bench.report: report.md tables, target verdicts, plots, and re-rendering from JSON."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from krex.bench import report
+from krex.bench.metrics import GAP_CLASSES, Measurement, ModeRun, RegionTimes, summarize
+from krex.bench.report import (
+    NO_MATPLOTLIB,
+    PLOTS,
+    TargetRow,
+    command_records,
+    render,
+    target_values,
+    targets,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+# (task, variant) -> exclusive median (ms). Pairs by exclusive gap: gemm a/b 1 % (<2%), gemm a/c
+# and b/c 3.5 % and 2.5 % (2-5%), norm a/b 20 % (>5%). Nothing above 10 ms: that band is empty.
+SMALL = {
+    ("gemm", "a"): 2.0,
+    ("gemm", "b"): 2.02,
+    ("gemm", "c"): 2.07,
+    ("norm", "a"): 0.5,
+    ("norm", "b"): 0.6,
+}
+# Adds a > 10 ms pair (25 %, >5%) so that every band has commands.
+BIG = {**SMALL, ("conv", "a"): 20.0, ("conv", "b"): 25.0}
+
+
+def run(
+    mode: str, base: dict[tuple[str, str], float], wall_s: float, scale: dict[str, float]
+) -> ModeRun:
+    """`mode`'s run of `base`'s commands, each median times scale[variant key] (default 1).
+
+    krex commands get one region each; the one of norm/a ends uncleanly.
+    """
+    out = []
+    for (task, variant), ms in base.items():
+        regions: tuple[RegionTimes, ...] = ()
+        region_s = 0.0
+        if mode == "krex":
+            clean = (task, variant) != ("norm", "a")
+            regions = (RegionTimes(0.002, 0.001, 0.0005, 0.01, clean),)
+            region_s = 0.01
+        factor = scale.get(f"{task}/{variant}", scale.get("*", 1.0))
+        out.append(Measurement(task, variant, ms * factor, 1.0, region_s, regions))
+    return ModeRun(mode, wall_s, tuple(out))
+
+
+def results_of(
+    base: dict[tuple[str, str], float],
+    krex_wall_s: float,
+    krex_scale: dict[str, float],
+    simulated: bool,
+) -> dict[str, Any]:
+    """A results.json document of all four modes: summarize() plus commands and run facts."""
+    runs = {
+        "exclusive": run("exclusive", base, 600.0, {}),
+        "native_repeat": run("native_repeat", base, 600.0, {}),
+        # Shared is fast and wrong: gemm/a 4 % slower swaps gemm a/b and a/c; the rest 40 % slower
+        # but in step, so they keep their order.
+        "shared": run("shared", base, 100.0, {"*": 1.4, "gemm/a": 1.04, "gemm/b": 1, "gemm/c": 1}),
+        "krex": run("krex", base, krex_wall_s, krex_scale),
+    }
+    doc: dict[str, Any] = dict(
+        summarize(runs, machine="H200 x1", date="2026-01-01", command="krex bench", concurrency=8)
+    )
+    doc["commands"] = command_records(runs.values())
+    doc["simulated"] = simulated
+    doc["profile"] = "smoke"
+    return doc
+
+
+def good() -> dict[str, Any]:
+    """krex 4x exclusive, every command 0.1 % slower, no flips; no > 10 ms commands."""
+    return results_of(SMALL, 150.0, {"*": 1.001}, simulated=True)
+
+
+def bad() -> dict[str, Any]:
+    """krex 2x exclusive, 5 % slower, gemm/b 3 % faster (flips the <2% pair); a real GPU."""
+    return results_of(BIG, 300.0, {"*": 1.05, "gemm/b": 0.97}, simulated=False)
+
+
+def status(rows: list[TargetRow]) -> dict[str, str]:
+    """target name -> verdict."""
+    return {r["target"]: r["status"] for r in rows}
+
+
+def section(text: str, title: str) -> str:
+    """The body of the report section whose heading starts with `title`."""
+    body = text.split(f"## {title}", 1)[1]
+    return body.split("\n## ", 1)[0]
+
+
+def test_targets_met_and_na_for_empty_band() -> None:
+    """A good krex run meets every target; the empty > 10 ms band is n/a, not met."""
+    assert status(targets(good())) == {
+        "throughput ratio vs exclusive": "met",
+        "p95 inflation >10ms": "n/a",
+        "p95 inflation >1ms": "met",
+        "p95 inflation >0.1ms": "met",
+        "flip rate <2% vs native_repeat": "met",
+        "flip rate 2-5% vs native_repeat": "met",
+        "flip rate >5% vs native_repeat": "met",
+    }
+
+
+def test_targets_missed() -> None:
+    """A slow, inflated krex run misses throughput, every band and the flipped <2% class only."""
+    rows = targets(bad())
+    assert status(rows) == {
+        "throughput ratio vs exclusive": "missed",
+        "p95 inflation >10ms": "missed",
+        "p95 inflation >1ms": "missed",
+        "p95 inflation >0.1ms": "missed",
+        "flip rate <2% vs native_repeat": "missed",
+        "flip rate 2-5% vs native_repeat": "met",
+        "flip rate >5% vs native_repeat": "met",
+    }
+    by_name = {r["target"]: r for r in rows}
+    assert by_name["throughput ratio vs exclusive"]["value"] == pytest.approx(2.0)
+    assert by_name["flip rate <2% vs native_repeat"]["value"] == pytest.approx(1.0)
+
+
+def test_targets_boundaries_and_overrides() -> None:
+    """Exactly on a threshold is met despite float noise; results["targets"] overrides it."""
+    doc: dict[str, Any] = {
+        "throughput_ratio_vs_exclusive": {"krex": 3.4},
+        "inflation_p95": {"krex": {">10ms": 1.003 / 1 - 1, ">1ms": 0.0159, ">0.1ms": None}},
+        "flip_rate": {"krex": {"<2%": 0.13}, "native_repeat": {"<2%": 0.10}},
+    }
+    got = status(targets(doc))
+    assert got["throughput ratio vs exclusive"] == "met"
+    assert got["p95 inflation >10ms"] == "met"
+    assert got["p95 inflation >1ms"] == "missed"
+    assert got["p95 inflation >0.1ms"] == "n/a"
+    assert got["flip rate <2% vs native_repeat"] == "met"
+    assert got["flip rate 2-5% vs native_repeat"] == "n/a"
+    doc["targets"] = {"throughput_ratio": 3.5, "inflation_p95": {">1ms": 0.02}}
+    got = status(targets(doc))
+    assert got["throughput ratio vs exclusive"] == "missed"
+    assert got["p95 inflation >1ms"] == "met"
+    assert target_values(doc)["inflation_p95"][">10ms"] == 0.0030
+    with pytest.raises(ValueError, match="throughput_ratio"):
+        targets({"targets": {"throughput_ratio": -1}})
+
+
+def test_targets_without_krex_are_na() -> None:
+    """Only an exclusive run: every target is n/a."""
+    assert set(status(targets({"modes": {"exclusive": {}}})).values()) == {"n/a"}
+
+
+def test_report_tables_and_simulated_line(tmp_path: Path) -> None:
+    """report.md has the run facts, the SIMULATED line and every table with the right cells."""
+    paths = render(good(), tmp_path)
+    assert paths[0] == tmp_path / "report.md"
+    text = paths[0].read_text()
+    assert text.startswith("# KREX bench report")
+    assert "\nSIMULATED GPU: " in text
+    for fact in ("Machine: H200 x1", "Date: 2026-01-01", "`krex bench`", "Profile: smoke"):
+        assert fact in text
+    assert "Concurrency: 8" in text
+    # Throughput: 5 commands in 150 s = 2 cmds/min, 4x the exclusive 0.5.
+    assert "| krex | 5 | 150.0 | 2.00 | 4.00x |" in section(text, "Throughput")
+    assert "| exclusive | 5 | 600.0 | 0.50 | 1.00x |" in section(text, "Throughput")
+    inflation = section(text, "Timing inflation")
+    assert "| krex | >10ms | n/a | n/a | n/a | 0 |" in inflation
+    assert "| krex | >1ms | +0.10 % | 0.10 % | 0.10 % | 3 |" in inflation
+    flips = section(text, "Ranking flips")
+    assert "| gap class | pairs | native_repeat | shared | krex |" in flips
+    # Shared swaps gemm a/b (<2%) and a/c (2-5%) but not b/c.
+    assert "| <2% | 1 | 0.00 % (0/1) | 100.00 % (1/1) | 0.00 % (0/1) |" in flips
+    assert "| 2-5% | 2 | 0.00 % (0/2) | 50.00 % (1/2) | 0.00 % (0/2) |" in flips
+    assert "| krex | 1.000 | 2/2 |" in section(text, "Ranking fidelity")
+    # One 10 ms region per 1 s command.
+    assert "| krex | 1.00 % |" in section(text, "Region share")
+    regions = section(text, "Region times")
+    assert "| wait | 2.000 | 2.000 | 2.000 | 5 |" in regions
+    assert "| duration | 10.000 | 10.000 | 10.000 | 5 |" in regions
+    assert "Unclean regions: 1" in regions
+    tgt = section(text, "Targets")
+    assert "| p95 inflation >10ms | <= 0.30 % | n/a | n/a |" in tgt
+    assert "| p95 inflation >1ms | <= 1.58 % | 0.10 % | met |" in tgt
+    assert "4.00x; below aim | met |" in tgt
+
+
+def test_report_of_missed_targets_on_real_gpu(tmp_path: Path) -> None:
+    """A real-GPU run has no SIMULATED line and shows its missed targets."""
+    text = render(bad(), tmp_path)[0].read_text()
+    assert "SIMULATED" not in text
+    tgt = section(text, "Targets")
+    assert (
+        "| throughput ratio vs exclusive | >= 3.40x (aim 6.00x) | 2.00x; below aim | missed |"
+        in tgt
+    )
+    assert "| p95 inflation >10ms | <= 0.30 % | 5.00 % | missed |" in tgt
+    assert "+100.00 points (100.00 % vs 0.00 %) | missed |" in tgt
+
+
+@pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib is not installed")
+@pytest.mark.parametrize("make", [good, bad], ids=["simulated", "real"])
+def test_plots_are_png(tmp_path: Path, make: Any) -> None:
+    """With matplotlib, the three plots are written, returned, valid PNGs, and linked."""
+    paths = render(make(), tmp_path)
+    assert paths == [tmp_path / "report.md", *(tmp_path / p for p in PLOTS)]
+    for path in paths[1:]:
+        assert path.read_bytes()[:8] == PNG_MAGIC
+    text = paths[0].read_text()
+    assert all(f"]({p})" in text for p in PLOTS)
+    assert "plots skipped" not in text
+
+
+def test_without_matplotlib_only_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without matplotlib, only report.md is written and it says why the plots are missing."""
+    monkeypatch.setattr(report, "_matplotlib", lambda: None)
+    paths = render(good(), tmp_path)
+    assert paths == [tmp_path / "report.md"]
+    assert NO_MATPLOTLIB in paths[0].read_text()
+    assert not any((tmp_path / p).exists() for p in PLOTS)
+
+
+def test_render_from_json_round_trip(tmp_path: Path) -> None:
+    """Rendering the parsed JSON gives the same report.md as rendering the dict itself."""
+    doc = bad()
+    direct = render(doc, tmp_path / "direct")
+    parsed = render(json.loads(json.dumps(doc, allow_nan=False)), tmp_path / "parsed")
+    assert [p.name for p in direct] == [p.name for p in parsed]
+    assert direct[0].read_text() == parsed[0].read_text()
+
+
+def test_render_tolerates_missing_keys(tmp_path: Path) -> None:
+    """A bare document (no commands, no krex) still renders, with n/a and no per-command plots."""
+    doc = {"machine": "m", "modes": {"exclusive": {"throughput_cmds_per_min": 1.0}}}
+    paths = render(doc, tmp_path)
+    text = paths[0].read_text()
+    assert "n/a: no krex run." in text
+    assert all(g in text for g in GAP_CLASSES)
+    assert (tmp_path / PLOTS[1]) not in paths
+    with pytest.raises(ValueError, match="mapping"):
+        render([], tmp_path)  # type: ignore[arg-type]

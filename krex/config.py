@@ -45,7 +45,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from krex.shm import KrexError
+from krex.errors import KrexError
 from krex.slices import SliceError, parse_cpu_list
 
 DEFAULT_PATH = Path("/etc/krex/config.toml")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from krex.shm import KrexError
+from krex.errors import KrexError
 
 P = ParamSpec("P")
 R = TypeVar("R")

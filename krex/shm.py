@@ -16,15 +16,12 @@ from typing import Any
 import posix_ipc
 
 from krex._native import ffi, lib
+from krex.errors import KrexError
 
 LAYOUT_VERSION = (int(lib.KREX_LAYOUT_MAJOR), int(lib.KREX_LAYOUT_MINOR))
 MAX_GPUS = int(lib.KREX_MAX_GPUS)
 MAX_SLOTS = int(lib.KREX_MAX_SLOTS)
 _NO_WAIT_LIMIT = 2**64 - 1
-
-
-class KrexError(Exception):
-    """Base of every error the control plane raises."""
 
 
 class SegmentError(KrexError):

@@ -18,9 +18,9 @@ from fake_daemon import FakeDaemon
 
 import krex
 from krex import autoregions, markers
+from krex.errors import KrexError
 from krex.markers import RegionError, last_region, region
 from krex.paths import shim_library
-from krex.shm import KrexError
 
 KREX_ENV = ("KREX_SOCKET", "KREX_TENANT", "KREX_REGION_WAIT_S", "KREX_AUTO_REGIONS")
 TENANT = 7

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -143,3 +144,20 @@ def test_cffi_module_declares_every_control_function() -> None:
     assert "krex_seg_init" in names and "krex_now_ns" in names
     for name in names:
         assert callable(getattr(lib, name)), name
+
+
+def test_markers_need_only_the_standard_library() -> None:
+    """A benchmark in another environment can use krex.region(): the markers import neither
+    the cffi binding nor posix_ipc."""
+    code = (
+        "import sys, krex\n"
+        "with krex.region():\n    pass\n"
+        "print(sorted(m for m in ('cffi', 'posix_ipc', 'krex._native', 'krex.shm') "
+        "if m in sys.modules))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -15,7 +15,7 @@ help:
 	@echo "make targets:"
 	@echo "  demo       set up .venv, then run the concurrent-benchmarking demo"
 	@echo "             (on the GPU when there is one, else on the simulated GPU)"
-	@echo "  test       set up .venv, then run the tests"
+	@echo "  test       set up .venv, then run the lint and the tests"
 	@echo "  venv       create .venv and install krex editable with its test tools"
 	@echo "             (again whenever pyproject.toml, setup.py or shim/ changes)"
 	@echo "  build      reinstall editable: rebuild krex._native and krex/_lib/*.so"
@@ -39,7 +39,8 @@ build: | $(BIN)/python
 	$(BIN)/python -m pip install -e '.[test]'
 	touch $(STAMP)
 
-test: venv
+# The lint runs first: main stays formatted and typed (the tool versions are pinned).
+test: lint
 	$(BIN)/python -m pytest -q
 
 lint: venv

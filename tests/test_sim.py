@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -103,15 +104,27 @@ def _assert_all_simulated(stderr: str) -> None:
 
 
 def test_selftest(built: Path, shm_name: str) -> None:
-    # Debug output on: every line the library prints must still say "simulated".
-    r = subprocess.run(
-        [str(built / "sim_selftest")],
-        env=_sim_env(shm_name, KREX_SIM_DEBUG="1"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, f"stdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    """The simulator's own checks pass (a second attempt is allowed, and reported as a warning:
+    a few checks compare host-side gaps with 100 us and can lose on a loaded 2-core machine)."""
+    failures = []
+    for attempt in range(2):
+        # Debug output on: every line the library prints must still say "simulated".
+        r = subprocess.run(
+            [str(built / "sim_selftest")],
+            env=_sim_env(f"{shm_name}-{attempt}", KREX_SIM_DEBUG="1"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        Path(f"/dev/shm/{shm_name[1:]}-{attempt}").unlink(missing_ok=True)
+        if r.returncode == 0:
+            break
+        failures.append(f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-2000:]}")
+    assert r.returncode == 0, "\n\n".join(failures)
+    if failures:
+        warnings.warn(
+            f"sim selftest passed on its second attempt; first: {failures[0]}", stacklevel=1
+        )
     assert re.search(r"^\d+ passed, 0 failed$", r.stdout, re.M), r.stdout
     assert r.stderr, "KREX_SIM_DEBUG=1 printed nothing"
     _assert_all_simulated(r.stderr)

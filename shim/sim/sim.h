@@ -15,7 +15,7 @@
  *
  * Environment (read once per process): KREX_SIM_SHM (node segment, default /krex-sim-<uid>),
  * KREX_SIM_GPUS (1; at most 16), KREX_SIM_CTX_CREATE_MS (0), KREX_SIM_COPY_GBPS (50),
- * KREX_SIM_LAUNCH_GAP_US (100; see sim_absorb_launch_gap in sim_model.c), KREX_SIM_DEBUG,
+ * KREX_SIM_LAUNCH_GAP_US (1000; see sim_absorb_launch_gap in sim_model.c), KREX_SIM_DEBUG,
  * KREX_SIM_WITNESS and KREX_TENANT (krexsim.h). The segment always holds SIM_MAX_GPUS GPUs;
  * KREX_SIM_GPUS only says how many of them this process sees.
  *

@@ -89,7 +89,7 @@ void sim_config_load(void)
     c->n_gpus = (unsigned)gpus;
     c->ctx_create_ns = sim_env_number("KREX_SIM_CTX_CREATE_MS", 0, 0, 3600e3) * 1e6;
     c->copy_bytes_per_ns = sim_env_number("KREX_SIM_COPY_GBPS", 50, 1e-6, 1e9);
-    c->launch_gap_ns = sim_env_number("KREX_SIM_LAUNCH_GAP_US", 100, 0, 1e6) * 1e3;
+    c->launch_gap_ns = sim_env_number("KREX_SIM_LAUNCH_GAP_US", 1000, 0, 1e6) * 1e3;
 
     const char *w = getenv("KREX_SIM_WITNESS");
     snprintf(c->witness_path, sizeof c->witness_path, "%s", w ? w : "");

@@ -440,6 +440,7 @@ static void test_processes_share(void)
             timed_kernels(s, SHARE_N, 2 * MS, ms);
             if (write(res[1], ms, sizeof ms) != (ssize_t)sizeof ms)
                 _exit(3);
+            fflush(stdout); /* _exit does not flush: the child's FAIL lines must show */
             _exit(n_fail ? 1 : 0);
         }
     }
@@ -466,12 +467,12 @@ static void test_processes_share(void)
     close(ready[0]), close(ready[1]), close(go[0]), close(go[1]), close(res[0]), close(res[1]);
 }
 
-/* ---- Host gaps (KREX_SIM_LAUNCH_GAP_US, default 100 us). ---- */
+/* ---- Host gaps (KREX_SIM_LAUNCH_GAP_US, default 1000 us). ---- */
 
 static void test_launch_gap(void)
 {
     const char *g = getenv("KREX_SIM_LAUNCH_GAP_US");
-    if (g && atof(g) != 100) {
+    if (g && atof(g) != 1000) {
         printf("skipped the launch-gap test: KREX_SIM_LAUNCH_GAP_US=%s\n", g);
         return;
     }

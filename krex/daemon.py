@@ -119,6 +119,10 @@ class Daemon:
         self.cfg = cfg
         self.socket = cfg.socket_path()
         self.root = cfg.segment_name().lstrip("/")
+        self._lock_fd: int | None = None
+        # First of all: a second daemon on this socket must not touch the segment or the
+        # cgroups of the running one (recovery reopens gates and thaws groups).
+        self._take_lock()
         n = cfg.gpu_count or (1 if cfg.sim else _detect_gpus())
         if n == 0:
             raise ConfigError("no NVIDIA GPU found: run with --sim for the simulated GPU")
@@ -141,7 +145,6 @@ class Daemon:
         self.seg = self._segment(n)
         self.mps_dir: Path | None = None
         self.nvml = None if cfg.sim else Nvml.open()
-        self._lock_fd: int | None = None
         self._server: asyncio.AbstractServer | None = None
         self._stopping: asyncio.Event | None = None
 
@@ -213,7 +216,6 @@ class Daemon:
 
     async def serve(self) -> None:
         """Serve until SIGTERM or SIGINT; then thaw everything, open every gate, and exit."""
-        self._take_lock()
         if self.cfg.mps and not self.cfg.sim:
             self._start_mps()
         with contextlib.suppress(FileNotFoundError):

@@ -502,3 +502,28 @@ def test_killing_krex_run_kills_its_command(daemon: Daemon, tmp_path: Path) -> N
         not Path(f"/proc/{cmd_pid}").exists()
         or "Z" in Path(f"/proc/{cmd_pid}/stat").read_text().split(")")[-1][:3]
     )
+
+
+def test_a_second_daemon_on_the_socket_leaves_the_first_alone(daemon: Daemon) -> None:
+    """Starting another daemon on a busy socket fails with one clear line, and touches nothing:
+    the running region stays closed and its frozen sibling stays frozen."""
+    sib = Counter(daemon)
+    holder = krex_run(daemon, sys.executable, "-c", HOLDER, "2", stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().startswith("in region")
+        time.sleep(0.2)
+        frozen_at = sib.value()
+        p = subprocess.run(
+            [*KREX, "daemon", "--sim", "--socket", str(daemon.socket)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert p.returncode == 2 and "another krex daemon is running" in p.stderr, p.stderr
+        time.sleep(0.3)
+        assert sib.value() == frozen_at  # not thawed by the second daemon
+        assert holder.wait(timeout=30) == 0
+    finally:
+        sib.stop()
+        holder.kill()

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -265,3 +266,38 @@ def status(sim: bool, explicit_socket: str | None) -> dict[str, Any]:
         return conn.recv()
     finally:
         conn.close()
+
+
+@contextlib.contextmanager
+def private_daemon(directory: Path, *, sim: bool, slots: int) -> Iterator[Path]:
+    """A daemon of its own on a socket in `directory` (for the demo and the bench), stopped on
+    exit; yields the socket. ClientError when it does not come up within 30 s."""
+    directory.mkdir(parents=True, exist_ok=True)
+    sock = directory / "krex.sock"
+    log_path = directory / "daemon.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "krex.cli",
+        "daemon",
+        "--socket",
+        str(sock),
+        "--slots",
+        str(slots),
+        *(["--sim"] if sim else []),
+    ]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise ClientError(
+                    "a private krex daemon did not start: "
+                    + log_path.read_text(errors="replace")[-1500:]
+                )
+            time.sleep(0.05)
+        yield sock
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from krex.client import ClientError, private_daemon
+
 COMMANDS = 6
 
 
@@ -77,15 +79,8 @@ def main(force_sim: bool | None = None) -> int:
         return 2
     b = GPU if use_gpu else SIM
     tmp = Path(tempfile.mkdtemp(prefix="krex-demo-"))
-    sock = tmp / "krex.sock"
     krex = [sys.executable, "-m", "krex.cli"]
     sim = ["--sim"] if b is SIM else []
-    log = open(tmp / "daemon.log", "wb")  # noqa: SIM115 - closed in finally
-    daemon = subprocess.Popen(
-        [*krex, "daemon", *sim, "--socket", str(sock), "--slots", str(COMMANDS)],
-        stdout=log,
-        stderr=log,
-    )
     tenant = [
         sys.executable,
         "-m",
@@ -97,7 +92,7 @@ def main(force_sim: bool | None = None) -> int:
         str(b.outside_s),
     ]
 
-    def batch(at_once: bool, region: bool) -> Batch:
+    def batch(sock: Path, at_once: bool, region: bool) -> Batch:
         run = [*krex, "run", *sim, "--socket", str(sock), "--"]
         cmd = [*run, *tenant, "region" if region else "none"]
         t0 = time.monotonic()
@@ -126,29 +121,19 @@ def main(force_sim: bool | None = None) -> int:
         )
 
     try:
-        deadline = time.monotonic() + 30
-        while not sock.exists():
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    "the demo's krex daemon did not start: "
-                    + (tmp / "daemon.log").read_text()[-2000:]
-                )
-            time.sleep(0.05)
-        print(f"KREX demo on {b.label}")
-        print(
-            f"{COMMANDS} benchmarking commands; each does {b.outside_s:g} s of GPU work outside "
-            f"its region, then times {b.what}\n(median of {b.reps} event-timed runs).\n"
-        )
-        serial = batch(at_once=False, region=True)
-        shared = batch(at_once=True, region=False)
-        krexed = batch(at_once=True, region=True)
-    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        with private_daemon(tmp, sim=b is SIM, slots=COMMANDS) as sock:
+            print(f"KREX demo on {b.label}")
+            print(
+                f"{COMMANDS} benchmarking commands; each does {b.outside_s:g} s of GPU work "
+                f"outside its region, then times {b.what}\n(median of {b.reps} event-timed runs).\n"
+            )
+            serial = batch(sock, at_once=False, region=True)
+            shared = batch(sock, at_once=True, region=False)
+            krexed = batch(sock, at_once=True, region=True)
+    except (ClientError, RuntimeError, subprocess.TimeoutExpired) as e:
         print(f"krex demo: {e}", file=sys.stderr)
         return 1
     finally:
-        daemon.terminate()
-        daemon.wait(timeout=60)
-        log.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
     truth = b.size / 1e6 if b is SIM else statistics.median(serial.medians_ms)

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from rich.progress import Progress
 
 from krex.bench.metrics import Measurement, ModeRun, RegionTimes, summarize
 from krex.bench.suite import Command, commands
+from krex.client import ClientError, private_daemon
 from krex.paths import sim_library_dir
 
 MODES = ("exclusive", "shared", "krex", "krex-serial")
@@ -63,42 +64,6 @@ def _plain_env(sim_shm: str) -> dict[str, str]:
     env["LD_LIBRARY_PATH"] = f"{sim_library_dir()}:{env.get('LD_LIBRARY_PATH', '')}"
     env["KREX_SIM_SHM"] = sim_shm
     return env
-
-
-@contextlib.contextmanager
-def _daemon(tmp: Path, slots: int) -> Iterator[Path]:
-    tmp.mkdir(parents=True, exist_ok=True)
-    sock = tmp / "krex.sock"
-    log = open(tmp / "daemon.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "krex.cli",
-            "daemon",
-            "--sim",
-            "--socket",
-            str(sock),
-            "--slots",
-            str(slots),
-        ],
-        stdout=log,
-        stderr=log,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while not sock.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise BenchError(
-                    "the bench's krex daemon did not start: "
-                    + (tmp / "daemon.log").read_text()[-1500:]
-                )
-            time.sleep(0.05)
-        yield sock
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-        log.close()
 
 
 def _batch(
@@ -220,7 +185,7 @@ def run(
             for name, c, through_krex in plan:
                 env = _plain_env(sim_shm)
                 if through_krex:
-                    with _daemon(tmp / name, max(c, 1)) as sock:
+                    with private_daemon(tmp / name, sim=True, slots=max(c, 1)) as sock:
                         wall, outcomes = _batch(
                             cmds, c, dict(os.environ), sock, tmp, progress, name
                         )
@@ -239,6 +204,8 @@ def run(
                     }
                     for o in outcomes
                 ]
+        except ClientError as e:
+            raise BenchError(str(e)) from e
         finally:
             with contextlib.suppress(FileNotFoundError):
                 Path("/dev/shm", sim_shm.lstrip("/")).unlink()

@@ -478,7 +478,7 @@ class Daemon:
             self._finish_region(g, revoked=False, why="tenant finished")
         if g.region is not None and t in g.region.frozen:
             g.region.frozen.remove(t)
-        self._account(t)
+        self._account()
         t.group.destroy()
         g.tenants.remove(t)
         del self.tenants[t.id]
@@ -486,7 +486,7 @@ class Daemon:
         self._admit_next(g)
 
     # Accounting.
-    def _account(self, t: Tenant | None = None) -> None:
+    def _account(self) -> None:
         """Fold the counters of dead processes' slots into their tenants, then free the slots."""
         for s in self.seg.slots():
             if s.alive or (s.index, s.pid) in self.accounted:
@@ -499,7 +499,6 @@ class Daemon:
         self.seg.reap()
         if len(self.accounted) > 100_000:
             self.accounted.clear()
-        del t
 
     def _report(self, t: Tenant) -> dict[str, Any]:
         self._account()

@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.krex-installed
 BUILD_INPUTS := pyproject.toml setup.py krex/_native_build.py $(shell find shim -type f 2>/dev/null)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv build test lint fix demo gpu-check bench-overhead clean
+.PHONY: help venv build test lint fix demo gpu-check gpu-bench bench-overhead clean
 
 help:
 	@echo "make targets:"
@@ -22,6 +22,7 @@ help:
 	@echo "  lint       ruff check, ruff format --check, mypy (strict) on krex and tests"
 	@echo "  fix        ruff check --fix, ruff format"
 	@echo "  gpu-check  run scripts/gpu_check.sh (needs a real GPU)"
+	@echo "  gpu-bench  krex bench run --profile quick on a real GPU (scripts/gpu_check.sh, PARTS=bench)"
 	@echo "  bench-overhead  ns the shim adds per intercepted call (against a null driver)"
 	@echo "  clean      remove .venv, build outputs and caches"
 
@@ -58,6 +59,9 @@ demo: venv
 # On the GPU machine, with its own python3 (it has no package registry: see the script).
 gpu-check:
 	bash scripts/gpu_check.sh
+
+gpu-bench:
+	PARTS=bench bash scripts/gpu_check.sh
 
 bench-overhead: venv
 	$(BIN)/python scripts/bench/shim_overhead.py

@@ -53,14 +53,22 @@ def bench() -> None:
     show_default=True,
     help="tiny: the simulated suite; quick/full: real GPUs.",
 )
-def bench_run(modes: str, concurrency: int, out_dir: Path, profile: str) -> None:
+@click.option(
+    "--tasks",
+    metavar="NAMES",
+    help="Comma-separated tasks of the profile to run (default: all of them).",
+)
+def bench_run(modes: str, concurrency: int, out_dir: Path, profile: str, tasks: str | None) -> None:
     """Run the suite in each mode and report throughput and fidelity side by side."""
     from krex.bench import runner
     from krex.bench.suite import SuiteError
 
     command = "krex " + " ".join(sys.argv[1:]) if len(sys.argv) > 1 else "krex bench run"
     try:
-        results = runner.run(runner.parse_modes(modes), concurrency, out_dir, profile, command)
+        chosen = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
+        results = runner.run(
+            runner.parse_modes(modes), concurrency, out_dir, profile, command, chosen
+        )
     except (runner.BenchError, SuiteError) as e:
         click.echo(f"krex bench: {e}", err=True)
         sys.exit(2)

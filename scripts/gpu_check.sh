@@ -20,7 +20,10 @@ nvcc -ptx -arch=sm_90 -o "$BUILD/kernels.ptx" scripts/gpu/kernels.cu || exit 1
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/include" -lcuda \
     -L/usr/local/nvidia/lib64 -L/usr/lib/x86_64-linux-gnu || exit 1
-# PARTS (default: all of them) picks sections: shim overhead controller mps demo.
+# PARTS picks sections: shim overhead controller mps demo (the default: all of these), and the
+# longer ones asked for by name: suite (every candidate of the real-GPU suite checked and timed),
+# bench (krex bench run: BENCH_PROFILE, default quick; BENCH_CONCURRENCY, default 8;
+# BENCH_TASKS, default all; BENCH_MODES, default exclusive,shared,krex).
 PARTS=${PARTS:-"shim overhead controller mps demo"}
 rc=0
 if [[ " $PARTS " == *" shim "* ]]; then
@@ -43,5 +46,16 @@ fi
 if [[ " $PARTS " == *" demo "* ]]; then
     echo "== krex demo on the GPU (python3 -m krex.cli demo --gpu)"
     python3 -m krex.cli demo --gpu || rc=1
+fi
+if [[ " $PARTS " == *" suite "* ]]; then
+    echo "== the real-GPU bench suite: every candidate checked and timed"
+    python3 scripts/bench/suite_check.py --json "$OUT/suite_check.json" || rc=1
+fi
+if [[ " $PARTS " == *" bench "* ]]; then
+    args=(--profile "${BENCH_PROFILE:-quick}" --concurrency "${BENCH_CONCURRENCY:-8}"
+          --modes "${BENCH_MODES:-exclusive,shared,krex}" --out "$OUT/bench")
+    [ -n "${BENCH_TASKS:-}" ] && args+=(--tasks "$BENCH_TASKS")
+    echo "== krex bench run ${args[*]}"
+    python3 -m krex.cli bench run "${args[@]}" || rc=1
 fi
 exit $rc

@@ -83,7 +83,7 @@ def test_bad_arguments_are_one_clear_error(tmp_path: Path) -> None:
     for args, words in (
         (["--modes", "shared,krex"], "must include exclusive"),
         (["--modes", "exclusive,turbo"], "unknown mode(s) turbo"),
-        (["--profile", "quick"], "not written yet"),
+        (["--profile", "tiny", "--tasks", "softmax,fft"], "unknown task(s) fft"),
     ):
         p = subprocess.run(
             [*KREX, "bench", "run", "--out", str(tmp_path / "x"), *args],

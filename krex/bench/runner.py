@@ -57,13 +57,72 @@ def parse_modes(text: str) -> list[str]:
     return list(dict.fromkeys(modes))
 
 
-def _plain_env(sim_shm: str) -> dict[str, str]:
-    """A command's environment outside krex: no shim, no tenant (markers are no-ops)."""
+def _plain_env(sim_shm: str | None) -> dict[str, str]:
+    """A command's environment outside krex: no shim, no tenant (markers are no-ops); on the
+    simulated GPU, a simulated driver of its own (`sim_shm`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
     env.pop("LD_PRELOAD", None)
-    env["LD_LIBRARY_PATH"] = f"{sim_library_dir()}:{env.get('LD_LIBRARY_PATH', '')}"
-    env["KREX_SIM_SHM"] = sim_shm
+    if sim_shm is not None:
+        env["LD_LIBRARY_PATH"] = f"{sim_library_dir()}:{env.get('LD_LIBRARY_PATH', '')}"
+        env["KREX_SIM_SHM"] = sim_shm
     return env
+
+
+def _fresh_caches(env: dict[str, str], directory: Path) -> dict[str, str]:
+    """env with compile caches of its own: each command compiles as a new candidate would."""
+    return env | {
+        "TRITON_CACHE_DIR": str(directory / "triton"),
+        "TORCHINDUCTOR_CACHE_DIR": str(directory / "inductor"),
+    }
+
+
+def _machine(simulated: bool) -> str:
+    """This host, its cores and (on a real GPU, where NVML answers) the GPU's name."""
+    text = f"{platform.node()} ({os.cpu_count()} cores)"
+    if simulated:
+        return text + ", simulated GPU"
+    with contextlib.suppress(Exception):
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+            driver = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+        text += f", {name}, driver {driver}"
+    return text
+
+
+_PREFLIGHT = """
+import sys
+try:
+    import torch, triton
+except ImportError as e:
+    sys.exit(f"cannot import {e.name}")
+if not torch.cuda.is_available():
+    sys.exit("PyTorch sees no CUDA GPU")
+"""
+
+
+def _preflight(profile: str) -> None:
+    """One clear error, before anything runs, where the real-GPU suite cannot run."""
+    try:
+        p = subprocess.run(
+            [sys.executable, "-c", _PREFLIGHT],
+            env=_plain_env(None),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    except subprocess.TimeoutExpired:
+        raise BenchError(f"the {profile} profile: importing torch took over 300 s") from None
+    if p.returncode != 0:
+        why = (p.stderr.strip().splitlines() or [f"status {p.returncode}"])[-1]
+        raise BenchError(
+            f"the {profile} profile needs PyTorch, Triton and a CUDA GPU ({why}); "
+            "use --profile tiny for the simulated GPU"
+        )
 
 
 def _batch(
@@ -93,7 +152,7 @@ def _batch(
                         "-m",
                         "krex.cli",
                         "run",
-                        "--sim",
+                        *(["--sim"] if cmd.simulated else []),
                         "--socket",
                         str(krex_socket),
                         "--report",
@@ -102,7 +161,11 @@ def _batch(
                         *argv,
                     ]
                 p = subprocess.Popen(
-                    argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                    argv,
+                    env=_fresh_caches(env, tmp / "cache" / f"{label}-{i}"),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
                 )
                 running[i] = (p, time.monotonic(), report)
             time.sleep(0.005)
@@ -164,11 +227,16 @@ def run(
     out_dir: Path,
     profile: str,
     command: str,
+    tasks: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """Run the suite in every mode, write DIR/results.json and the report; return the results."""
+    """Run the suite (only `tasks` when given) in every mode, write DIR/results.json and the
+    report; return the results."""
     if concurrency < 1:
         raise BenchError(f"--concurrency must be at least 1, got {concurrency}")
-    cmds = commands(profile)
+    cmds = commands(profile, tasks)
+    simulated = any(c.simulated for c in cmds)
+    if not simulated:
+        _preflight(profile)
     out_dir.mkdir(parents=True, exist_ok=True)
     plan: list[tuple[str, int, bool]] = []  # (mode name in results, concurrency, through krex)
     for m in modes:
@@ -180,12 +248,12 @@ def run(
     records: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="krex-bench-") as tmp_name, Progress() as progress:
         tmp = Path(tmp_name)
-        sim_shm = f"/krex-bench-{os.getpid()}-plain"
+        sim_shm = f"/krex-bench-{os.getpid()}-plain" if simulated else None
         try:
             for name, c, through_krex in plan:
                 env = _plain_env(sim_shm)
                 if through_krex:
-                    with private_daemon(tmp / name, sim=True, slots=max(c, 1)) as sock:
+                    with private_daemon(tmp / name, sim=simulated, slots=max(c, 1)) as sock:
                         wall, outcomes = _batch(
                             cmds, c, dict(os.environ), sock, tmp, progress, name
                         )
@@ -207,20 +275,22 @@ def run(
         except ClientError as e:
             raise BenchError(str(e)) from e
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                Path("/dev/shm", sim_shm.lstrip("/")).unlink()
+            if sim_shm is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    Path("/dev/shm", sim_shm.lstrip("/")).unlink()
     results: dict[str, Any] = dict(
         summarize(
             runs,
-            machine=f"{platform.node()} ({os.cpu_count()} cores)",
+            machine=_machine(simulated),
             date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             command=command,
             concurrency=concurrency,
         )
     )
     results["commands"] = records
-    results["simulated"] = any(c.simulated for c in cmds)
+    results["simulated"] = simulated
     results["profile"] = profile
+    results["tasks"] = sorted({c.task for c in cmds})
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     render_report(results, out_dir)
     return results

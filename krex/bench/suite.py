@@ -7,13 +7,17 @@ spread the timed kernels over < 0.1 ms, 0.1-1 ms, 1-10 ms and > 10 ms.
 
 Profiles:
 - `tiny`: the simulated GPU (`krex.bench.simcmd`), for CI and machines without a GPU.
-- `quick`, `full`: the agent-style PyTorch/Triton suite for real GPUs (not written yet).
+- `quick`, `full`: the agent-style PyTorch/Triton suite for real GPUs (`krex/bench/tasks/`):
+  `full` runs every candidate, torch.compile ones included; `quick` a subset without
+  torch.compile (10-15 s of compile each), small enough for one 10-minute device call.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 PROFILES = ("tiny", "quick", "full")
 
@@ -45,15 +49,45 @@ _SIM_VARIANTS = (("v0", 1.0), ("v1", 1.01), ("v2", 1.035), ("v3", 1.08))
 _SIM_COMPILE_S = 0.15
 
 
-def commands(profile: str) -> list[Command]:
-    """The commands of a profile (SuiteError when the profile cannot run here)."""
-    if profile not in PROFILES:
-        raise SuiteError(f"unknown profile {profile!r} (choose from {', '.join(PROFILES)})")
-    if profile != "tiny":
-        raise SuiteError(
-            f"the {profile} profile needs the agent-style PyTorch/Triton suite for real GPUs, "
-            "which is not written yet; use --profile tiny (simulated GPU)"
+TASKS_DIR = Path(__file__).parent / "tasks"
+# The real-GPU suite: task -> candidates (keys of VARIANTS in krex/bench/tasks/TASK.py; a test
+# checks they exist). Kernel times (H200): elementwise and reduction < 0.1 ms, softmax and
+# layernorm 0.1-1 ms, matmul and conv 1-10 ms, attention > 10 ms.
+FULL: dict[str, tuple[str, ...]] = {
+    "elementwise": ("triton-b256", "triton-b1024", "triton-b4096", "eager", "compiled"),
+    "reduction": ("triton-b512", "triton-b1024", "triton-b2048", "torch-sum", "compiled"),
+    "softmax": ("triton-w8", "triton-w16", "triton-w32", "eager", "compiled"),
+    "layernorm": ("triton-w8", "triton-w16", "triton-w32", "eager", "compiled"),
+    "matmul": (
+        "triton-128x256x64-s3w8",
+        "triton-128x128x64-s4w4",
+        "triton-128x128x32-s4w4",
+        "triton-64x256x32-s4w4",
+        "cublas",
+    ),
+    "conv": ("eager-nchw", "eager-channels-last", "cudnn-benchmark", "compiled"),
+    "attention": ("eager", "baddbmm", "chunked-2", "compiled"),
+}
+QUICK: dict[str, tuple[str, ...]] = {
+    task: tuple(v for v in variants if v != "compiled") for task, variants in FULL.items()
+}
+SEED = 0
+
+
+def _gpu_commands(suite: dict[str, tuple[str, ...]]) -> list[Command]:
+    return [
+        Command(
+            task=task,
+            variant=variant,
+            argv=(sys.executable, str(TASKS_DIR / f"{task}.py"), variant, "--seed", str(SEED)),
+            simulated=False,
         )
+        for task, variants in suite.items()
+        for variant in variants
+    ]
+
+
+def _sim_commands() -> list[Command]:
     return [
         Command(
             task=task,
@@ -72,3 +106,24 @@ def commands(profile: str) -> list[Command]:
         for task, base in _SIM_TASKS
         for name, factor in _SIM_VARIANTS
     ]
+
+
+def commands(profile: str, tasks: Sequence[str] | None = None) -> list[Command]:
+    """The commands of a profile, only those of `tasks` when given (SuiteError on bad input)."""
+    if profile not in PROFILES:
+        raise SuiteError(f"unknown profile {profile!r} (choose from {', '.join(PROFILES)})")
+    cmds = (
+        _sim_commands()
+        if profile == "tiny"
+        else _gpu_commands(QUICK if profile == "quick" else FULL)
+    )
+    if tasks:
+        known = sorted({c.task for c in cmds})
+        bad = [t for t in tasks if t not in known]
+        if bad:
+            raise SuiteError(
+                f"unknown task(s) {', '.join(bad)} in the {profile} profile "
+                f"(choose from {', '.join(known)})"
+            )
+        cmds = [c for c in cmds if c.task in tasks]
+    return cmds

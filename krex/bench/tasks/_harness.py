@@ -1,0 +1,76 @@
+"""What every benchmarking command of the real-GPU suite does, in the order agents do it.
+
+Seed and build the inputs, build the candidate and run it once (the compile: Triton JIT or
+torch.compile, into the fresh cache the harness was given through TRITON_CACHE_DIR and
+TORCHINDUCTOR_CACHE_DIR), check it against the torch reference, then time it with
+`triton.testing.do_bench` inside `krex.region()` (a no-op outside krex) and print one JSON line:
+{"task", "variant", "median_ms", ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton.testing
+
+import krex
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One candidate: build(inputs) returns the function to time (it may compile on first call)."""
+
+    build: Callable[[Sequence[torch.Tensor]], Callable[[], Any]]
+    atol: float
+    rtol: float
+
+
+def run(
+    task: str,
+    make_inputs: Callable[[torch.Generator], Sequence[torch.Tensor]],
+    reference: Callable[[Sequence[torch.Tensor]], torch.Tensor],
+    variants: dict[str, Variant],
+    argv: Sequence[str] | None = None,
+) -> int:
+    """Parse argv (VARIANT [--seed N]), check and time that variant, print its JSON line."""
+    ap = argparse.ArgumentParser(prog=f"{task}.py")
+    ap.add_argument("variant", choices=sorted(variants))
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    v = variants[args.variant]
+    t0 = time.perf_counter()
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    inputs = make_inputs(gen)
+    fn = v.build(inputs)
+    out = fn()  # the first call compiles the candidate
+    torch.cuda.synchronize()
+    t_compile = time.perf_counter() - t0
+    expected = reference(inputs)
+    try:
+        torch.testing.assert_close(out.float(), expected.float(), atol=v.atol, rtol=v.rtol)
+    except AssertionError as e:
+        print(f"{task} {args.variant}: wrong result: {e}", file=sys.stderr)
+        return 1
+    del expected
+    with krex.region():
+        ms = triton.testing.do_bench(fn, return_mode="median")
+    print(
+        json.dumps(
+            {
+                "task": task,
+                "variant": args.variant,
+                "median_ms": ms,
+                "setup_s": round(t_compile, 3),
+                "seed": args.seed,
+            }
+        ),
+        flush=True,
+    )
+    return 0

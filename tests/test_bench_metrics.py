@@ -17,6 +17,7 @@ from krex.bench.metrics import (
     Measurement,
     ModeRun,
     RegionTimes,
+    difference_interval,
     flip_rate,
     gap_class,
     inflation,
@@ -29,6 +30,7 @@ from krex.bench.metrics import (
     region_time_stats,
     summarize,
     throughput_cmds_per_min,
+    wilson_interval,
 )
 
 Medians = dict[tuple[str, str], float]
@@ -506,3 +508,21 @@ def test_summarize_bad_input_raises(
         runs["krex-serial"] = runs.pop(rename)
     with pytest.raises(ValueError, match=match):
         summarize(runs, machine="m", date="d", command="c", concurrency=concurrency)
+
+
+def test_wilson_and_newcombe_intervals_match_published_values() -> None:
+    """Newcombe (1998), Stat. Med. 17: 873-890: Wilson 81/263 is 0.2553-0.3662; the difference
+    56/70 - 48/80 by the hybrid score method is 0.0524-0.3339."""
+    lo, hi = wilson_interval(81, 263)
+    assert (round(lo, 4), round(hi, 4)) == (0.2553, 0.3662)
+    lo, hi = difference_interval(56, 70, 48, 80)
+    assert (round(lo, 4), round(hi, 4)) == (0.0524, 0.3339)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == 1.0
+
+
+@given(st.integers(0, 40), st.integers(1, 40), st.integers(0, 40), st.integers(1, 40))
+def test_difference_interval_holds_the_difference(k1: int, n1: int, k2: int, n2: int) -> None:
+    k1, k2 = min(k1, n1), min(k2, n2)
+    lo, hi = difference_interval(k1, n1, k2, n2)
+    assert -1.0 - 1e-12 <= lo <= k1 / n1 - k2 / n2 <= hi <= 1.0 + 1e-12

@@ -204,6 +204,17 @@ def test_report_of_missed_targets_on_real_gpu(tmp_path: Path) -> None:
         in tgt
     )
     assert "| p95 inflation >10ms | <= 0.30 % | 5.00 % | missed |" in tgt
+    assert "+100.00 points (100.00 % vs 0.00 %; " in tgt and "| missed |" in tgt
+
+
+def test_flip_targets_say_how_few_pairs_resolve(tmp_path: Path) -> None:
+    """With pair counts, a flip target shows the 95 % interval of the difference."""
+    doc = bad()
+    doc["flip_rate_pairs"] = dict.fromkeys(doc["flip_rate"]["krex"], 4)
+    tgt = section(render(doc, tmp_path)[0].read_text(), "Targets")
+    assert "+100.00 points (100.00 % vs 0.00 %; 4 pairs, 95 % interval +" in tgt
+    del doc["flip_rate_pairs"]
+    tgt = section(render(doc, tmp_path)[0].read_text(), "Targets")
     assert "+100.00 points (100.00 % vs 0.00 %) | missed |" in tgt
 
 

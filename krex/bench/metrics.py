@@ -331,6 +331,27 @@ def inflation_percentiles(run: ModeRun, baseline: ModeRun) -> dict[str, BandStat
     return out
 
 
+def wilson_interval(successes: int, trials: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a proportion (95 % at z = 1.96); (0, 1) without trials."""
+    if trials <= 0:
+        return 0.0, 1.0
+    p = successes / trials
+    denom = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denom
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def difference_interval(k1: int, n1: int, k2: int, n2: int) -> tuple[float, float]:
+    """A 95 % interval of k1/n1 - k2/n2 (Newcombe's hybrid score method, from two Wilson
+    intervals): how far a flip-rate difference measured on few pairs can be from the true one."""
+    p1, p2 = (k1 / n1 if n1 else 0.0), (k2 / n2 if n2 else 0.0)
+    l1, u1 = wilson_interval(k1, n1)
+    l2, u2 = wilson_interval(k2, n2)
+    d = p1 - p2
+    return d - math.hypot(p1 - l1, u2 - p2), d + math.hypot(u1 - p1, p2 - l2)
+
+
 def gap_class(a_ms: float, b_ms: float) -> str:
     """The gap class of two medians: |a - b| / min(a, b) against 2 % and 5 % (both inclusive).
 

@@ -44,6 +44,8 @@ class Outcome:
     median_ms: float
     wall_s: float
     regions: list[RegionTimes]
+    output: dict[str, Any]  # the rest of the command's JSON line (setup time, clock, ...)
+    region_clocks: list[list[int]]  # per region, [SM MHz at grant, at end], where recorded
 
 
 def parse_modes(text: str) -> list[str]:
@@ -183,8 +185,12 @@ def _batch(
                         f"{p.returncode}:\n{err[-1500:]}"
                     )
                 line = json.loads(out.strip().splitlines()[-1])
-                regions = []
+                regions, clocks = [], []
                 if krex_socket is not None:
+                    report_doc = json.loads(report.read_text())
+                    clocks = [
+                        r["sm_clock_mhz"] for r in report_doc["regions"] if "sm_clock_mhz" in r
+                    ]
                     regions = [
                         RegionTimes(
                             wait_s=r["wait_s"],
@@ -193,9 +199,10 @@ def _batch(
                             duration_s=r["duration_s"],
                             clean=r["clean"],
                         )
-                        for r in json.loads(report.read_text())["regions"]
+                        for r in report_doc["regions"]
                     ]
-                results[i] = Outcome(cmds[i], float(line["median_ms"]), wall, regions)
+                rest = {k: v for k, v in line.items() if k not in ("task", "variant", "median_ms")}
+                results[i] = Outcome(cmds[i], float(line["median_ms"]), wall, regions, rest, clocks)
                 progress.advance(task)
     finally:
         for p, _, _ in running.values():
@@ -269,6 +276,8 @@ def run(
                         "wall_s": o.wall_s,
                         "region_s": sum(r.duration_s for r in o.regions),
                         "regions": len(o.regions),
+                        "output": o.output,
+                        **({"region_sm_clock_mhz": o.region_clocks} if o.region_clocks else {}),
                     }
                     for o in outcomes
                 ]

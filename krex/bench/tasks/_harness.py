@@ -61,6 +61,7 @@ def run(
     del expected
     with krex.region():
         ms = triton.testing.do_bench(fn, return_mode="median")
+        clock = _clock()  # still the timed run's clock: read before the region ends
     print(
         json.dumps(
             {
@@ -69,8 +70,18 @@ def run(
                 "median_ms": ms,
                 "setup_s": round(t_compile, 3),
                 "seed": args.seed,
+                **clock,
             }
         ),
         flush=True,
     )
     return 0
+
+
+def _clock() -> dict[str, int]:
+    """The GPU's SM clock (MHz) and power draw (mW) now, where NVML answers; else nothing.
+    A kernel's time moves with the clock, so the bench keeps it beside each median."""
+    try:
+        return {"sm_clock_mhz": torch.cuda.clock_rate(), "power_mw": torch.cuda.power_draw()}
+    except Exception:  # no pynvml, or NVML cannot read this GPU
+        return {}

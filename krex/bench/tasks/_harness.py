@@ -60,7 +60,9 @@ def run(
         return 1
     del expected
     with krex.region():
+        t_start = time.time()
         ms = triton.testing.do_bench(fn, return_mode="median")
+        t_end = time.time()
         clock = _clock()  # still the timed run's clock: read before the region ends
     print(
         json.dumps(
@@ -70,6 +72,7 @@ def run(
                 "median_ms": ms,
                 "setup_s": round(t_compile, 3),
                 "seed": args.seed,
+                "timed_window": [round(t_start, 4), round(t_end, 4)],  # epoch seconds
                 **clock,
             }
         ),

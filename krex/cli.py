@@ -119,7 +119,7 @@ def bench_report(out_dir: Path) -> None:
     help="Revoke any region of this command that lasts longer than S seconds.",
 )
 @click.option(
-    "--no-pool", is_flag=True, help="Never run in a warm worker (accepted; the pool lands later)."
+    "--no-pool", is_flag=True, help="Never run in a warm pool worker: start CMD as its own process."
 )
 @click.option("--sim", is_flag=True, help="Run on the simulated GPU (a daemon of its own).")
 @click.option("--socket", "socket_path", metavar="PATH", help="The daemon's socket.")
@@ -150,7 +150,6 @@ def run(
         from krex.autoregions import DEFAULT_AUTO_REGIONS
 
         auto_regions = ",".join(DEFAULT_AUTO_REGIONS)
-    del no_pool
     sys.exit(
         client.run(
             client.RunOptions(
@@ -162,6 +161,7 @@ def run(
                 sim=sim,
                 socket=socket_path,
                 queue_timeout_s=queue_timeout,
+                no_pool=no_pool,
             )
         )
     )
@@ -178,12 +178,18 @@ def run(
 @click.option("--socket", "socket_path", metavar="PATH", help="Listen here.")
 @click.option("--gpus", type=click.IntRange(1, 16), help="Number of GPUs (simulated or real).")
 @click.option("--slots", type=click.IntRange(1, 256), help="Commands admitted per GPU at once.")
+@click.option(
+    "--pool",
+    type=click.IntRange(0, 256),
+    help="Warm workers per GPU (default: pool.workers, else slots; 0 on simulated GPUs).",
+)
 def daemon(
     config_path: Path | None,
     sim: bool,
     socket_path: str | None,
     gpus: int | None,
     slots: int | None,
+    pool: int | None,
 ) -> None:
     """Run the KREX controller in the foreground (for systemd or a terminal)."""
     import dataclasses
@@ -205,6 +211,8 @@ def daemon(
         changes["gpu_count"] = gpus
     if slots:
         changes["slots"] = slots
+    if pool is not None:
+        changes["pool_workers"] = pool
     sys.exit(kdaemon.run(dataclasses.replace(cfg, **changes)))  # type: ignore[arg-type]
 
 
@@ -243,6 +251,13 @@ def status(as_json: bool, sim: bool, socket_path: str | None) -> None:
             f"{held}, {g['region_queue']} waiting for a region; cores region "
             f"{g['region_cores']} shared {g['shared_cores']}"
         )
+        pool = g.get("pool") or {}
+        if pool.get("workers") or pool.get("warm_runs"):
+            click.echo(
+                f"  pool: {pool['workers']} worker(s) ({pool['idle']} idle, {pool['busy']} busy, "
+                f"{pool['starting']} starting); runs warm {pool['warm_runs']}, "
+                f"cold {pool['cold_runs']}"
+            )
         for t in g["tenants"]:
             click.echo(
                 f"  tenant {t['tenant']}: pids {t['pids']}, {t['regions']} region(s), "

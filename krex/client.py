@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import fcntl
 import json
 import os
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from krex.config import default_socket, load
+from krex.pool import Invocation, plan
 
 EXIT_KREX = 125
 EXIT_NOT_STARTED = 127
@@ -134,6 +136,7 @@ class RunOptions:
     sim: bool = False
     socket: str | None = None
     queue_timeout_s: float = 3600.0
+    no_pool: bool = False
 
 
 def _spawn_held(argv: list[str], env: dict[str, str]) -> tuple[int, int, int]:
@@ -163,6 +166,54 @@ def _spawn_held(argv: list[str], env: dict[str, str]) -> tuple[int, int, int]:
     os.close(go_r)
     os.close(err_w)
     return pid, go_w, err_r
+
+
+def _stdio_fds() -> list[int]:
+    """Our stdin, stdout and stderr for the worker (/dev/null in place of a closed one)."""
+    fds = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+            fds.append(fd)
+        except OSError:
+            fds.append(os.open(os.devnull, os.O_RDWR))
+    return fds
+
+
+def _run_warm(lease: dict[str, Any], inv: Invocation, env: dict[str, str]) -> int | None:
+    """Hand the command to its warm worker and wait; its exit status, or None when the
+    worker vanished (the daemon then knows how it ended)."""
+    from krex.worker import recv_msg, send_msg
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(30)
+    sock.connect(lease["socket"])
+    sock.settimeout(None)
+    job = {
+        "token": lease["token"],
+        "invocation": dataclasses.asdict(inv),
+        "cwd": os.getcwd(),
+        "env": env,
+    }
+    send_msg(sock, job, _stdio_fds())
+
+    def forward(n: int, _frame: object) -> None:
+        with contextlib.suppress(OSError):
+            send_msg(sock, {"signal": n})
+
+    # The worker is in no terminal's process group: Ctrl-C reaches it through us.
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, *FORWARDED)}
+    try:
+        msg, _ = recv_msg(sock)
+    except (OSError, ValueError):
+        msg = None
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        sock.close()
+    if msg is None or not isinstance(msg.get("status"), int):
+        return None
+    return int(msg["status"])
 
 
 def _wait(pid: int) -> int:
@@ -209,6 +260,32 @@ def run(opts: RunOptions) -> int:
         if key in extra and env.get(key):
             extra[key] = f"{extra[key]}:{env[key]}"
     env.update(extra)
+    pool = reply.get("pool") or {}
+    how = plan(
+        opts.argv,
+        os.environ,
+        pool.get("python"),
+        pool.get("env", {}),
+        no_pool=opts.no_pool,
+        auto_regions=bool(opts.auto_regions),
+    )
+    if how.warm and how.invocation is not None:
+        try:
+            conn.send({"op": "lease"})
+            lease = conn.recv()
+        except (ClientError, OSError) as e:
+            print(f"krex run: {e}", file=sys.stderr)
+            return EXIT_KREX
+        if "socket" in lease:
+            warm_status: int | None
+            try:
+                warm_status = _run_warm(lease, how.invocation, env)
+            except OSError as e:
+                print(f"krex run: the warm worker could not take the command: {e}", file=sys.stderr)
+                warm_status = EXIT_KREX
+            lost = warm_status is None
+            return _finish(opts, conn, reply, t0, warm_status, lost, how.reason, warm=True)
+        how.reason = str(lease.get("cold", "no warm worker"))
     pid, go, err = _spawn_held(opts.argv, env)
     previous = {s: signal.signal(s, lambda n, _f: os.kill(pid, n)) for s in FORWARDED}
     # Ctrl-C reaches the command directly (same process group): krex run itself ignores it.
@@ -232,6 +309,21 @@ def run(opts: RunOptions) -> int:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+    return _finish(opts, conn, reply, t0, code, False, how.reason, warm=False)
+
+
+def _finish(
+    opts: RunOptions,
+    conn: Connection,
+    reply: dict[str, Any],
+    t0: float,
+    code: int | None,
+    worker_lost: bool,
+    reason: str,
+    *,
+    warm: bool,
+) -> int:
+    """Tell the daemon the command is over, write the report, return the exit status."""
     wall = time.monotonic() - t0
     report: dict[str, Any] = {
         "exit_code": code,
@@ -239,14 +331,25 @@ def run(opts: RunOptions) -> int:
         "tenant": reply["tenant"],
         "wall_s": wall,
         "argv": opts.argv,
+        "pool": "warm" if warm else "cold",
+        "pool_reason": reason,
     }
     try:
-        conn.send({"op": "finished", "exit_code": code})
-        report.update(conn.recv()["report"])
+        conn.send({"op": "finished", "exit_code": code, "worker_lost": worker_lost})
+        done = conn.recv()
+        report.update(done["report"])
+        rc = done.get("worker_status")
+        if worker_lost and isinstance(rc, int):
+            # How the worker ended is how the command ended (os._exit, a signal, a crash).
+            code = rc if rc >= 0 else 128 - rc
     except (ClientError, OSError) as e:
         report["error"] = f"no report from the daemon: {e}"
     finally:
         conn.close()
+    if code is None:
+        code = EXIT_KREX
+        report.setdefault("error", "the warm worker vanished and the daemon did not say how")
+    report["exit_code"] = code
     report["wall_s"] = wall
     if opts.report is not None:
         try:

@@ -28,6 +28,12 @@ shared = "2-15"
 
 [mps]
 enabled = false
+
+[pool]             # warm workers (docs/pool.md)
+workers = 8        # per GPU (default: slots on real GPUs, 0 on simulated ones)
+preload = ["torch", "triton"]   # imported by each worker where installed (default: these
+                                # on real GPUs, none on simulated ones)
+max_uses = 100     # commands a worker runs before it is replaced
 ```
 """
 
@@ -95,6 +101,9 @@ class Config:
     freezer: str = "auto"
     slices: dict[int, SliceConfig] = field(default_factory=dict)
     mps: bool = False
+    pool_workers: int | None = None
+    pool_preload: tuple[str, ...] | None = None
+    pool_max_uses: int = 100
     source: str = "defaults"
 
     def socket_path(self) -> Path:
@@ -106,6 +115,19 @@ class Config:
         # One segment per daemon socket, so a sim daemon and a real one can live side by side.
         # A stable hash: a restarted daemon must find its predecessor's segment.
         return f"/krex-{os.getuid()}-{zlib.crc32(str(self.socket_path()).encode()):08x}"
+
+    def workers_per_gpu(self) -> int:
+        """Warm workers per GPU: configured, else as many as slots (none on simulated GPUs:
+        they have no framework to pre-import)."""
+        if self.pool_workers is not None:
+            return self.pool_workers
+        return 0 if self.sim else self.slots
+
+    def preload(self) -> tuple[str, ...]:
+        """Modules each worker imports (those not installed are skipped by the daemon)."""
+        if self.pool_preload is not None:
+            return self.pool_preload
+        return () if self.sim else ("torch", "triton")
 
 
 _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
@@ -119,6 +141,7 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     },
     "freezer": {"backend": str},
     "mps": {"enabled": bool},
+    "pool": {"workers": int, "preload": list, "max_uses": int},
 }
 
 
@@ -177,6 +200,9 @@ def from_toml(text: str, where: str = "config") -> Config:
             for k, v in doc.get("slices", {}).items()
         },
         mps=doc.get("mps", {}).get("enabled", False),
+        pool_workers=doc.get("pool", {}).get("workers"),
+        pool_preload=tuple(doc["pool"]["preload"]) if "preload" in doc.get("pool", {}) else None,
+        pool_max_uses=doc.get("pool", {}).get("max_uses", 100),
         source=where,
     )
     validate(cfg)
@@ -192,6 +218,13 @@ def validate(cfg: Config) -> None:
     for name in ("quiesce_s", "drain_s", "freeze_s", "region_s"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{cfg.source}: timeouts.{name} must be > 0")
+    if cfg.pool_workers is not None and not 0 <= cfg.pool_workers <= 256:
+        raise ConfigError(f"{cfg.source}: pool.workers must be 0..256, got {cfg.pool_workers}")
+    if cfg.pool_max_uses < 1:
+        raise ConfigError(f"{cfg.source}: pool.max_uses must be at least 1")
+    for name in cfg.pool_preload or ():
+        if not isinstance(name, str) or not all(p.isidentifier() for p in name.split(".")):
+            raise ConfigError(f"{cfg.source}: pool.preload: {name!r} is not a module name")
     if cfg.freezer not in FREEZERS:
         raise ConfigError(
             f"{cfg.source}: freezer.backend must be one of {', '.join(FREEZERS)}, "

@@ -13,12 +13,15 @@ import asyncio
 import contextlib
 import fcntl
 import functools
+import importlib.util
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -27,9 +30,11 @@ from typing import Any
 
 from krex import __version__
 from krex.config import Config, ConfigError
+from krex.errors import KrexError
 from krex.gate import Hold, quiesce_and_drain
 from krex.nvml import Nvml, throttled
 from krex.paths import shim_library, sim_library_dir
+from krex.pool import preinit
 from krex.shm import Segment, SegmentError
 from krex.slices import Slice, SliceError, default_slices, validate_slices
 from krex.tenants import FreezerKind, TenantGroup, TenantsError, detect_freezer, recover
@@ -86,6 +91,25 @@ class Tenant:
     intercepted: int = 0  # from slots of its processes that are gone (reaped)
     blocked: int = 0
     gone: bool = False
+    worker: Worker | None = None  # the warm worker running its command
+
+
+@dataclass
+class Worker:
+    """A warm pool worker (krex/worker.py) and where it stands."""
+
+    id: int
+    gpu: int
+    proc: asyncio.subprocess.Process
+    listen: Path
+    secret: str
+    t_start: float
+    state: str = "starting"  # starting, idle, busy, retiring, gone
+    slot: int = -1
+    uses: int = 0
+    writer: asyncio.StreamWriter | None = None
+    tenant: Tenant | None = None
+    exited: asyncio.Future[int] | None = None
 
 
 @dataclass
@@ -98,6 +122,11 @@ class Gpu:
     requests: deque[RegionRequest] = field(default_factory=deque)
     region: Region | None = None
     busy: bool = False  # a region is being set up or torn down
+    pool: list[Worker] = field(default_factory=list)
+    pool_tenant: Tenant | None = None  # the group idle workers wait in (frozen in regions)
+    pool_failures: int = 0  # workers in a row that died before they were ready
+    warm_runs: int = 0
+    cold_runs: int = 0
 
 
 def _detect_gpus() -> int:
@@ -147,6 +176,9 @@ class Daemon:
         self.nvml = None if cfg.sim else Nvml.open()
         self._server: asyncio.AbstractServer | None = None
         self._stopping: asyncio.Event | None = None
+        self.workers: dict[int, Worker] = {}
+        self.next_worker = 1
+        self.preload = [m for m in cfg.preload() if importlib.util.find_spec(m) is not None]
 
     # Start-up and shutdown.
     def _segment(self, n: int) -> Segment:
@@ -240,6 +272,7 @@ class Daemon:
         )
         reaper = asyncio.create_task(self._reap_loop())
         try:
+            self._start_pools()
             await self._stopping.wait()
         finally:
             reaper.cancel()
@@ -249,6 +282,7 @@ class Daemon:
         log.info("stopping: ending regions, thawing tenants, opening gates")
         if self._server is not None:
             self._server.close()
+        await self._stop_pools()
         for g in self.gpus:
             if g.region is not None:
                 self._finish_region(g, revoked=True, why="daemon stopping")
@@ -276,6 +310,8 @@ class Daemon:
                 tenant = await self._admit(first, reader, writer)
             elif op == "region_begin":
                 await self._region_conn(first, reader, writer)
+            elif op == "worker_ready":
+                await self._worker_conn(first, reader, writer)
             elif op == "hello":
                 await self._send(writer, {"ok": True, "version": __version__, "pid": os.getpid()})
             elif op == "status":
@@ -372,9 +408,15 @@ class Daemon:
         self.tenants[tid] = t
         g.tenants.append(t)
         log.info("admitted tenant %d on GPU %d: %s", tid, g.index, " ".join(argv)[:200])
-        await self._send(
-            writer, {"ok": True, "tenant": tid, "gpu": g.index, "env": self._env(t, auto)}
-        )
+        reply: dict[str, Any] = {"ok": True, "tenant": tid, "gpu": g.index}
+        reply["env"] = self._env(t, auto)
+        if g.pool or self.cfg.workers_per_gpu():
+            # What a client needs to decide whether its command can run warm (krex/pool.py).
+            reply["pool"] = {
+                "python": sys.executable,
+                "env": {k: v for k, v in os.environ.items() if preinit(k)},
+            }
+        await self._send(writer, reply)
         await self._tenant_conn(t, reader, writer)
         return t
 
@@ -440,9 +482,16 @@ class Daemon:
                     raise ProtocolError("pid must be a positive integer")
                 await self._started(t, pid)
                 await self._send(writer, {"ok": True, "freezer": self.freezer.value})
+            elif op == "lease":
+                await self._send(writer, {"ok": True, **await self._lease(t)})
             elif op == "finished":
+                status = None
+                if msg.get("worker_lost") and t.worker is not None:
+                    status = await self._worker_status(t.worker)
+                if t.worker is None:
+                    self.gpus[t.gpu].cold_runs += 1
                 report = self._report(t)
-                await self._send(writer, {"ok": True, "report": report})
+                await self._send(writer, {"ok": True, "report": report, "worker_status": status})
                 return
             else:
                 raise ProtocolError(f"unknown op {op!r} for a tenant")
@@ -478,6 +527,9 @@ class Daemon:
             self._finish_region(g, revoked=False, why="tenant finished")
         if g.region is not None and t in g.region.frozen:
             g.region.frozen.remove(t)
+        if t.worker is not None and t.worker.tenant is t:
+            # Its worker may still be resetting: back to the pool's group before ours goes.
+            self._return_to_pool(t.worker)
         self._account()
         t.group.destroy()
         g.tenants.remove(t)
@@ -598,6 +650,8 @@ class Daemon:
             problems += hold.problems
             t1 = time.monotonic()
             siblings = [s for s in g.tenants if s is not t]
+            if g.pool_tenant is not None and g.pool_tenant.group.pids():
+                siblings.append(g.pool_tenant)  # idle workers: no thread runs in a region
             # Freeze the siblings in parallel (each waits for its own group to report frozen).
             frozen = await asyncio.gather(
                 *(loop.run_in_executor(None, self._freeze, s) for s in siblings)
@@ -736,6 +790,215 @@ class Daemon:
         self._schedule(g)
         return record
 
+    # The pool (design.md, docs/pool.md).
+    def _start_pools(self) -> None:
+        n = self.cfg.workers_per_gpu()
+        if n == 0:
+            return
+        for g in self.gpus:
+            tid = self.next_tenant
+            self.next_tenant += 1
+            try:
+                group = TenantGroup.create(self.freezer, self.root, tid)
+            except TenantsError as e:
+                log.error("no pool on GPU %d: cannot create its group: %s", g.index, e)
+                continue
+            g.pool_tenant = Tenant(
+                id=tid,
+                gpu=g.index,
+                argv=["<pool>"],
+                group=group,
+                region_timeout_s=self.cfg.region_s,
+                t_admit=time.monotonic(),
+            )
+            for _ in range(n):
+                asyncio.get_running_loop().create_task(self._spawn_worker(g))
+        log.info("pool: %d warm worker(s) per GPU, pre-importing %s", n, self.preload or "nothing")
+
+    async def _spawn_worker(self, g: Gpu) -> None:
+        assert g.pool_tenant is not None
+        if self._stopping is not None and self._stopping.is_set():
+            return
+        wid = self.next_worker
+        self.next_worker += 1
+        secret = secrets.token_hex(16)
+        env = dict(os.environ)
+        extra = self._env(g.pool_tenant, None)
+        for key in ("LD_PRELOAD", "LD_LIBRARY_PATH"):
+            if key in extra and env.get(key):
+                extra[key] = f"{extra[key]}:{env[key]}"
+        env.update(extra)
+        env["KREX_WORKER_SECRET"] = secret
+        listen = self.socket.parent / f"{self.socket.name}.w{wid}"
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "krex.worker",
+                "--socket",
+                str(self.socket),
+                "--listen",
+                str(listen),
+                "--worker",
+                str(wid),
+                "--preload",
+                ",".join(self.preload),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # the daemon's terminal's Ctrl-C is not for workers
+            )
+        except OSError as e:
+            log.error("cannot start a pool worker on GPU %d: %s", g.index, e)
+            return
+        w = Worker(
+            id=wid, gpu=g.index, proc=proc, listen=listen, secret=secret, t_start=time.monotonic()
+        )
+        w.exited = asyncio.get_running_loop().create_future()
+        self.workers[wid] = w
+        g.pool.append(w)
+        try:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, g.pool_tenant.group.add, proc.pid)
+            await loop.run_in_executor(None, g.pool_tenant.group.pin, set(g.slice.shared_cores))
+        except TenantsError as e:
+            log.warning("pool worker %d: %s", wid, e)
+        rc = await proc.wait()
+        self._worker_gone(g, w, rc)
+
+    async def _worker_conn(
+        self, msg: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        w = self.workers.get(msg.get("worker"))  # type: ignore[arg-type]
+        if w is None or not secrets.compare_digest(str(msg.get("secret", "")), w.secret):
+            raise ProtocolError("unknown worker")
+        g = self.gpus[w.gpu]
+        slots = [s for s in self.seg.slots_of(w.proc.pid) if s.alive]
+        if not slots or g.pool_tenant is None:
+            log.error("pool worker %d has no slot in the segment: stopping it", w.id)
+            _signal_worker(w, signal.SIGKILL)
+            return
+        w.slot, w.writer, w.state = slots[0].index, writer, "idle"
+        g.pool_failures = 0
+        log.info(
+            "pool worker %d ready on GPU %d after %.1f s",
+            w.id,
+            g.index,
+            time.monotonic() - w.t_start,
+        )
+        while True:
+            done = await self._read(reader)
+            if done is None:
+                break
+            if done.get("op") == "done":
+                self._worker_done(w, done.get("retire"))
+        w.writer = None
+        if w.state != "gone":
+            _signal_worker(w, signal.SIGKILL)
+
+    async def _lease(self, t: Tenant) -> dict[str, Any]:
+        """An idle worker for tenant t's command, or why there is none."""
+        g = self.gpus[t.gpu]
+        w = next((w for w in g.pool if w.state == "idle" and w.writer is not None), None)
+        if w is None or t.worker is not None:
+            counts = {s: sum(x.state == s for x in g.pool) for s in ("starting", "busy")}
+            return {
+                "cold": f"no warm worker free on GPU {g.index} "
+                f"({counts['starting']} starting, {counts['busy']} busy)"
+            }
+        assert w.writer is not None and g.pool_tenant is not None
+        w.state, w.tenant, t.worker = "busy", t, w
+        token = secrets.token_hex(16)
+        try:
+            await self._started(t, w.proc.pid)
+            self.seg.set_slot_tenant(w.slot, w.proc.pid, t.id)
+            w.writer.write(json.dumps({"op": "job", "token": token}).encode() + b"\n")
+            await w.writer.drain()
+        except (ProtocolError, KrexError, ConnectionError) as e:
+            log.warning("pool worker %d could not take tenant %d: %s", w.id, t.id, e)
+            self._return_to_pool(w)
+            w.state = "retiring"
+            _signal_worker(w, signal.SIGKILL)
+            t.worker = None
+            return {"cold": f"the warm worker failed: {e}"}
+        g.warm_runs += 1
+        return {"socket": str(w.listen), "token": token, "worker": w.id}
+
+    def _return_to_pool(self, w: Worker) -> None:
+        """Worker w leaves its tenant: back into the pool's group, slot and cores."""
+        g = self.gpus[w.gpu]
+        t, w.tenant = w.tenant, None
+        if t is not None and w.proc.pid in t.pids:
+            t.pids.remove(w.proc.pid)
+        if g.pool_tenant is None or w.state == "gone":
+            return
+        with contextlib.suppress(TenantsError):
+            g.pool_tenant.group.add(w.proc.pid)
+            g.pool_tenant.group.pin(set(g.slice.shared_cores))
+        with contextlib.suppress(KrexError):
+            self.seg.set_slot_tenant(w.slot, w.proc.pid, g.pool_tenant.id)
+        if g.region is not None and g.pool_tenant not in g.region.frozen:
+            # The pool was idle when the region began; it holds a worker now.
+            g.region.frozen.append(g.pool_tenant)
+            self._freeze(g.pool_tenant)
+
+    def _worker_done(self, w: Worker, retire: object) -> None:
+        self._return_to_pool(w)
+        w.uses += 1
+        if retire or w.uses >= self.cfg.pool_max_uses:
+            why = retire or f"{w.uses} uses"
+            log.info("pool worker %d retires: %s", w.id, why)
+            w.state = "retiring"
+            if w.writer is not None:
+                w.writer.write(b'{"op": "exit"}\n')
+        elif w.state == "busy":
+            w.state = "idle"
+
+    def _worker_gone(self, g: Gpu, w: Worker, rc: int) -> None:
+        was = w.state
+        if w.tenant is not None:
+            self._return_to_pool(w)
+        w.state = "gone"
+        if w.exited is not None and not w.exited.done():
+            w.exited.set_result(rc)
+        if w in g.pool:
+            g.pool.remove(w)
+        self.workers.pop(w.id, None)
+        with contextlib.suppress(FileNotFoundError):
+            w.listen.unlink()
+        if was == "starting":
+            g.pool_failures += 1
+            log.warning(
+                "pool worker %d on GPU %d died before it was ready (status %d)", w.id, g.index, rc
+            )
+        elif was != "retiring":
+            log.warning("pool worker %d on GPU %d ended (status %d)", w.id, g.index, rc)
+        if self._stopping is not None and self._stopping.is_set():
+            return
+        # Replace it; after 3 start-up failures in a row, only every 30 s.
+        delay = 30.0 if g.pool_failures >= 3 else 0.0
+        loop = asyncio.get_running_loop()
+        loop.call_later(delay, lambda: loop.create_task(self._spawn_worker(g)))
+
+    async def _worker_status(self, w: Worker) -> int:
+        """The exit status of a worker whose command's client saw it vanish."""
+        assert w.exited is not None
+        try:
+            return await asyncio.wait_for(asyncio.shield(w.exited), 10.0)
+        except asyncio.TimeoutError:
+            _signal_worker(w, signal.SIGKILL)
+            return await w.exited
+
+    async def _stop_pools(self) -> None:
+        for w in list(self.workers.values()):
+            _signal_worker(w, signal.SIGTERM)
+        for w in list(self.workers.values()):
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(w.proc.wait(), 10.0)
+        for g in self.gpus:
+            if g.pool_tenant is not None:
+                with contextlib.suppress(TenantsError):
+                    g.pool_tenant.group.destroy()
+
     # Status.
     def status(self) -> dict[str, Any]:
         now = time.monotonic()
@@ -754,6 +1017,16 @@ class Daemon:
                     "used": len(g.tenants),
                     "queue": len(g.admission),
                     "region_queue": len(g.requests),
+                    "pool": {
+                        "workers": len(g.pool),
+                        **{
+                            state: sum(w.state == state for w in g.pool)
+                            for state in ("starting", "idle", "busy")
+                        },
+                        "warm_runs": g.warm_runs,
+                        "cold_runs": g.cold_runs,
+                        "preload": self.preload,
+                    },
                     "region_cores": sorted(g.slice.region_cores),
                     "shared_cores": sorted(g.slice.shared_cores),
                     "region": None
@@ -777,6 +1050,14 @@ class Daemon:
                 for g in self.gpus
             ],
         }
+
+
+def _signal_worker(w: Worker, sig: int) -> None:
+    """Signal a worker without asyncio's Process.kill(), whose poll() would reap it under
+    asyncio's child watcher (which then reports status 255 instead of the real one)."""
+    if w.state != "gone":
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(w.proc.pid, sig)
 
 
 def _tgid(tid: int) -> int | None:

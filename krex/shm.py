@@ -230,6 +230,11 @@ class Segment:
             if int(self._seg.slots[i].state) != lib.KREX_SLOT_FREE
         ]
 
+    def set_slot_tenant(self, index: int, pid: int, tenant: int) -> None:
+        """Re-assign process `pid`'s live slot `index` to `tenant` (a pool worker's command)."""
+        if int(lib.krex_slot_set_tenant(self._seg, index, pid, tenant)) != lib.KREX_OK:
+            raise KrexError(f"slot {index} is not a live slot of process {pid}")
+
     def slots_of(self, pid: int) -> list[SlotView]:
         """The slots a process (by pid) holds or held."""
         return [s for s in self.slots() if s.pid == pid]

@@ -194,6 +194,17 @@ int krex_slot_alive(const struct krex_segment *seg, uint32_t i)
     return KREX_LOAD(&s->state) == KREX_SLOT_LIVE && krex_pid_alive(s->pid, s->start_time);
 }
 
+int krex_slot_set_tenant(struct krex_segment *seg, uint32_t i, uint32_t pid, uint32_t tenant)
+{
+    if (!seg || i >= seg->header.n_slots || tenant == 0)
+        return KREX_E_ARG;
+    struct krex_slot *s = &seg->slots[i];
+    if (KREX_LOAD(&s->state) != KREX_SLOT_LIVE || KREX_LOAD(&s->pid) != pid)
+        return KREX_E_ARG;
+    KREX_STORE(&s->tenant, tenant);
+    return KREX_OK;
+}
+
 int krex_slot_read(const struct krex_segment *seg, uint32_t i, struct krex_slot_view *out)
 {
     if (!seg || !out || i >= seg->header.n_slots)

@@ -78,7 +78,7 @@ struct krex_slot {
     uint32_t state;        /* KREX_SLOT_* */
     uint32_t pid;          /* in the controller's pid namespace */
     uint64_t start_time;   /* /proc/<pid>/stat field 22: a recycled pid has another */
-    uint32_t tenant;       /* > 0 */
+    uint32_t tenant;       /* > 0; the controller re-assigns a pool worker's (per command) */
     uint32_t gpu;          /* gate index */
     uint32_t in_flight;    /* calls between announce and return; futex word for the quiesce */
     uint32_t drain_ack;    /* futex word: last drain epoch the drain thread finished */

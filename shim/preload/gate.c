@@ -38,6 +38,10 @@ static void after_fork_child(void)
     /* The child is a new process: it needs its own slot and drain thread. The mapping is
      * inherited and stays valid. */
     pthread_mutex_init(&reg_lock, NULL);
+    /* The child works for the tenant its parent worked for at the fork (a pool worker's slot
+     * changes tenant per command), not the one in the environment the parent started with. */
+    if (krex_self)
+        krex_my_tenant = __atomic_load_n(&krex_self->tenant, __ATOMIC_RELAXED);
     krex_self = NULL;
     if (reg_state == REG_DONE)
         reg_state = REG_NONE;
@@ -213,7 +217,7 @@ void krex_gate_block(struct krex_slot *s)
             krex_futex_wake(&s->in_flight, INT32_MAX);
         for (;;) {
             uint32_t seq = KREX_LOAD(&g->wake);
-            if (!krex_closed_to_me(KREX_LOAD(&g->word)))
+            if (!krex_closed_to(s, KREX_LOAD(&g->word)))
                 break;
             uint64_t timeout = UINT64_MAX;
             uint64_t deadline = KREX_LOAD(&g->deadline_ns);
@@ -232,7 +236,7 @@ void krex_gate_block(struct krex_slot *s)
         }
         /* Announce again, then check again: the gate may have closed in between. */
         KREX_ADD(&s->in_flight, 1);
-        if (!krex_closed_to_me(KREX_LOAD(&g->word)))
+        if (!krex_closed_to(s, KREX_LOAD(&g->word)))
             return;
     }
 }

@@ -78,10 +78,13 @@ KREX_HIDDEN struct krex_slot *krex_register(void); /* NULL: pass everything thro
 KREX_HIDDEN void krex_gate_block(struct krex_slot *s);
 KREX_HIDDEN void krex_note_unmatched(void);
 
-static inline int krex_closed_to_me(uint64_t word)
+/* Whether the gate word shuts out slot s. The tenant is read from the slot, not cached: the
+ * controller re-assigns a pool worker's slot to the tenant whose command it runs. The slot's
+ * first cache line is ours and already touched by the in-flight count, so this costs nothing. */
+static inline int krex_closed_to(const struct krex_slot *s, uint64_t word)
 {
     uint32_t owner = KREX_GATE_OWNER(word);
-    return owner != 0 && owner != krex_my_tenant;
+    return owner != 0 && owner != __atomic_load_n(&s->tenant, __ATOMIC_RELAXED);
 }
 
 /* Announce, then check (design.md step 2). Returns our slot, or NULL in pass-through. */
@@ -94,7 +97,7 @@ static inline struct krex_slot *krex_enter(void)
             return NULL;
     }
     KREX_ADD(&s->in_flight, 1);
-    if (KREX_UNLIKELY(krex_closed_to_me(KREX_LOAD(&krex_my_gate->word))))
+    if (KREX_UNLIKELY(krex_closed_to(s, KREX_LOAD(&krex_my_gate->word))))
         krex_gate_block(s);
     KREX_COUNT(&s->intercepted);
     return s;
@@ -105,7 +108,7 @@ static inline void krex_leave(struct krex_slot *s)
     if (!s)
         return;
     /* Behind a closed gate the controller may be waiting for this count to reach 0. */
-    if (KREX_SUB(&s->in_flight, 1) == 0 && krex_closed_to_me(KREX_LOAD(&krex_my_gate->word)))
+    if (KREX_SUB(&s->in_flight, 1) == 0 && krex_closed_to(s, KREX_LOAD(&krex_my_gate->word)))
         krex_futex_wake(&s->in_flight, INT32_MAX);
 }
 

@@ -1,0 +1,190 @@
+"""Which commands a warm pool worker can run, and how (shared by the client and the worker).
+
+A warm worker is a Python interpreter that has already imported the configured modules (torch,
+triton) and holds a context on its GPU. It can run `python [-u] [-B] [-W arg] script.py ...`,
+`python -m module ...` and `python -c code ...` in-process, as `__main__`, exactly when the
+command would have started the same interpreter with the same start-up state. `plan()` says
+whether that holds, and if not, why: the command then runs cold, as its own process.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+# Environment variables read when the interpreter, the CUDA driver or a framework start: a
+# worker started long before the command cannot honour a value that differs from its own.
+_PREINIT_PREFIXES = (
+    "CUDA_",
+    "PYTORCH_",
+    "TORCH_",
+    "TORCHINDUCTOR_",
+    "TRITON_",
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "OPENBLAS_",
+    "NCCL_",
+    "CUBLAS",
+    "CUDNN_",
+    "NVIDIA_",
+    "PYTHON",
+    "LD_",
+)
+# ... except these: ours (krex sets them per tenant), read lazily at use, or emulated per command.
+_NOT_PREINIT = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "CUDA_MPS_PIPE_DIRECTORY",
+        "CUDA_MPS_LOG_DIRECTORY",
+        "CUDA_HOME",
+        "CUDA_PATH",
+        "CUDA_ROOT",
+        "LD_PRELOAD",  # krex's shim: the worker has it; the command's own entries are checked
+        "TRITON_CACHE_DIR",  # triton reads it at each compile
+        "TRITON_HOME",
+        "TORCHINDUCTOR_CACHE_DIR",  # inductor reads it at each use
+        "TORCH_HOME",
+        "TORCH_EXTENSIONS_DIR",
+        "PYTHONPATH",  # emulated: its entries go first on the command's sys.path
+        "PYTHONUNBUFFERED",  # emulated: the command's stdio buffering
+        "PYTHONDONTWRITEBYTECODE",  # emulated: sys.dont_write_bytecode
+        "PYTHONBREAKPOINT",  # read at each breakpoint()
+        "PYTHONSTARTUP",  # interactive sessions only
+    }
+)
+# Interpreter options a worker emulates per command; any other runs cold.
+_FLAGS = {"-u": "unbuffered", "-B": "dont_write_bytecode"}
+
+
+def preinit(name: str) -> bool:
+    """Whether environment variable `name` must take effect before the interpreter, CUDA or a
+    framework start (so a warm worker cannot honour a new value)."""
+    return (
+        name.startswith(_PREINIT_PREFIXES)
+        and name not in _NOT_PREINIT
+        and not name.startswith("KREX_")
+    )
+
+
+@dataclass
+class Invocation:
+    """A Python command line taken apart: what the worker runs and how."""
+
+    kind: str  # "script", "module" or "code"
+    target: str  # the script's path, the module's name, or the code
+    args: list[str]  # sys.argv[1:]
+    unbuffered: bool = False
+    dont_write_bytecode: bool = False
+    warnings: list[str] = field(default_factory=list)  # -W options, in order
+
+    def argv0(self) -> str:
+        """sys.argv[0] as CPython sets it."""
+        return {"script": self.target, "module": "-m", "code": "-c"}[self.kind]
+
+
+@dataclass
+class Plan:
+    """warm: run in a worker (invocation set); else cold, with the reason."""
+
+    warm: bool
+    reason: str
+    invocation: Invocation | None = None
+
+
+def _same_interpreter(path: str, worker_python: str) -> bool:
+    """The same binary and the same environment (a venv's python is a link to its base)."""
+
+    def identity(p: str) -> tuple[str, str | None]:
+        bindir = os.path.dirname(os.path.abspath(p))
+        cfg = os.path.join(os.path.dirname(bindir), "pyvenv.cfg")
+        return os.path.realpath(p), (os.path.dirname(bindir) if os.path.isfile(cfg) else None)
+
+    return identity(path) == identity(worker_python)
+
+
+def parse_python(args: Sequence[str]) -> Invocation | str:
+    """Parse a Python command line after the interpreter; a reason string when it cannot run
+    warm."""
+    flags: dict[str, bool] = {}
+    warnings: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in ("-m", "-c"):
+            if i + 1 >= len(args):
+                return f"{a} without an argument"
+            kind = "module" if a == "-m" else "code"
+            return Invocation(kind, args[i + 1], list(args[i + 2 :]), warnings=warnings, **flags)
+        if a == "-W" or (a.startswith("-W") and len(a) > 2):
+            if a == "-W":
+                if i + 1 >= len(args):
+                    return "-W without an argument"
+                warnings.append(args[i + 1])
+                i += 2
+            else:
+                warnings.append(a[2:])
+                i += 1
+            continue
+        if a.startswith("-") and a != "-":
+            if a == "--":
+                i += 1
+                break
+            # Combined single-letter flags (-uB) are taken apart.
+            letters = [f"-{c}" for c in a[1:]] if not a.startswith("--") else [a]
+            for flag in letters:
+                if flag not in _FLAGS:
+                    return f"interpreter option {flag} is not emulated in a warm worker"
+                flags[_FLAGS[flag]] = True
+            i += 1
+            continue
+        break
+    if i >= len(args) or args[i] == "-":
+        return "an interactive or stdin program"
+    return Invocation("script", args[i], list(args[i + 1 :]), warnings=warnings, **flags)
+
+
+def plan(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    worker_python: str | None,
+    worker_env: Mapping[str, str],
+    *,
+    no_pool: bool = False,
+    auto_regions: bool = False,
+) -> Plan:
+    """Whether `argv`, run with environment `env`, can run in a warm worker whose interpreter is
+    `worker_python` and whose environment at start was `worker_env`."""
+    if no_pool:
+        return Plan(False, "--no-pool")
+    if worker_python is None:
+        return Plan(False, "no pool on this GPU")
+    if auto_regions:
+        return Plan(False, "--auto-regions (installed at interpreter start-up)")
+    exe = shutil.which(argv[0], path=env.get("PATH")) if argv else None
+    if exe is None:
+        return Plan(False, "not a Python command")
+    base = os.path.basename(exe)
+    if not base.startswith("python"):
+        return Plan(False, "not a Python command")
+    if not _same_interpreter(exe, worker_python):
+        return Plan(False, f"another interpreter ({exe}; warm workers run {worker_python})")
+    inv = parse_python(argv[1:])
+    if isinstance(inv, str):
+        return Plan(False, inv)
+    for name in sorted(set(env) | set(worker_env)):
+        if preinit(name) and env.get(name) != worker_env.get(name):
+            theirs = "unset" if name not in worker_env else f"{name}={worker_env[name]!r}"
+            mine = f"{name}={env[name]!r}" if name in env else f"{name} unset"
+            return Plan(
+                False,
+                f"{mine} must take effect before CUDA or the interpreter start "
+                f"(warm workers have {theirs})",
+            )
+    own_preload = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
+    if own_preload:
+        return Plan(False, "LD_PRELOAD of the command's own")
+    return Plan(True, "warm worker", inv)

@@ -361,6 +361,25 @@ def _finish(
     return code
 
 
+def _await_pool(sock: Path, deadline: float) -> None:
+    """Wait until the daemon's warm workers are ready (none starting), so that a benchmark
+    measures a warm pool, not its start-up; give up quietly at the deadline."""
+    while time.monotonic() < deadline:
+        try:
+            conn = Connection(sock)
+            try:
+                conn.send({"op": "status"})
+                gpus = conn.recv()["gpus"]
+            finally:
+                conn.close()
+        except (ClientError, OSError):
+            return
+        pools = [g.get("pool", {}) for g in gpus]
+        if all(p.get("idle", 0) + p.get("busy", 0) >= p.get("target", 0) for p in pools):
+            return
+        time.sleep(0.2)
+
+
 def status(sim: bool, explicit_socket: str | None) -> dict[str, Any]:
     """The daemon's status (ClientError when none answers)."""
     conn = connect(socket_for(sim, explicit_socket), sim=sim, start=False)
@@ -372,9 +391,13 @@ def status(sim: bool, explicit_socket: str | None) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def private_daemon(directory: Path, *, sim: bool, slots: int) -> Iterator[Path]:
+def private_daemon(
+    directory: Path, *, sim: bool, slots: int, pool: int | None = None
+) -> Iterator[Path]:
     """A daemon of its own on a socket in `directory` (for the demo and the bench), stopped on
-    exit; yields the socket. ClientError when it does not come up within 30 s."""
+    exit; yields the socket once its warm workers, if any, are ready (at most 3 minutes).
+    `pool`: warm workers per GPU (None: the daemon's default). ClientError when the daemon
+    does not come up within 30 s."""
     directory.mkdir(parents=True, exist_ok=True)
     sock = directory / "krex.sock"
     log_path = directory / "daemon.log"
@@ -388,6 +411,7 @@ def private_daemon(directory: Path, *, sim: bool, slots: int) -> Iterator[Path]:
         "--slots",
         str(slots),
         *(["--sim"] if sim else []),
+        *(["--pool", str(pool)] if pool is not None else []),
     ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=log)
@@ -400,6 +424,7 @@ def private_daemon(directory: Path, *, sim: bool, slots: int) -> Iterator[Path]:
                     + log_path.read_text(errors="replace")[-1500:]
                 )
             time.sleep(0.05)
+        _await_pool(sock, deadline=time.monotonic() + 180)
         yield sock
     finally:
         proc.terminate()

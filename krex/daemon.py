@@ -1018,6 +1018,7 @@ class Daemon:
                     "queue": len(g.admission),
                     "region_queue": len(g.requests),
                     "pool": {
+                        "target": self.cfg.workers_per_gpu() if g.pool_tenant else 0,
                         "workers": len(g.pool),
                         **{
                             state: sum(w.state == state for w in g.pool)

@@ -293,11 +293,8 @@ class Worker:
             if msg is None or msg.get("token") != job.get("token") or len(fds) != 3:
                 for fd in fds:
                     os.close(fd)
-                print(
-                    f"krex worker {self.args.worker}: refused a connection "
-                    f"({'no job' if msg is None else 'wrong token' if len(fds) == 3 else 'no stdio'})",
-                    file=sys.stderr,
-                )
+                why = "no job" if msg is None else "no stdio" if len(fds) != 3 else "wrong token"
+                print(f"krex worker {self.args.worker}: refused a client ({why})", file=sys.stderr)
                 return None
             inv = Invocation(**msg["invocation"])
             env = {str(k): str(v) for k, v in msg["env"].items()}

@@ -2,8 +2,10 @@
 
 Modes: `exclusive` (one command at a time without krex: today's command-granular baseline, run
 twice so that the second run, `native_repeat`, shows the native noise), `shared` (C at once, no
-protection), `krex` (C at once through `krex run`, timed parts in regions) and `krex-serial`
-(one at a time through krex). The krex modes use a private daemon on a socket of their own.
+protection), `krex` (C at once through `krex run`, timed parts in regions, Python commands in
+warm pool workers where the daemon has a pool), `krex-cold` (the same with the pool off: every
+command its own process) and `krex-serial` (one at a time through krex). The krex modes use a
+private daemon on a socket of their own.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from krex.bench.suite import Command, commands
 from krex.client import ClientError, private_daemon
 from krex.paths import sim_library_dir
 
-MODES = ("exclusive", "shared", "krex", "krex-serial")
+MODES = ("exclusive", "shared", "krex", "krex-cold", "krex-serial")
 COMMAND_TIMEOUT_S = 600.0
 
 
@@ -46,6 +48,7 @@ class Outcome:
     regions: list[RegionTimes]
     output: dict[str, Any]  # the rest of the command's JSON line (setup time, clock, ...)
     region_clocks: list[list[int]]  # per region, [SM MHz at grant, at end], where recorded
+    pool: str | None  # krex modes: "warm" or "cold"
 
 
 def parse_modes(text: str) -> list[str]:
@@ -132,6 +135,7 @@ def _batch(
     concurrency: int,
     env: dict[str, str],
     krex_socket: Path | None,
+    no_pool: bool,
     tmp: Path,
     progress: Progress,
     label: str,
@@ -155,6 +159,7 @@ def _batch(
                         "krex.cli",
                         "run",
                         *(["--sim"] if cmd.simulated else []),
+                        *(["--no-pool"] if no_pool else []),
                         "--socket",
                         str(krex_socket),
                         "--report",
@@ -185,9 +190,10 @@ def _batch(
                         f"{p.returncode}:\n{err[-1500:]}"
                     )
                 line = json.loads(out.strip().splitlines()[-1])
-                regions, clocks = [], []
+                regions, clocks, pool = [], [], None
                 if krex_socket is not None:
                     report_doc = json.loads(report.read_text())
+                    pool = report_doc.get("pool")
                     clocks = [
                         r["sm_clock_mhz"] for r in report_doc["regions"] if "sm_clock_mhz" in r
                     ]
@@ -202,7 +208,9 @@ def _batch(
                         for r in report_doc["regions"]
                     ]
                 rest = {k: v for k, v in line.items() if k not in ("task", "variant", "median_ms")}
-                results[i] = Outcome(cmds[i], float(line["median_ms"]), wall, regions, rest, clocks)
+                results[i] = Outcome(
+                    cmds[i], float(line["median_ms"]), wall, regions, rest, clocks, pool
+                )
                 progress.advance(task)
     finally:
         for p, _, _ in running.values():
@@ -260,12 +268,17 @@ def run(
             for name, c, through_krex in plan:
                 env = _plain_env(sim_shm)
                 if through_krex:
-                    with private_daemon(tmp / name, sim=simulated, slots=max(c, 1)) as sock:
+                    # krex: the daemon's default pool (as many warm workers as slots on a real
+                    # GPU); krex-cold: none, and every command its own process.
+                    cold = name == "krex-cold"
+                    with private_daemon(
+                        tmp / name, sim=simulated, slots=max(c, 1), pool=0 if cold else None
+                    ) as sock:
                         wall, outcomes = _batch(
-                            cmds, c, dict(os.environ), sock, tmp, progress, name
+                            cmds, c, dict(os.environ), sock, cold, tmp, progress, name
                         )
                 else:
-                    wall, outcomes = _batch(cmds, c, env, None, tmp, progress, name)
+                    wall, outcomes = _batch(cmds, c, env, None, False, tmp, progress, name)
                 runs[name] = _mode_run(name, wall, outcomes)
                 records += [
                     {
@@ -277,6 +290,7 @@ def run(
                         "region_s": sum(r.duration_s for r in o.regions),
                         "regions": len(o.regions),
                         "output": o.output,
+                        **({"pool": o.pool} if o.pool else {}),
                         **({"region_sm_clock_mhz": o.region_clocks} if o.region_clocks else {}),
                     }
                     for o in outcomes

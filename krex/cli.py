@@ -58,7 +58,15 @@ def bench() -> None:
     metavar="NAMES",
     help="Comma-separated tasks of the profile to run (default: all of them).",
 )
-def bench_run(modes: str, concurrency: int, out_dir: Path, profile: str, tasks: str | None) -> None:
+@click.option(
+    "--pool",
+    type=click.IntRange(0, 256),
+    help="Warm workers per GPU in the krex mode (default: the daemon's: slots on a real GPU, "
+    "none on the simulated one). krex-cold never has any.",
+)
+def bench_run(
+    modes: str, concurrency: int, out_dir: Path, profile: str, tasks: str | None, pool: int | None
+) -> None:
     """Run the suite in each mode and report throughput and fidelity side by side."""
     from krex.bench import runner
     from krex.bench.suite import SuiteError
@@ -67,7 +75,7 @@ def bench_run(modes: str, concurrency: int, out_dir: Path, profile: str, tasks: 
     try:
         chosen = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
         results = runner.run(
-            runner.parse_modes(modes), concurrency, out_dir, profile, command, chosen
+            runner.parse_modes(modes), concurrency, out_dir, profile, command, chosen, pool
         )
     except (runner.BenchError, SuiteError) as e:
         click.echo(f"krex bench: {e}", err=True)

@@ -386,18 +386,30 @@ class Worker:
         """Undo what the last command changed; returns why the worker must retire, or None."""
         b = self.baseline
         why: str | None = None
-        new = set(sys.modules) - b.modules
+        # New modules go, except the standard library's (kept, as if preloaded) and new
+        # submodules of packages loaded before the command (their parents refer to them).
+        # krex's own do go: they hold per-process state (krex.markers reads the tenant once).
+        keep = b.packages | set(sys.stdlib_module_names)
+        drop = [
+            n
+            for n in set(sys.modules) - b.modules
+            if n.split(".")[0] not in keep or (n.startswith("krex.") and n != "krex.worker")
+        ]
         native = sorted(
             n
-            for n in new
-            if n.split(".")[0] not in b.packages
-            and str(getattr(sys.modules[n], "__file__", "") or "").endswith(_NATIVE_SUFFIXES)
+            for n in drop
+            if str(getattr(sys.modules[n], "__file__", "") or "").endswith(_NATIVE_SUFFIXES)
         )
         if native:
             why = f"the command imported native code ({native[0]}), which cannot be unloaded"
-        for name in new:
-            if name.split(".")[0] not in b.packages:
-                del sys.modules[name]
+        for name in drop:
+            module = sys.modules.pop(name)
+            parent, _, attr = name.rpartition(".")
+            if parent in sys.modules and getattr(sys.modules[parent], attr, None) is module:
+                delattr(sys.modules[parent], attr)  # the next import binds the fresh one
+        krex_package = sys.modules["krex"]
+        for attr in krex_package._MARKERS:  # re-exported from krex.markers on first use
+            krex_package.__dict__.pop(attr, None)
         os.chdir(b.cwd)
         os.environ.clear()
         os.environ.update(b.environ)

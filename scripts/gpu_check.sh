@@ -22,6 +22,7 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
     -L/usr/local/nvidia/lib64 -L/usr/lib/x86_64-linux-gnu || exit 1
 # PARTS picks sections: shim overhead controller mps demo (the default: all of these), and the
 # longer ones asked for by name: suite (every candidate of the real-GPU suite checked and timed),
+# pool (scripts/bench/pool_check.py: the warm pool against cold commands),
 # bench (krex bench run: BENCH_PROFILE, default quick; BENCH_CONCURRENCY, default 8;
 # BENCH_TASKS, default all; BENCH_MODES, default exclusive,shared,krex).
 PARTS=${PARTS:-"shim overhead controller mps demo"}
@@ -50,6 +51,10 @@ fi
 if [[ " $PARTS " == *" suite "* ]]; then
     echo "== the real-GPU bench suite: every candidate checked and timed"
     python3 scripts/bench/suite_check.py --json "$OUT/suite_check.json" || rc=1
+fi
+if [[ " $PARTS " == *" pool "* ]]; then
+    echo "== the warm pool: a typical command cold vs warm; 32 commands at 8 slots"
+    python3 scripts/bench/pool_check.py --json "$OUT/pool_check.json" || rc=1
 fi
 if [[ " $PARTS " == *" bench "* ]]; then
     args=(--profile "${BENCH_PROFILE:-quick}" --concurrency "${BENCH_CONCURRENCY:-8}"

@@ -92,3 +92,21 @@ def test_bad_arguments_are_one_clear_error(tmp_path: Path) -> None:
             timeout=60,
         )
         assert p.returncode == 2 and words in p.stderr, p.stderr
+
+
+def test_pool_on_and_off_side_by_side(tmp_path: Path) -> None:
+    """--modes ...,krex,krex-cold with a simulated pool: krex's commands run warm, krex-cold's
+    cold, and both measure like exclusive."""
+    out = tmp_path / "b"
+    p = subprocess.run(
+        [*KREX, "bench", "run", "--modes", "exclusive,krex,krex-cold", "--concurrency", "4",
+         "--pool", "4", "--profile", "tiny", "--tasks", "softmax,matmul", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads((out / "results.json").read_text())
+    pools = {(c["mode"], c.get("pool")) for c in r["commands"]}
+    assert {m for m, pool in pools if pool == "warm"} == {"krex"}, pools
+    assert ("krex-cold", "cold") in pools and ("krex", "cold") not in pools
+    for mode in ("krex", "krex-cold"):
+        assert r["inflation_p95"][mode][">0.1ms"] <= 0.02, r["inflation_p95"]

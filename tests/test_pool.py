@@ -128,6 +128,25 @@ def test_each_command_sees_a_fresh_interpreter(pool: Daemon, tmp_path: Path) -> 
         assert o["path0"] == str(tmp_path)
 
 
+def test_regions_of_consecutive_commands_in_one_worker(pool: Daemon, tmp_path: Path) -> None:
+    """Each command's regions are its own tenant's (krex.markers reads the tenant once per
+    process: a worker runs many)."""
+    script = """
+        import os, krex
+        with krex.region():
+            pass
+        print(os.getpid(), os.environ["KREX_TENANT"], krex.last_region()["clean"])
+    """
+    outs = []
+    for _ in range(3):
+        r = krun(pool, tmp_path, script)
+        assert r.rc == 0 and r.report["pool"] == "warm", r.err
+        assert len(r.report["regions"]) == 1, r.report
+        outs.append(r.out.split())
+    assert len({o[0] for o in outs}) == 1 and len({o[1] for o in outs}) == 3
+    assert all(o[2] == "True" for o in outs)
+
+
 def test_exit_status_and_traceback_are_the_commands(pool: Daemon, tmp_path: Path) -> None:
     r = krun(pool, tmp_path, "import sys\nsys.exit(3)\n")
     assert (r.rc, r.report["pool"], r.report["exit_code"]) == (3, "warm", 3)

@@ -243,6 +243,7 @@ def run(
     profile: str,
     command: str,
     tasks: Sequence[str] | None = None,
+    pool: int | None = None,
 ) -> dict[str, Any]:
     """Run the suite (only `tasks` when given) in every mode, write DIR/results.json and the
     report; return the results."""
@@ -272,7 +273,7 @@ def run(
                     # GPU); krex-cold: none, and every command its own process.
                     cold = name == "krex-cold"
                     with private_daemon(
-                        tmp / name, sim=simulated, slots=max(c, 1), pool=0 if cold else None
+                        tmp / name, sim=simulated, slots=max(c, 1), pool=0 if cold else pool
                     ) as sock:
                         wall, outcomes = _batch(
                             cmds, c, dict(os.environ), sock, cold, tmp, progress, name
@@ -314,6 +315,7 @@ def run(
     results["simulated"] = simulated
     results["profile"] = profile
     results["tasks"] = sorted({c.task for c in cmds})
+    results["pool"] = pool
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     render_report(results, out_dir)
     return results

@@ -118,6 +118,10 @@ def main() -> int:
                     flush=True,
                 )
             doc["pool_after"] = status(False, str(sock))["gpus"][0]["pool"]
+        # The daemon's log says why workers retired: keep it beside the results.
+        log = tmp / "d" / "daemon.log"
+        if log.exists():
+            Path(args.json).with_suffix(".daemon.log").write_text(log.read_text())
     Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
     t, q = doc["typical"], doc["throughput"]
     print(

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_controller import KREX, Daemon
+from test_controller import HOLDER, KREX, Counter, Daemon, krex_run
 
 from krex.pool import plan
 
@@ -381,5 +381,32 @@ def test_warm_latency_does_not_grow_with_concurrency(tmp_path: Path) -> None:
         # Warm commands create none: what they wait for is this 2-core machine, not the lock.
         assert warm16 < cold16 - 0.5
         assert warm16 < warm1 + 0.5 * (cold16 - cold1)
+    finally:
+        d.stop()
+
+
+def test_a_warm_sibling_makes_no_progress_while_a_warm_region_is_held(tmp_path: Path) -> None:
+    """Workers follow the region protocol like any tenant: the owner's worker holds the GPU,
+    the sibling's worker (in the sibling's cgroup) is frozen for the region's life."""
+    d = Daemon(tmp_path / "krex.sock", "--pool", "2")
+    d.start()
+    try:
+        wait_idle(d, 2)
+        sib = Counter(d)
+        try:
+            holder = krex_run(d, sys.executable, "-c", HOLDER, "1.0", stdout=subprocess.PIPE)
+            assert holder.stdout is not None
+            assert holder.stdout.readline().startswith("in region")
+            time.sleep(0.1)
+            frozen_at = sib.value()
+            time.sleep(0.6)
+            assert sib.value() == frozen_at, "the sibling ran during the region"
+            assert holder.stdout.readline().strip() == "out"
+            sib.wait_moving(within_s=2.0)
+            assert holder.wait(timeout=30) == 0
+            st = d.status()
+            assert st is not None and st["gpus"][0]["pool"]["warm_runs"] == 2, st
+        finally:
+            sib.stop()
     finally:
         d.stop()

@@ -20,6 +20,8 @@ import os
 import secrets
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -172,6 +174,7 @@ class Daemon:
         self.next_tenant = 1
         self.accounted: set[tuple[int, int]] = set()
         self.seg = self._segment(n)
+        self.seg_inode = _inode(self.seg.name)
         self.mps_dir: Path | None = None
         self.nvml = None if cfg.sim else Nvml.open()
         self._server: asyncio.AbstractServer | None = None
@@ -300,18 +303,21 @@ class Daemon:
 
     # Connections.
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        tenant: Tenant | None = None
         try:
+            peer = _peer(writer)
+            if peer.uid not in (os.getuid(), 0):
+                # The socket is 0600 already; this also holds if its mode is ever loosened.
+                raise ProtocolError(f"user {peer.uid} may not use this daemon")
             first = await self._read(reader)
             if first is None:
                 return
             op = first.get("op")
             if op == "admit":
-                tenant = await self._admit(first, reader, writer)
+                await self._admit(first, reader, writer, peer)
             elif op == "region_begin":
-                await self._region_conn(first, reader, writer)
+                await self._region_conn(first, reader, writer, peer)
             elif op == "worker_ready":
-                await self._worker_conn(first, reader, writer)
+                await self._worker_conn(first, reader, writer, peer)
             elif op == "hello":
                 await self._send(writer, {"ok": True, "version": __version__, "pid": os.getpid()})
             elif op == "status":
@@ -323,9 +329,11 @@ class Daemon:
                 await self._send(writer, {"ok": False, "error": str(e)})
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except Exception:  # a bug, not the client's fault: log it, answer, keep serving
+            log.exception("request failed")
+            with contextlib.suppress(ConnectionError, OSError):
+                await self._send(writer, {"ok": False, "error": "internal error (see the log)"})
         finally:
-            if tenant is not None:
-                self._release(tenant)
             with contextlib.suppress(ConnectionError, OSError):
                 writer.close()
 
@@ -361,8 +369,12 @@ class Daemon:
         return min(self.gpus, key=lambda g: (len(g.tenants) + len(g.admission), g.index))
 
     async def _admit(
-        self, msg: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> Tenant:
+        self,
+        msg: dict[str, Any],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        peer: Peer,
+    ) -> None:
         argv = msg.get("argv")
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
             raise ProtocolError("argv must be a non-empty list of strings")
@@ -377,6 +389,13 @@ class Daemon:
         auto = msg.get("auto_regions")
         if auto is not None and not isinstance(auto, str):
             raise ProtocolError("auto_regions must be a string")
+        if not self._segment_linked():
+            # Running tenants keep their mapping and carry on; a new one would find no segment
+            # and run ungated, so none is let in.
+            raise ProtocolError(
+                f"the shared segment {self.seg.name} was removed under the daemon: running "
+                "commands finish, new ones cannot be gated; restart the daemon"
+            )
         g = self._pick_gpu(msg.get("gpu"))
         if len(g.tenants) >= g.slots:
             ticket: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -416,9 +435,11 @@ class Daemon:
                 "python": sys.executable,
                 "env": {k: v for k, v in os.environ.items() if preinit(k)},
             }
-        await self._send(writer, reply)
-        await self._tenant_conn(t, reader, writer)
-        return t
+        try:
+            await self._send(writer, reply)
+            await self._tenant_conn(t, reader, writer, peer)
+        finally:
+            self._release(t)
 
     async def _until(self, fut: asyncio.Future[Any], reader: asyncio.StreamReader) -> None:
         """Wait for fut, but give up when the client goes away (EOF). The client says nothing
@@ -469,7 +490,7 @@ class Daemon:
         return env
 
     async def _tenant_conn(
-        self, t: Tenant, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, t: Tenant, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: Peer
     ) -> None:
         while True:
             msg = await self._read(reader)
@@ -480,6 +501,10 @@ class Daemon:
                 pid = msg.get("pid")
                 if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
                     raise ProtocolError("pid must be a positive integer")
+                if t.pids or _parent(pid) != peer.pid:
+                    # Only the command `krex run` itself forked, once: never someone else's
+                    # process into a group that will be frozen.
+                    raise ProtocolError(f"process {pid} is not this client's command")
                 await self._started(t, pid)
                 await self._send(writer, {"ok": True, "freezer": self.freezer.value})
             elif op == "lease":
@@ -571,12 +596,19 @@ class Daemon:
 
     # Regions.
     async def _region_conn(
-        self, msg: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        msg: dict[str, Any],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        peer: Peer,
     ) -> None:
         tid = msg.get("tenant")
-        t = self.tenants.get(tid) if isinstance(tid, int) else None
+        t = self.tenants.get(tid) if isinstance(tid, int) and not isinstance(tid, bool) else None
         if t is None:
             raise ProtocolError(f"tenant {tid!r} is not admitted here")
+        if peer.pid not in await asyncio.get_running_loop().run_in_executor(None, t.group.pids):
+            # A region freezes the tenant's siblings: only the tenant's own processes ask.
+            raise ProtocolError(f"process {peer.pid} is not one of tenant {t.id}'s")
         g = self.gpus[t.gpu]
         loop = asyncio.get_running_loop()
         req = RegionRequest(
@@ -866,10 +898,22 @@ class Daemon:
         self._worker_gone(g, w, rc)
 
     async def _worker_conn(
-        self, msg: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        msg: dict[str, Any],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        peer: Peer,
     ) -> None:
-        w = self.workers.get(msg.get("worker"))  # type: ignore[arg-type]
-        if w is None or not secrets.compare_digest(str(msg.get("secret", "")), w.secret):
+        wid = msg.get("worker")
+        w = self.workers.get(wid) if isinstance(wid, int) and not isinstance(wid, bool) else None
+        secret = msg.get("secret")
+        if (
+            w is None
+            or not isinstance(secret, str)
+            or not secrets.compare_digest(secret.encode(), w.secret.encode())
+            or peer.pid != w.proc.pid
+            or w.writer is not None
+        ):
             raise ProtocolError("unknown worker")
         g = self.gpus[w.gpu]
         slots = [s for s in self.seg.slots_of(w.proc.pid) if s.alive]
@@ -999,6 +1043,9 @@ class Daemon:
                 with contextlib.suppress(TenantsError):
                     g.pool_tenant.group.destroy()
 
+    def _segment_linked(self) -> bool:
+        return self.seg_inode is not None and _inode(self.seg.name) == self.seg_inode
+
     # Status.
     def status(self) -> dict[str, Any]:
         now = time.monotonic()
@@ -1007,6 +1054,7 @@ class Daemon:
             "pid": os.getpid(),
             "socket": str(self.socket),
             "segment": self.seg.name,
+            "segment_linked": self._segment_linked(),
             "sim": self.cfg.sim,
             "freezer": self.freezer.value,
             "mps": self.mps_dir is not None,
@@ -1051,6 +1099,38 @@ class Daemon:
                 for g in self.gpus
             ],
         }
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Who is on the other end of a connection (SO_PEERCRED, at connect time)."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+def _inode(shm_name: str) -> int | None:
+    """The inode behind a POSIX shared-memory name (None when the name is gone)."""
+    try:
+        return os.stat(Path("/dev/shm", shm_name.lstrip("/"))).st_ino
+    except OSError:
+        return None
+
+
+def _peer(writer: asyncio.StreamWriter) -> Peer:
+    sock = writer.get_extra_info("socket")
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return Peer(*struct.unpack("3i", creds))
+
+
+def _parent(pid: int) -> int | None:
+    """The parent of process pid (None if it does not exist)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 def _signal_worker(w: Worker, sig: int) -> None:

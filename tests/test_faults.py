@@ -1,0 +1,202 @@
+"""Faults on the simulated GPU: nothing lost, nothing hangs, every region ends and says whether
+it was clean. (Owner SIGKILL in a region, revocation at the time-out and a daemon SIGKILL inside
+a region are in test_controller.py.)"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_controller import HOLDER, Daemon, krex_run, run_argv
+
+# A sibling that leaves a long kernel on the simulated GPU and then waits: its drain thread
+# cannot finish the drain until the kernel does.
+LONG_KERNEL = textwrap.dedent("""
+    import sys, time
+    from krex.simgpu import SimGPU
+    g = SimGPU()
+    g.launch(int(float(sys.argv[1]) * 1e9))
+    print("launched", flush=True)
+    time.sleep(120)
+""")
+
+
+@pytest.fixture
+def fast_drain(tmp_path: Path) -> Iterator[Daemon]:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text("[timeouts]\ndrain_s = 1.0\nquiesce_s = 1.0\n")
+    d = Daemon(tmp_path / "krex.sock", "--config", str(cfg))
+    d.start()
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def _region(d: Daemon, tmp_path: Path, seconds: str = "0.2") -> tuple[int, dict[str, object]]:
+    report = tmp_path / f"holder-{time.monotonic_ns()}.json"
+    p = krex_run(d, sys.executable, "-c", HOLDER, seconds, report=report,
+                 stdout=subprocess.PIPE)  # fmt: skip
+    rc = p.wait(timeout=60)
+    return rc, json.loads(report.read_text())
+
+
+def test_a_sibling_that_never_drains_makes_the_region_unclean_not_stuck(
+    fast_drain: Daemon, tmp_path: Path
+) -> None:
+    sib = krex_run(fast_drain, sys.executable, "-c", LONG_KERNEL, "1000", stdout=subprocess.PIPE)
+    try:
+        assert sib.stdout is not None and sib.stdout.readline().strip() == "launched"
+        t0 = time.monotonic()
+        rc, report = _region(fast_drain, tmp_path)
+        assert rc == 0 and time.monotonic() - t0 < 10
+        (region,) = report["regions"]  # type: ignore[misc]
+        assert region["clean"] is False and region["drain_s"] >= 1.0, region
+        assert any("drain" in p for p in region["problems"]), region
+    finally:
+        sib.kill()
+        sib.wait(timeout=30)
+    rc, report = _region(fast_drain, tmp_path)
+    assert rc == 0 and report["regions"][0]["clean"] is True  # type: ignore[index]
+
+
+def test_a_sibling_killed_during_the_drain_releases_it_at_once(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.toml"
+    cfg.write_text("[timeouts]\ndrain_s = 30.0\n")
+    d = Daemon(tmp_path / "krex.sock", "--config", str(cfg))
+    d.start()
+    try:
+        sib = krex_run(d, sys.executable, "-c", LONG_KERNEL, "20", stdout=subprocess.PIPE)
+        assert sib.stdout is not None and sib.stdout.readline().strip() == "launched"
+        report = tmp_path / "holder.json"
+        holder = krex_run(d, sys.executable, "-c", HOLDER, "0.1", report=report,
+                          stdout=subprocess.PIPE)  # fmt: skip
+        time.sleep(1.0)  # the region is waiting for the sibling's drain
+        assert holder.poll() is None
+        t_kill = time.monotonic()
+        sib.kill()
+        assert holder.wait(timeout=30) == 0
+        assert time.monotonic() - t_kill < 5, "the drain did not notice the sibling died"
+        (region,) = json.loads(report.read_text())["regions"]
+        assert region["drain_s"] < 10, region
+        sib.wait(timeout=30)
+    finally:
+        d.stop()
+
+
+def test_a_client_killed_while_queued_leaks_no_slot(tmp_path: Path) -> None:
+    d = Daemon(tmp_path / "krex.sock", "--slots", "1")
+    d.start()
+    try:
+        first = krex_run(d, "sh", "-c", "echo ready; sleep 2", stdout=subprocess.PIPE)
+        assert first.stdout is not None and first.stdout.readline().strip() == "ready"
+        queued = krex_run(d, "true")
+        deadline = time.monotonic() + 10
+        while d.status()["gpus"][0]["queue"] != 1:  # type: ignore[index]
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        queued.kill()
+        queued.wait(timeout=30)
+        assert first.wait(timeout=30) == 0
+        t0 = time.monotonic()
+        assert subprocess.run([*run_argv(d), "--", "true"], timeout=30).returncode == 0
+        assert time.monotonic() - t0 < 5
+        g = d.status()["gpus"][0]  # type: ignore[index]
+        assert (g["used"], g["queue"]) == (0, 0), g
+    finally:
+        d.stop()
+
+
+def test_the_segment_removed_under_running_tenants(fast_drain: Daemon, tmp_path: Path) -> None:
+    """Running tenants carry on and their regions still work; a new command gets one clear
+    error instead of running ungated."""
+    sib = krex_run(fast_drain, "sh", "-c", "echo ready; sleep 2; exit 5", stdout=subprocess.PIPE)
+    assert sib.stdout is not None and sib.stdout.readline().strip() == "ready"
+    st = fast_drain.status()
+    assert st is not None
+    Path("/dev/shm", st["segment"].lstrip("/")).unlink()
+    assert fast_drain.status()["segment_linked"] is False  # type: ignore[index]
+    p = subprocess.run([*run_argv(fast_drain), "--", "true"], capture_output=True, text=True,
+                       timeout=30)  # fmt: skip
+    assert p.returncode == 125 and "was removed under the daemon" in p.stderr, p.stderr
+    assert sib.wait(timeout=30) == 5
+
+
+def test_a_full_disk_for_the_report_loses_only_the_report(fast_drain: Daemon) -> None:
+    p = subprocess.run(
+        [*run_argv(fast_drain), "--report", "/dev/full", "--", "sh", "-c", "echo out; exit 3"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert (p.returncode, p.stdout) == (3, "out\n")
+    assert "cannot write the report to /dev/full" in p.stderr
+
+
+@pytest.mark.parametrize("step", ["queued", "running", "draining"])
+def test_daemon_sigkill_at_each_step_then_restart(tmp_path: Path, step: str) -> None:
+    """Kill the daemon at a protocol step, start it again: gates open, nothing frozen, running
+    commands finish with their own status, a queued client and a region being set up get a
+    clear error, and the new daemon serves clean regions."""
+    cfg = tmp_path / "config.toml"
+    cfg.write_text("[gpus]\nslots = 2\n[timeouts]\ndrain_s = 30.0\n")
+    d = Daemon(tmp_path / "krex.sock", "--config", str(cfg))
+    d.start()
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        running = krex_run(d, "sh", "-c", "echo ready; sleep 4; exit 6", stdout=subprocess.PIPE)
+        procs.append(running)
+        assert running.stdout is not None and running.stdout.readline().strip() == "ready"
+        waiting = None
+        if step == "queued":
+            procs.append(krex_run(d, "sleep", "6"))
+            deadline = time.monotonic() + 10
+            while d.status()["gpus"][0]["used"] != 2:  # type: ignore[index]
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            waiting = subprocess.Popen([*run_argv(d), "--", "true"], stderr=subprocess.PIPE,
+                                       text=True)  # fmt: skip
+            deadline = time.monotonic() + 10
+            while (g := d.status()["gpus"][0])["queue"] != 1:  # type: ignore[index]
+                assert time.monotonic() < deadline, g
+                time.sleep(0.02)
+        elif step == "draining":
+            sib = krex_run(d, sys.executable, "-c", LONG_KERNEL, "20", stdout=subprocess.PIPE)
+            procs.append(sib)
+            assert sib.stdout is not None and sib.stdout.readline().strip() == "launched"
+            running.kill()  # its slot goes to the region's owner
+            running.wait(timeout=30)
+            waiting = krex_run(d, sys.executable, "-c", HOLDER, "0.1", stderr=subprocess.PIPE)
+            time.sleep(1.0)  # the region waits for the sibling's drain
+            assert waiting.poll() is None
+        assert d.proc is not None
+        d.proc.send_signal(signal.SIGKILL)
+        d.proc.wait(timeout=30)
+        d.start()
+        if step != "draining":
+            assert running.wait(timeout=30) == 6, "a running command carries on"
+        if waiting is not None:
+            rc = waiting.wait(timeout=60)
+            err = waiting.stderr.read() if waiting.stderr is not None else ""
+            assert rc != 0 and "daemon" in err, (rc, err)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+        g = d.status()["gpus"][0]  # type: ignore[index]
+        assert g["region"] is None
+        for path in Path("/sys/fs/cgroup").glob("**/freezer.state"):
+            if "krex" in str(path):
+                assert path.read_text().strip() == "THAWED", path
+        rc, report = _region(d, tmp_path)
+        assert rc == 0 and report["regions"][0]["clean"] is True  # type: ignore[index]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        d.stop()

@@ -1,0 +1,176 @@
+"""Hostile input on the daemon's socket: malformed, truncated, oversized, wrong types, unknown
+versions and ops all get one error reply (or a clean close), the daemon stays up, and a tenant
+running beside the fuzzing sees nothing: its command finishes with its own status and its
+region is clean."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_controller import HOLDER, Daemon, krex_run
+
+OPS = ["hello", "status", "admit", "started", "lease", "finished", "region_begin",
+       "region_end", "worker_ready", "done"]  # fmt: skip
+FIELDS = ["argv", "gpu", "sim", "auto_regions", "region_timeout_s", "tenant", "pid", "worker",
+          "secret", "exit_code", "worker_lost"]  # fmt: skip
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=40),
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5)
+    ),
+    max_leaves=20,
+)
+messages = st.fixed_dictionaries(
+    {"v": st.one_of(st.just(1), json_values), "op": st.one_of(st.sampled_from(OPS), json_values)},
+    optional={f: json_values for f in FIELDS},
+)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = Daemon(tmp_path_factory.mktemp("fuzz") / "krex.sock", "--slots", "4")
+    d.start()
+    try:
+        yield d
+    finally:
+        d.stop()
+        assert d.proc is not None and d.proc.returncode == 0, d.log.read_text()[-3000:]
+
+
+def exchange(d: Daemon, lines: list[bytes], close_write: bool = True) -> list[dict[str, Any]]:
+    """Send raw lines, then read every reply line until the daemon closes (or 5 s pass)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(str(d.socket))
+    try:
+        try:
+            for line in lines:
+                s.sendall(line)
+            if close_write:
+                s.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon answered an earlier line with an error and closed
+        data = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except TimeoutError:
+                raise AssertionError(f"no reply and no close within 5 s to {lines[:2]!r}") from None
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        s.close()
+    replies = [json.loads(line) for line in data.splitlines()]
+    for r in replies:
+        assert isinstance(r, dict) and isinstance(r.get("ok"), bool), r
+        if not r["ok"]:
+            assert isinstance(r.get("error"), str) and r["error"], r
+    return replies
+
+
+def assert_healthy(d: Daemon) -> None:
+    assert d.proc is not None and d.proc.poll() is None, d.log.read_text()[-3000:]
+    assert exchange(d, [b'{"v":1,"op":"hello"}\n'])[0]["ok"] is True
+    st_ = d.status()
+    assert st_ is not None
+    g = st_["gpus"][0]
+    assert (g["used"], g["queue"], g["region"]) == (0, 0, None), g
+    assert "internal error" not in d.log.read_text(), d.log.read_text()[-3000:]
+
+
+@settings(
+    max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(msgs=st.lists(messages, min_size=1, max_size=4))
+def test_structured_garbage_gets_errors_and_leaks_nothing(
+    daemon: Daemon, msgs: list[dict[str, Any]]
+) -> None:
+    exchange(daemon, [json.dumps(m).encode() + b"\n" for m in msgs])
+    assert_healthy(daemon)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(raw=st.binary(max_size=300))
+def test_raw_bytes_get_errors(daemon: Daemon, raw: bytes) -> None:
+    exchange(daemon, [raw + b"\n", raw])
+    assert_healthy(daemon)
+
+
+def test_oversized_truncated_and_unknown(daemon: Daemon) -> None:
+    big = exchange(daemon, [b'{"v":1,"op":"hello","x":"' + b"a" * 200_000 + b'"}\n'])
+    assert big and not big[0]["ok"] and "longer than" in big[0]["error"]
+    assert exchange(daemon, [b'{"v":1,"op":"hel']) == [] or True  # truncated: a clean close
+    v2 = exchange(daemon, [b'{"v":2,"op":"hello"}\n'])
+    assert not v2[0]["ok"] and "version" in v2[0]["error"]
+    unknown = exchange(daemon, [b'{"v":1,"op":"format_disk"}\n'])
+    assert not unknown[0]["ok"] and "unknown op" in unknown[0]["error"]
+    assert_healthy(daemon)
+
+
+def test_nobody_can_freeze_a_process_that_is_not_their_command(daemon: Daemon) -> None:
+    """`started` names only the client's own child; regions come only from the tenant's own
+    processes; a worker is recognised by its secret and pid."""
+    # Not a child of ours (the client here): a child of a shell we start.
+    shell = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE)
+    assert shell.stdout is not None
+    victim = int(shell.stdout.readline())
+    try:
+        admit = {"v": 1, "op": "admit", "argv": ["x"], "sim": True}
+        replies = exchange(
+            daemon,
+            [json.dumps(admit).encode() + b"\n",
+             json.dumps({"v": 1, "op": "started", "pid": victim}).encode() + b"\n"],
+        )  # fmt: skip
+        assert replies[0]["ok"] and not replies[1]["ok"], replies
+        assert "not this client's command" in replies[1]["error"]
+        for path in Path("/sys/fs/cgroup").glob("**/cgroup.procs"):
+            if "krex" in str(path):
+                assert str(victim) not in path.read_text().split(), path
+        forged = exchange(
+            daemon, [b'{"v":1,"op":"worker_ready","worker":1,"secret":"x","pid":1}\n']
+        )
+        assert not forged[0]["ok"] and forged[0]["error"] == "unknown worker"
+    finally:
+        os.kill(victim, 9)
+        shell.wait(timeout=30)
+    assert_healthy(daemon)
+
+
+def test_a_tenant_beside_the_fuzzing_sees_nothing(daemon: Daemon, tmp_path: Path) -> None:
+    report = tmp_path / "r.json"
+    holder = krex_run(daemon, sys.executable, "-c", HOLDER, "1.0", report=report,
+                      stdout=subprocess.PIPE)  # fmt: skip
+    assert holder.stdout is not None
+    assert holder.stdout.readline().startswith("in region")
+    tenant = daemon.status()["gpus"][0]["region"]["tenant"]  # type: ignore[index]
+    # Someone else asks for a region as that tenant, and sends garbage meanwhile.
+    stolen = exchange(daemon, [json.dumps({"v": 1, "op": "region_begin", "tenant": tenant,
+                                           "pid": os.getpid()}).encode() + b"\n"])  # fmt: skip
+    assert not stolen[0]["ok"] and "is not one of tenant" in stolen[0]["error"]
+    for junk in (b"\x00\xff\n", b"[]\n", b'{"v":1}\n', b'{"v":1,"op":"admit","argv":[1]}\n'):
+        assert not exchange(daemon, [junk])[0]["ok"]
+    assert holder.stdout.readline().strip() == "out"
+    assert holder.wait(timeout=30) == 0
+    r = json.loads(report.read_text())
+    assert [reg["clean"] for reg in r["regions"]] == [True]
+    assert_healthy(daemon)

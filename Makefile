@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.krex-installed
 BUILD_INPUTS := pyproject.toml setup.py krex/_native_build.py $(shell find shim -type f 2>/dev/null)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv build test lint fix demo gpu-check gpu-bench bench-overhead clean
+.PHONY: help venv build test lint fix demo gpu-check gpu-bench bench-overhead stress clean
 
 help:
 	@echo "make targets:"
@@ -24,6 +24,7 @@ help:
 	@echo "  gpu-check  run scripts/gpu_check.sh (needs a real GPU)"
 	@echo "  gpu-bench  krex bench run --profile quick on a real GPU (scripts/gpu_check.sh, PARTS=bench)"
 	@echo "  bench-overhead  ns the shim adds per intercepted call (against a null driver)"
+	@echo "  stress     soak (32 tenants, 1,000 regions, random kills) and load (64 clients, 10,000 regions)"
 	@echo "  clean      remove .venv, build outputs and caches"
 
 $(BIN)/python:
@@ -62,6 +63,10 @@ gpu-check:
 
 gpu-bench:
 	PARTS=bench bash scripts/gpu_check.sh
+
+stress: venv
+	$(BIN)/python scripts/stress.py soak --tenants 32 --regions 1000 --json docs/results/dev-machine/soak.json
+	$(BIN)/python scripts/stress.py load --clients 64 --slots 8 --regions 10000 --json docs/results/dev-machine/load.json
 
 bench-overhead: venv
 	$(BIN)/python scripts/bench/shim_overhead.py

@@ -259,6 +259,8 @@ def status(as_json: bool, sim: bool, socket_path: str | None) -> None:
             f"{held}, {g['region_queue']} waiting for a region; cores region "
             f"{g['region_cores']} shared {g['shared_cores']}"
         )
+        if g.get("foreign"):
+            click.echo(f"  foreign GPU processes (not under krex): {g['foreign']}")
         pool = g.get("pool") or {}
         if pool.get("workers") or pool.get("warm_runs"):
             click.echo(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import fcntl
 import functools
 import importlib.util
@@ -697,6 +698,10 @@ class Daemon:
                 problems += await loop.run_in_executor(None, self._unlock_sim, siblings)
             t2 = time.monotonic()
             await loop.run_in_executor(None, t.group.pin, set(g.slice.region_cores))
+            foreign = await loop.run_in_executor(None, self._foreign, g)
+            if foreign:
+                # Not gated, not drained, not frozen: the region cannot vouch for the GPU.
+                problems.append(f"foreign GPU process(es) {sorted(foreign)} present")
         except Exception as e:
             log.exception("opening a region for tenant %d failed", t.id)
             self.seg.gate_open(g.index)
@@ -1043,6 +1048,21 @@ class Daemon:
                 with contextlib.suppress(TenantsError):
                     g.pool_tenant.group.destroy()
 
+    def _foreign(self, g: Gpu) -> set[int]:
+        """Processes using GPU g that krex does not manage (seen through NVML, or through the
+        simulated node); only those visible in our pid namespace."""
+        if self.cfg.sim:
+            users = _sim_users(self.seg.name + "-sim", g.index)
+        else:
+            users = self.nvml.processes(g.index) if self.nvml is not None else None
+        if not users:
+            return set()
+        ours = {os.getpid(), *(w.proc.pid for w in g.pool)}
+        for t in [*g.tenants, *([g.pool_tenant] if g.pool_tenant else [])]:
+            with contextlib.suppress(TenantsError):
+                ours.update(t.group.pids())
+        return {p for p in users - ours if Path(f"/proc/{p}").exists()}
+
     def _segment_linked(self) -> bool:
         return self.seg_inode is not None and _inode(self.seg.name) == self.seg_inode
 
@@ -1065,6 +1085,7 @@ class Daemon:
                     "used": len(g.tenants),
                     "queue": len(g.admission),
                     "region_queue": len(g.requests),
+                    "foreign": sorted(self._foreign(g)),
                     "pool": {
                         "target": self.cfg.workers_per_gpu() if g.pool_tenant else 0,
                         "workers": len(g.pool),
@@ -1108,6 +1129,28 @@ class Peer:
     pid: int
     uid: int
     gid: int
+
+
+_SIM_LIB: Any = None
+
+
+def _sim_users(sim_shm: str, gpu: int) -> set[int] | None:
+    """Processes holding streams on a simulated GPU (krexsim_users in the simulated driver)."""
+    global _SIM_LIB
+    try:
+        if _SIM_LIB is None:
+            _SIM_LIB = ctypes.CDLL(str(sim_library_dir() / "libcuda.so.1"))
+            _SIM_LIB.krexsim_users.argtypes = [
+                ctypes.c_char_p,
+                ctypes.c_uint,
+                ctypes.POINTER(ctypes.c_int),
+                ctypes.c_int,
+            ]
+        pids = (ctypes.c_int * 256)()
+        n = int(_SIM_LIB.krexsim_users(sim_shm.encode(), gpu, pids, 256))
+    except OSError:
+        return None
+    return set(pids[:n]) if n >= 0 else None
 
 
 def _inode(shm_name: str) -> int | None:

@@ -42,6 +42,15 @@ class Nvml:
             return None
         return {"sm_clock_mhz": clock, "throttle_reasons": reasons}
 
+    def processes(self, gpu: int) -> set[int] | None:
+        """Pids of the compute processes on GPU `gpu` (an NVML index), or None."""
+        lib = self._lib
+        try:
+            h = lib.nvmlDeviceGetHandleByIndex(gpu)
+            return {int(p.pid) for p in lib.nvmlDeviceGetComputeRunningProcesses(h)}
+        except Exception:
+            return None
+
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._lib.nvmlShutdown()

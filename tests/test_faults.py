@@ -5,6 +5,7 @@ a region are in test_controller.py.)"""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_controller import HOLDER, Daemon, krex_run, run_argv
+from test_controller import HOLDER, KREX, Daemon, krex_run, run_argv
 
 # A sibling that leaves a long kernel on the simulated GPU and then waits: its drain thread
 # cannot finish the drain until the kernel does.
@@ -214,3 +215,36 @@ def test_a_short_soak_with_random_kills(tmp_path: Path) -> None:
     doc = json.loads(out.read_text()) if out.exists() else {}
     assert p.returncode == 0 and doc.get("ok"), p.stdout[-3000:] + p.stderr[-3000:]
     assert doc["regions_granted"] >= 150 and doc["killed"] >= 1, doc
+
+
+def test_a_foreign_gpu_process_is_shown_and_makes_regions_unclean(
+    fast_drain: Daemon, tmp_path: Path
+) -> None:
+    """A process on the GPU outside krex (no shim, not admitted) cannot be gated, drained or
+    frozen: `krex status` lists it and a region taken meanwhile says clean = false."""
+    from krex.paths import sim_library_dir
+
+    st = fast_drain.status()
+    assert st is not None
+    env = {**os.environ, "LD_LIBRARY_PATH": str(sim_library_dir()),
+           "KREX_SIM_SHM": st["segment"] + "-sim"}  # fmt: skip
+    for k in [k for k in env if k.startswith("KREX_") and k != "KREX_SIM_SHM"]:
+        del env[k]
+    outsider = subprocess.Popen([sys.executable, "-c", LONG_KERNEL, "0.001"], env=env,
+                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert outsider.stdout is not None and outsider.stdout.readline().strip() == "launched"
+        assert fast_drain.status()["gpus"][0]["foreign"] == [outsider.pid]  # type: ignore[index]
+        shown = subprocess.run([*KREX, "status", "--socket", str(fast_drain.socket)],
+                               capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert f"foreign GPU processes (not under krex): [{outsider.pid}]" in shown.stdout
+        rc, report = _region(fast_drain, tmp_path)
+        (region,) = report["regions"]  # type: ignore[misc]
+        assert rc == 0 and region["clean"] is False
+        assert any("foreign" in p for p in region["problems"]), region
+    finally:
+        outsider.kill()
+        outsider.wait(timeout=30)
+    rc, report = _region(fast_drain, tmp_path)
+    assert report["regions"][0]["clean"] is True  # type: ignore[index]
+    assert fast_drain.status()["gpus"][0]["foreign"] == []  # type: ignore[index]

@@ -44,4 +44,8 @@ struct krexsim_witness {
 /* Work-submitting calls this process has made into the simulated driver (reset by fork). */
 unsigned long long krexsim_submissions(void);
 
+/* Processes holding streams on simulated GPU `gpu` of node `shm_name`: distinct live pids, at
+ * most `max`, into `pids`; returns how many, or -1 if the node cannot be read. */
+int krexsim_users(const char *shm_name, unsigned gpu, int *pids, int max);
+
 #endif /* KREXSIM_H */

@@ -135,5 +135,6 @@ SIM_HIDDEN CUresult sim_cuGetProcAddress_v2(const char *symbol, void **pfn, int 
 
 /* Test hooks. */
 SIM_HIDDEN unsigned long long sim_krexsim_submissions(void);
+SIM_HIDDEN int sim_krexsim_users(const char *shm_name, unsigned gpu, int *pids, int max);
 
 #endif /* KREX_SIM_ENTRIES_H */

@@ -5,6 +5,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -69,3 +70,42 @@ unsigned long long sim_krexsim_submissions(void)
     return __atomic_load_n(&sim_submissions, __ATOMIC_SEQ_CST);
 }
 SIM_EXPORT(krexsim_submissions);
+
+/* The processes that hold streams on simulated GPU `gpu` of the node `shm_name` (distinct
+ * live pids, at most `max` of them into `pids`); -1 if the node cannot be read. For the
+ * controller, which looks for GPU users that are not its tenants. It reads the node without
+ * its lock: a snapshot good enough to find a process that stays. */
+int sim_krexsim_users(const char *shm_name, unsigned gpu, int *pids, int max)
+{
+    int fd = shm_open(shm_name, O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size != sizeof(struct sim_shm)) {
+        close(fd);
+        return -1;
+    }
+    const struct sim_shm *s = mmap(NULL, sizeof *s, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (s == MAP_FAILED)
+        return -1;
+    int n = -1;
+    if (s->magic == SIM_SHM_MAGIC && s->version == SIM_SHM_VERSION) {
+        n = 0;
+        for (unsigned i = 0; i < SIM_MAX_STREAMS && n < max; i++) {
+            int32_t owner = __atomic_load_n(&s->streams[i].owner, __ATOMIC_RELAXED);
+            if (owner <= 0 || s->streams[i].gpu != gpu || s->streams[i].destroyed)
+                continue;
+            if (kill(owner, 0) != 0 && errno != EPERM)
+                continue;
+            int seen = 0;
+            for (int j = 0; j < n; j++)
+                seen |= pids[j] == owner;
+            if (!seen)
+                pids[n++] = owner;
+        }
+    }
+    munmap((void *)s, sizeof *s);
+    return n;
+}
+SIM_EXPORT(krexsim_users);

@@ -92,14 +92,15 @@ def _check_end(node: Node) -> list[str]:
     """What is wrong with the node once every command is over (empty: nothing)."""
     problems = []
     st = node.status()
+    root = st["segment"].lstrip("/")  # this node's cgroups live under it
     for g in st["gpus"]:
         if g["used"] or g["queue"] or g["region"] is not None or g["region_queue"]:
             problems.append(f"GPU {g['gpu']} not idle: {g}")
-    for path in Path("/sys/fs/cgroup").glob("**/freezer.state"):
-        if "krex" in str(path) and path.read_text().strip() != "THAWED":
+    for path in Path("/sys/fs/cgroup").glob(f"**/{root}/**/freezer.state"):
+        if path.read_text().strip() != "THAWED":
             problems.append(f"{path} is {path.read_text().strip()}")
-    for path in Path("/sys/fs/cgroup").glob("**/cgroup.freeze"):
-        if "krex" in str(path) and path.read_text().strip() != "0":
+    for path in Path("/sys/fs/cgroup").glob(f"**/{root}/**/cgroup.freeze"):
+        if path.read_text().strip() != "0":
             problems.append(f"{path} is frozen")
     from krex.shm import Segment
 

@@ -124,6 +124,7 @@ class Gpu:
     admission: deque[asyncio.Future[None]] = field(default_factory=deque)
     requests: deque[RegionRequest] = field(default_factory=deque)
     region: Region | None = None
+    pending: Region | None = None  # the region being set up (busy)
     busy: bool = False  # a region is being set up or torn down
     pool: list[Worker] = field(default_factory=list)
     pool_tenant: Tenant | None = None  # the group idle workers wait in (frozen in regions)
@@ -530,12 +531,17 @@ class Daemon:
         except TenantsError as e:
             raise ProtocolError(f"cannot place process {pid}: {e}") from e
         t.pids.append(pid)
-        region = self.gpus[t.gpu].region
-        if region is not None and region.tenant is not t:
-            # Admitted while another tenant holds the GPU: it starts frozen like its siblings.
-            ok = await loop.run_in_executor(None, t.group.freeze, self.cfg.freeze_s)
+        g = self.gpus[t.gpu]
+        region = g.region or g.pending
+        if region is not None and region.tenant is not t and t not in region.frozen:
+            # Joining while another tenant holds the GPU (or is taking it): it starts frozen
+            # like its siblings. Listed first, so that a region ending meanwhile thaws it.
             region.frozen.append(t)
-            if not ok:
+            ok = await loop.run_in_executor(None, self._freeze, t)
+            if region is not g.region and region is not g.pending:
+                # The region ended while we froze: its thaw may have come before our freeze.
+                await loop.run_in_executor(None, t.group.thaw)
+            elif not ok:
                 region.clean = False
                 region.problems.append(f"tenant {t.id} admitted during the region did not freeze")
 
@@ -551,8 +557,9 @@ class Daemon:
                     req.granted.cancel()
         if g.region is not None and g.region.tenant is t:
             self._finish_region(g, revoked=False, why="tenant finished")
-        if g.region is not None and t in g.region.frozen:
-            g.region.frozen.remove(t)
+        for region in (g.region, g.pending):
+            if region is not None and t in region.frozen:
+                region.frozen.remove(t)
         if t.worker is not None and t.worker.tenant is t:
             # Its worker may still be resetting: back to the pool's group before ours goes.
             self._return_to_pool(t.worker)
@@ -664,10 +671,23 @@ class Daemon:
         """Steps 1-6 of design.md for req's tenant on GPU g."""
         loop = asyncio.get_running_loop()
         t = req.tenant
-        problems: list[str] = []
+        # The region exists (as g.pending) from the start: a tenant that joins while it is set
+        # up is frozen into it by _started, never left running beside it.
+        r = Region(
+            tenant=t,
+            epoch=0,
+            t_request=req.t_request,
+            t_grant=0.0,
+            wait_s=0.0,
+            drain_s=0.0,
+            freeze_s=0.0,
+            clean=True,
+            frozen=[],
+        )
+        g.pending = r
         try:
             hold = Hold(gpu=g.index, owner=t.id)
-            hold.epoch = epoch = self.seg.gate_close(
+            hold.epoch = r.epoch = self.seg.gate_close(
                 g.index, t.id, deadline_s=t.region_timeout_s + GATE_GRACE_S
             )
             await loop.run_in_executor(
@@ -680,30 +700,36 @@ class Daemon:
                     drain_timeout_s=self.cfg.drain_s,
                 ),
             )
-            problems += hold.problems
+            r.problems += hold.problems
             t1 = time.monotonic()
-            siblings = [s for s in g.tenants if s is not t]
+            siblings = [s for s in g.tenants if s is not t and s not in r.frozen]
             if g.pool_tenant is not None and g.pool_tenant.group.pids():
                 siblings.append(g.pool_tenant)  # idle workers: no thread runs in a region
+            # Listed before they are frozen, so that whatever ends the region thaws them.
+            r.frozen += siblings
             # Freeze the siblings in parallel (each waits for its own group to report frozen).
             frozen = await asyncio.gather(
                 *(loop.run_in_executor(None, self._freeze, s) for s in siblings)
             )
-            problems += [
+            r.problems += [
                 f"tenant {s.id} did not freeze"
                 for s, ok in zip(siblings, frozen, strict=True)
                 if not ok
             ]
             if self.cfg.sim:
-                problems += await loop.run_in_executor(None, self._unlock_sim, siblings)
+                r.problems += await loop.run_in_executor(None, self._unlock_sim, list(r.frozen))
             t2 = time.monotonic()
             await loop.run_in_executor(None, t.group.pin, set(g.slice.region_cores))
             foreign = await loop.run_in_executor(None, self._foreign, g)
             if foreign:
                 # Not gated, not drained, not frozen: the region cannot vouch for the GPU.
-                problems.append(f"foreign GPU process(es) {sorted(foreign)} present")
+                r.problems.append(f"foreign GPU process(es) {sorted(foreign)} present")
         except Exception as e:
             log.exception("opening a region for tenant %d failed", t.id)
+            g.pending = None
+            for s in r.frozen:
+                with contextlib.suppress(TenantsError):
+                    s.group.thaw()
             self.seg.gate_open(g.index)
             g.busy = False
             if not req.granted.done():
@@ -711,19 +737,13 @@ class Daemon:
             self._schedule(g)
             return
         now = time.monotonic()
-        r = Region(
-            tenant=t,
-            epoch=epoch,
-            t_request=req.t_request,
-            t_grant=now,
-            wait_s=now - req.t_request,
-            drain_s=hold.quiesce_s + hold.drain_s,
-            freeze_s=t2 - t1,
-            clean=not problems,
-            frozen=siblings,
-            problems=problems,
-            clock_at_grant=self.nvml.sample(g.index) if self.nvml else None,
-        )
+        r.t_grant = now
+        r.wait_s = now - req.t_request
+        r.drain_s = hold.quiesce_s + hold.drain_s
+        r.freeze_s = t2 - t1
+        r.clean = r.clean and not r.problems
+        r.clock_at_grant = self.nvml.sample(g.index) if self.nvml else None
+        g.pending = None
         g.region = r
         g.busy = False
         if req.granted.cancelled() or t.gone:
@@ -731,9 +751,12 @@ class Daemon:
             return
         r.timer = loop.call_later(t.region_timeout_s, self._revoke, g, r)
         req.granted.set_result(self._grant_record(r, req.t_request))
-        if problems:
+        if r.problems:
             log.warning(
-                "region of tenant %d on GPU %d is unclean: %s", t.id, g.index, "; ".join(problems)
+                "region of tenant %d on GPU %d is unclean: %s",
+                t.id,
+                g.index,
+                "; ".join(r.problems),
             )
         self._schedule(g)  # other threads of the owner waiting behind it
 
@@ -985,9 +1008,10 @@ class Daemon:
             g.pool_tenant.group.pin(set(g.slice.shared_cores))
         with contextlib.suppress(KrexError):
             self.seg.set_slot_tenant(w.slot, w.proc.pid, g.pool_tenant.id)
-        if g.region is not None and g.pool_tenant not in g.region.frozen:
-            # The pool was idle when the region began; it holds a worker now.
-            g.region.frozen.append(g.pool_tenant)
+        region = g.region or g.pending
+        if region is not None and g.pool_tenant not in region.frozen:
+            # The pool was empty when the region began; it holds a worker now.
+            region.frozen.append(g.pool_tenant)
             self._freeze(g.pool_tenant)
 
     def _worker_done(self, w: Worker, retire: object) -> None:
@@ -1061,7 +1085,7 @@ class Daemon:
         for t in [*g.tenants, *([g.pool_tenant] if g.pool_tenant else [])]:
             with contextlib.suppress(TenantsError):
                 ours.update(t.group.pids())
-        return {p for p in users - ours if Path(f"/proc/{p}").exists()}
+        return {p for p in users - ours if _running(p)}
 
     def _segment_linked(self) -> bool:
         return self.seg_inode is not None and _inode(self.seg.name) == self.seg_inode
@@ -1151,6 +1175,16 @@ def _sim_users(sim_shm: str, gpu: int) -> set[int] | None:
     except OSError:
         return None
     return set(pids[:n]) if n >= 0 else None
+
+
+def _running(pid: int) -> bool:
+    """Whether process pid exists in our namespace and is not a zombie (a zombie has no GPU
+    context any more)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X", "x")
 
 
 def _inode(shm_name: str) -> int | None:

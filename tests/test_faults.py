@@ -64,8 +64,14 @@ def test_a_sibling_that_never_drains_makes_the_region_unclean_not_stuck(
     finally:
         sib.kill()
         sib.wait(timeout=30)
+    # Its command dies with it (PR_SET_PDEATHSIG), a moment later; until then it is a GPU user
+    # that krex no longer manages, and a region would say so.
+    deadline = time.monotonic() + 10
+    while fast_drain.status()["gpus"][0]["foreign"]:  # type: ignore[index]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     rc, report = _region(fast_drain, tmp_path)
-    assert rc == 0 and report["regions"][0]["clean"] is True  # type: ignore[index]
+    assert rc == 0 and report["regions"][0]["clean"] is True, report["regions"]  # type: ignore[index]
 
 
 def test_a_sibling_killed_during_the_drain_releases_it_at_once(tmp_path: Path) -> None:

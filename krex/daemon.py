@@ -40,7 +40,14 @@ from krex.paths import shim_library, sim_library_dir
 from krex.pool import preinit
 from krex.shm import Segment, SegmentError
 from krex.slices import Slice, SliceError, default_slices, validate_slices
-from krex.tenants import FreezerKind, TenantGroup, TenantsError, detect_freezer, recover
+from krex.tenants import (
+    FreezerKind,
+    TenantGroup,
+    TenantsError,
+    detect_freezer,
+    prune,
+    recover,
+)
 
 log = logging.getLogger("krex.daemon")
 
@@ -598,9 +605,17 @@ class Daemon:
         }
 
     async def _reap_loop(self) -> None:
+        n = 0
         while True:
             await asyncio.sleep(1.0)
             self._account()
+            n += 1
+            if n % 10 == 0:
+                # Groups of tenants that outlived a predecessor daemon, once they are empty.
+                keep = {t.id for t in self.tenants.values()}
+                keep |= {g.pool_tenant.id for g in self.gpus if g.pool_tenant is not None}
+                with contextlib.suppress(TenantsError):
+                    prune(self.root, keep)
 
     # Regions.
     async def _region_conn(

@@ -727,6 +727,28 @@ def _walk(top: str, topdown: bool) -> list[str]:
     return [d for d, _, _ in os.walk(top, topdown=topdown)]
 
 
+def prune(root: str, keep: set[int]) -> int:
+    """Remove the empty groups under `root` of tenants not in `keep` (those left by a
+    predecessor whose tenants have finished since); returns how many went."""
+    _check_root(root)
+    removed = 0
+    candidates = (
+        (V2_MOUNT, "cgroup2", None),
+        (V1_FREEZER, "cgroup", "freezer"),
+        (V1_CPUSET, "cgroup", "cpuset"),
+    )
+    mounts = [m for m, kind, opt in candidates if _is_mount(m, kind, opt)]
+    for mount in mounts:
+        top = os.path.join(mount, root)
+        with contextlib.suppress(OSError):
+            for name in os.listdir(top):
+                if name.startswith("t") and name[1:].isdigit() and int(name[1:]) not in keep:
+                    with contextlib.suppress(OSError):  # EBUSY: still has processes
+                        os.rmdir(os.path.join(top, name))
+                        removed += 1
+    return removed
+
+
 def recover(root: str) -> int:
     """Undo what a crashed controller left under `root`; returns how many cgroups it thawed.
 

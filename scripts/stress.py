@@ -200,7 +200,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def load(args: argparse.Namespace) -> dict[str, Any]:
-    per = max(1, args.regions // args.clients)
+    per = args.regions // args.clients
     with tempfile.TemporaryDirectory(prefix="krex-load-") as tmp_name:
         tmp = Path(tmp_name)
         node = Node(tmp, slots=args.slots)
@@ -215,7 +215,10 @@ def load(args: argparse.Namespace) -> dict[str, Any]:
 
         threading.Thread(target=sample, daemon=True).start()
         t0 = time.monotonic()
-        procs = [node.run(per, 0, tmp / f"r{i}.json") for i in range(args.clients)]
+        extra = args.regions - per * args.clients  # the first few take one more
+        procs = [
+            node.run(per + (i < extra), 0, tmp / f"r{i}.json") for i in range(args.clients)
+        ]
         errors = 0
         for p in procs:
             _, err = p.communicate(timeout=args.timeout_s)

@@ -13,6 +13,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_controller import HOLDER, KREX, Daemon, krex_run, run_argv
@@ -41,7 +42,7 @@ def fast_drain(tmp_path: Path) -> Iterator[Daemon]:
         d.stop()
 
 
-def _region(d: Daemon, tmp_path: Path, seconds: str = "0.2") -> tuple[int, dict[str, object]]:
+def _region(d: Daemon, tmp_path: Path, seconds: str = "0.2") -> tuple[int, dict[str, Any]]:
     report = tmp_path / f"holder-{time.monotonic_ns()}.json"
     p = krex_run(d, sys.executable, "-c", HOLDER, seconds, report=report,
                  stdout=subprocess.PIPE)  # fmt: skip
@@ -58,7 +59,7 @@ def test_a_sibling_that_never_drains_makes_the_region_unclean_not_stuck(
         t0 = time.monotonic()
         rc, report = _region(fast_drain, tmp_path)
         assert rc == 0 and time.monotonic() - t0 < 10
-        (region,) = report["regions"]  # type: ignore[misc]
+        (region,) = report["regions"]
         assert region["clean"] is False and region["drain_s"] >= 1.0, region
         assert any("drain" in p for p in region["problems"]), region
     finally:
@@ -71,7 +72,7 @@ def test_a_sibling_that_never_drains_makes_the_region_unclean_not_stuck(
         assert time.monotonic() < deadline
         time.sleep(0.05)
     rc, report = _region(fast_drain, tmp_path)
-    assert rc == 0 and report["regions"][0]["clean"] is True, report["regions"]  # type: ignore[index]
+    assert rc == 0 and report["regions"][0]["clean"] is True, report["regions"]
 
 
 def test_a_sibling_killed_during_the_drain_releases_it_at_once(tmp_path: Path) -> None:
@@ -201,7 +202,7 @@ def test_daemon_sigkill_at_each_step_then_restart(tmp_path: Path, step: str) -> 
             if "krex" in str(path):
                 assert path.read_text().strip() == "THAWED", path
         rc, report = _region(d, tmp_path)
-        assert rc == 0 and report["regions"][0]["clean"] is True  # type: ignore[index]
+        assert rc == 0 and report["regions"][0]["clean"] is True
     finally:
         for p in procs:
             if p.poll() is None:
@@ -245,12 +246,12 @@ def test_a_foreign_gpu_process_is_shown_and_makes_regions_unclean(
                                capture_output=True, text=True, timeout=30)  # fmt: skip
         assert f"foreign GPU processes (not under krex): [{outsider.pid}]" in shown.stdout
         rc, report = _region(fast_drain, tmp_path)
-        (region,) = report["regions"]  # type: ignore[misc]
+        (region,) = report["regions"]
         assert rc == 0 and region["clean"] is False
         assert any("foreign" in p for p in region["problems"]), region
     finally:
         outsider.kill()
         outsider.wait(timeout=30)
     rc, report = _region(fast_drain, tmp_path)
-    assert report["regions"][0]["clean"] is True  # type: ignore[index]
+    assert report["regions"][0]["clean"] is True
     assert fast_drain.status()["gpus"][0]["foreign"] == []  # type: ignore[index]

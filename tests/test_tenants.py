@@ -647,3 +647,27 @@ def test_recover_without_hierarchies(tmp_path: Path, monkeypatch: pytest.MonkeyP
         monkeypatch.setattr(tenants, name, str(tmp_path / "none"))
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
     assert recover("krex-nothing-here") == 0
+
+
+def test_prune_removes_only_empty_groups_of_unknown_tenants() -> None:
+    """Groups a predecessor left (its tenants since finished) go; ours and busy ones stay."""
+    from krex.tenants import prune
+
+    kind = detect_freezer("auto")
+    if kind is FreezerKind.SIGNAL:
+        pytest.skip("no cgroup freezer here")
+    root = f"krex-prune-{os.getpid()}"
+    mine, stale, busy = (TenantGroup.create(kind, root, i) for i in (1, 2, 3))
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        busy.add(p.pid)
+        assert prune(root, keep={1}) == len(mine._groups)  # type: ignore[attr-defined]
+        assert not any(os.path.isdir(g) for _, g in stale._groups)  # type: ignore[attr-defined]
+        assert all(os.path.isdir(g) for _, g in mine._groups)  # type: ignore[attr-defined]
+        assert all(os.path.isdir(g) for _, g in busy._groups)  # type: ignore[attr-defined]
+    finally:
+        p.kill()
+        p.wait()
+        for g in (mine, busy, stale):
+            with contextlib.suppress(Exception):
+                g.destroy()

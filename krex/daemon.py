@@ -181,9 +181,14 @@ class Daemon:
         self.gpus = [Gpu(index=i, slots=cfg.slots, slice=slices[i]) for i in range(n)]
         self.tenants: dict[int, Tenant] = {}
         self.next_tenant = 1
-        self.accounted: set[tuple[int, int]] = set()
+        self.accounted: set[tuple[str, int, int]] = set()
         self.seg = self._segment(n)
         self.seg_inode = _inode(self.seg.name)
+        # Each tenant's processes take their slots from a segment of the tenant's own (the
+        # gates' segment is read-only to them): by tenant id, and those of tenants gone whose
+        # processes have not all exited yet (or that a predecessor daemon left).
+        self.slot_segs: dict[int, Segment] = {}
+        self.orphan_segs: list[Segment] = self._adopt_slot_segments()
         self.mps_dir: Path | None = None
         self.nvml = None if cfg.sim else Nvml.open()
         self._server: asyncio.AbstractServer | None = None
@@ -212,7 +217,46 @@ class Daemon:
             seg.close()
         _unlink(name)
         recover(self.root)
-        return Segment.create(name, n_gpus=n, n_slots=min(4096, max(64, 16 * n * self.cfg.slots)))
+        # Readable by all (gates are no secret; tenants map them read-only), writable by us.
+        return Segment.create(
+            name, n_gpus=n, n_slots=min(4096, max(64, 16 * n * self.cfg.slots)), mode=0o644
+        )
+
+    def _slots_name(self, tid: int) -> str:
+        return f"{self.seg.name}-t{tid}"
+
+    def _adopt_slot_segments(self) -> list[Segment]:
+        """Tenants' slot segments a crashed predecessor left: keep draining their live slots."""
+        adopted = []
+        prefix = self.seg.name.lstrip("/") + "-t"
+        with contextlib.suppress(OSError):
+            for entry in os.listdir("/dev/shm"):
+                if not (entry.startswith(prefix) and entry[len(prefix) :].isdigit()):
+                    continue
+                self.next_tenant = max(self.next_tenant, int(entry[len(prefix) :]) + 1)
+                try:
+                    seg = Segment.attach("/" + entry)
+                except SegmentError:
+                    _unlink("/" + entry)
+                    continue
+                if any(s.alive for s in seg.slots()):
+                    adopted.append(seg)
+                else:
+                    seg.unlink()
+                    seg.close()
+        return adopted
+
+    def _new_slot_segment(self, tid: int, slots: int) -> Segment:
+        name = self._slots_name(tid)
+        _unlink(name)  # a stale one of a predecessor's tenant with this id
+        seg = Segment.create(name, n_gpus=len(self.gpus), n_slots=slots)
+        self.slot_segs[tid] = seg
+        return seg
+
+    def _segments(self) -> list[Segment]:
+        """Every segment that holds slots: the gates' own (older shims, tests), each tenant's,
+        and those of tenants gone whose processes linger."""
+        return [self.seg, *self.slot_segs.values(), *self.orphan_segs]
 
     def _take_lock(self) -> None:
         self.socket.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -306,6 +350,11 @@ class Daemon:
             self.nvml.close()
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
+        for seg in [*self.slot_segs.values(), *self.orphan_segs]:
+            # Left for a successor to adopt while processes still use it.
+            if not any(s.alive for s in seg.slots()):
+                seg.unlink()
+            seg.close()
         if not any(s.alive for s in self.seg.slots()):
             self.seg.unlink()
         self.seg.close()
@@ -422,9 +471,10 @@ class Daemon:
         self.next_tenant += 1
         try:
             group = TenantGroup.create(self.freezer, self.root, tid)
-        except TenantsError as e:
+            self._new_slot_segment(tid, 64)
+        except (TenantsError, SegmentError, KrexError) as e:
             self._admit_next(g)
-            raise ProtocolError(f"cannot create the tenant's group: {e}") from e
+            raise ProtocolError(f"cannot set up the tenant: {e}") from e
         t = Tenant(
             id=tid,
             gpu=g.index,
@@ -477,6 +527,7 @@ class Daemon:
             "KREX_TENANT": str(t.id),
             "KREX_GPU": str(t.gpu),
             "KREX_SHM": self.seg.name,
+            **({"KREX_SLOTS": self._slots_name(t.id)} if t.id in self.slot_segs else {}),
             "LD_PRELOAD": str(shim_library()),
         }
         if self.cfg.sim:
@@ -571,6 +622,10 @@ class Daemon:
             # Its worker may still be resetting: back to the pool's group before ours goes.
             self._return_to_pool(t.worker)
         self._account()
+        seg = self.slot_segs.pop(t.id, None)
+        if seg is not None:
+            self.orphan_segs.append(seg)  # goes once its last process has exited
+            self._account()
         t.group.destroy()
         g.tenants.remove(t)
         del self.tenants[t.id]
@@ -580,21 +635,30 @@ class Daemon:
     # Accounting.
     def _account(self) -> None:
         """Fold the counters of dead processes' slots into their tenants, then free the slots."""
-        for s in self.seg.slots():
-            if s.alive or (s.index, s.pid) in self.accounted:
-                continue
-            owner = self.tenants.get(s.tenant)
-            if owner is not None:
-                owner.intercepted += s.intercepted
-                owner.blocked += s.blocked
-            self.accounted.add((s.index, s.pid))
-        self.seg.reap()
+        for seg in self._segments():
+            for s in seg.slots():
+                if s.alive or (seg.name, s.index, s.pid) in self.accounted:
+                    continue
+                owner = self.tenants.get(s.tenant)
+                if owner is not None:
+                    owner.intercepted += s.intercepted
+                    owner.blocked += s.blocked
+                self.accounted.add((seg.name, s.index, s.pid))
+            seg.reap()
+        # Not while a region is being set up: its quiesce and drain run on these mappings in a
+        # worker thread.
+        busy = any(g.busy for g in self.gpus)
+        for seg in [] if busy else list(self.orphan_segs):
+            if not any(s.alive for s in seg.slots()):
+                self.orphan_segs.remove(seg)
+                seg.unlink()
+                seg.close()
         if len(self.accounted) > 100_000:
             self.accounted.clear()
 
     def _report(self, t: Tenant) -> dict[str, Any]:
         self._account()
-        live = [s for s in self.seg.slots() if s.tenant == t.id and s.alive]
+        live = [s for seg in self._segments() for s in seg.slots() if s.tenant == t.id and s.alive]
         return {
             "tenant": t.id,
             "gpu": t.gpu,
@@ -709,7 +773,7 @@ class Daemon:
                 None,
                 functools.partial(
                     quiesce_and_drain,
-                    self.seg,
+                    self._segments(),
                     hold,
                     quiesce_timeout_s=self.cfg.quiesce_s,
                     drain_timeout_s=self.cfg.drain_s,
@@ -878,6 +942,12 @@ class Daemon:
             except TenantsError as e:
                 log.error("no pool on GPU %d: cannot create its group: %s", g.index, e)
                 continue
+            try:
+                self._new_slot_segment(tid, n + 16)
+            except (SegmentError, KrexError) as e:
+                log.error("no pool on GPU %d: cannot create its slot segment: %s", g.index, e)
+                group.destroy()
+                continue
             g.pool_tenant = Tenant(
                 id=tid,
                 gpu=g.index,
@@ -959,7 +1029,8 @@ class Daemon:
         ):
             raise ProtocolError("unknown worker")
         g = self.gpus[w.gpu]
-        slots = [s for s in self.seg.slots_of(w.proc.pid) if s.alive]
+        pool_slots = self.slot_segs.get(g.pool_tenant.id) if g.pool_tenant else None
+        slots = [s for s in pool_slots.slots_of(w.proc.pid) if s.alive] if pool_slots else []
         if not slots or g.pool_tenant is None:
             log.error("pool worker %d has no slot in the segment: stopping it", w.id)
             _signal_worker(w, signal.SIGKILL)
@@ -997,7 +1068,7 @@ class Daemon:
         token = secrets.token_hex(16)
         try:
             await self._started(t, w.proc.pid)
-            self.seg.set_slot_tenant(w.slot, w.proc.pid, t.id)
+            self.slot_segs[g.pool_tenant.id].set_slot_tenant(w.slot, w.proc.pid, t.id)
             w.writer.write(json.dumps({"op": "job", "token": token}).encode() + b"\n")
             await w.writer.drain()
         except (ProtocolError, KrexError, ConnectionError) as e:
@@ -1021,8 +1092,8 @@ class Daemon:
         with contextlib.suppress(TenantsError):
             g.pool_tenant.group.add(w.proc.pid)
             g.pool_tenant.group.pin(set(g.slice.shared_cores))
-        with contextlib.suppress(KrexError):
-            self.seg.set_slot_tenant(w.slot, w.proc.pid, g.pool_tenant.id)
+        with contextlib.suppress(KrexError, KeyError):
+            self.slot_segs[g.pool_tenant.id].set_slot_tenant(w.slot, w.proc.pid, g.pool_tenant.id)
         region = g.region or g.pending
         if region is not None and g.pool_tenant not in region.frozen:
             # The pool was empty when the region began; it holds a worker now.
@@ -1114,6 +1185,7 @@ class Daemon:
             "socket": str(self.socket),
             "segment": self.seg.name,
             "segment_linked": self._segment_linked(),
+            "slot_segments": len(self.slot_segs) + len(self.orphan_segs),
             "sim": self.cfg.sim,
             "freezer": self.freezer.value,
             "mps": self.mps_dir is not None,

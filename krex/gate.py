@@ -8,7 +8,7 @@ or drain in time makes the hold unclean, never a hang.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -30,26 +30,39 @@ class Hold:
 
 
 def quiesce_and_drain(
-    seg: Segment, hold: Hold, *, quiesce_timeout_s: float, drain_timeout_s: float
+    seg: Segment | Sequence[Segment],
+    hold: Hold,
+    *,
+    quiesce_timeout_s: float,
+    drain_timeout_s: float,
 ) -> None:
-    """Steps 2 and 3 behind a gate closed for hold.owner (hold.epoch): fills in the hold."""
+    """Steps 2 and 3 behind a gate closed for hold.owner (hold.epoch): fills in the hold.
+
+    `seg` may be several segments holding slots (the gates' own, and each tenant's): every
+    sibling slot in any of them is waited for, all within the one pair of time-outs."""
+    segs = [seg] if isinstance(seg, Segment) else list(seg)
     t0 = time.perf_counter()
-    try:
-        seg.quiesce(hold.gpu, hold.owner, quiesce_timeout_s)
-    except WaitTimeout as e:
-        hold.clean = False
-        hold.problems.append(f"quiesce: {e}")
+    for s in segs:
+        left = quiesce_timeout_s - (time.perf_counter() - t0)
+        try:
+            s.quiesce(hold.gpu, hold.owner, max(left, 0.001))
+        except WaitTimeout as e:
+            hold.clean = False
+            hold.problems.append(f"quiesce: {e}")
     t1 = time.perf_counter()
-    hold.drained = seg.drain_request(hold.gpu, hold.owner, hold.epoch)
-    try:
-        seg.drain_await(hold.gpu, hold.owner, hold.epoch, drain_timeout_s)
-    except WaitTimeout as e:
-        hold.clean = False
-        hold.problems.append(f"drain: {e}")
+    hold.drained = sum(s.drain_request(hold.gpu, hold.owner, hold.epoch) for s in segs)
+    for s in segs:
+        left = drain_timeout_s - (time.perf_counter() - t1)
+        try:
+            s.drain_await(hold.gpu, hold.owner, hold.epoch, max(left, 0.001))
+        except WaitTimeout as e:
+            hold.clean = False
+            hold.problems.append(f"drain: {e}")
     hold.quiesce_s, hold.drain_s = t1 - t0, time.perf_counter() - t1
-    if seg.overflow:
+    overflow = sum(s.overflow for s in segs)
+    if overflow:
         hold.clean = False
-        hold.problems.append(f"{seg.overflow} process(es) had no slot and could not drain")
+        hold.problems.append(f"{overflow} process(es) had no slot and could not drain")
 
 
 @contextmanager

@@ -255,3 +255,33 @@ def test_a_foreign_gpu_process_is_shown_and_makes_regions_unclean(
     rc, report = _region(fast_drain, tmp_path)
     assert report["regions"][0]["clean"] is True
     assert fast_drain.status()["gpus"][0]["foreign"] == []  # type: ignore[index]
+
+
+MAPS = textwrap.dedent("""
+    import json, os
+    from krex.simgpu import SimGPU
+    g = SimGPU()
+    g.launch(1000)
+    g.sync()
+    maps = [line.split() for line in open("/proc/self/maps") if "/dev/shm/krex" in line]
+    print(json.dumps({"maps": [[m[1], m[5]] for m in maps], "shm": os.environ["KREX_SHM"],
+                      "slots": os.environ["KREX_SLOTS"]}))
+""")
+
+
+def test_tenants_map_the_gates_read_only_and_only_their_own_slots(fast_drain: Daemon) -> None:
+    """The gates' segment is read-only in every tenant; each tenant's writable state (its
+    processes' slots) is a segment of its own that no other tenant maps."""
+    seen = []
+    for _ in range(2):
+        p = subprocess.run([*run_argv(fast_drain), "--", sys.executable, "-c", MAPS],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert p.returncode == 0, p.stderr
+        doc = json.loads(p.stdout)
+        perms = {path: perm for perm, path in doc["maps"]}
+        gates, slots = "/dev/shm" + doc["shm"], "/dev/shm" + doc["slots"]
+        assert perms[gates] == "r--s" and perms[slots] == "rw-s", perms
+        others = [p for p in perms if p not in (gates, slots) and not p.endswith("-sim")]
+        assert others == [], perms
+        seen.append(slots)
+    assert seen[0] != seen[1]

@@ -25,8 +25,11 @@ uint32_t krex_my_tenant;
 enum { REG_NONE, REG_DONE, REG_PASSTHROUGH };
 static int reg_state = REG_NONE;
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+/* The gates (KREX_SHM). With KREX_SLOTS set, mapped read-only, and our slot comes from that
+ * segment instead: the tenant's own, which no other tenant maps. Without it (tests, older
+ * controllers) both are the one segment, mapped read-write. */
 static struct krex_segment *seg;
-static uint64_t seg_size;
+static struct krex_segment *slots_seg;
 static int atfork_done;
 /* Where a process that found no free slot keeps its counts: it is still gated, but the
  * controller cannot see it in flight, so the segment's overflow count marks regions unclean. */
@@ -61,6 +64,43 @@ static int parse_u32(const char *s, uint32_t *out)
     return 0;
 }
 
+/* Map and check a segment; NULL (with one warning) if it cannot be used. */
+static struct krex_segment *map_segment(const char *name, int writable)
+{
+    int fd = shm_open(name, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC, 0);
+    if (fd < 0) {
+        krex_warn("cannot open shared segment %s (%s): running without KREX", name,
+                  strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size < (off_t)sizeof(struct krex_header)) {
+        krex_warn("shared segment %s is too small (%lld bytes): running without KREX", name,
+                  (long long)st.st_size);
+        close(fd);
+        return NULL;
+    }
+    void *base = mmap(NULL, (size_t)st.st_size, writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                      MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED) {
+        krex_warn("cannot map shared segment %s (%s): running without KREX", name,
+                  strerror(errno));
+        return NULL;
+    }
+    int rc = krex_seg_check(base, (uint64_t)st.st_size);
+    if (rc != KREX_OK) {
+        const struct krex_header *h = base;
+        krex_warn("shared segment %s is unusable: %s (layout %u.%u, this library %u.%u): "
+                  "running without KREX",
+                  name, krex_strerror(rc), rc == KREX_E_SMALL ? 0 : h->major,
+                  rc == KREX_E_SMALL ? 0 : h->minor, KREX_LAYOUT_MAJOR, KREX_LAYOUT_MINOR);
+        munmap(base, (size_t)st.st_size);
+        return NULL;
+    }
+    return base;
+}
+
 static int attach(void)
 {
     const char *name = getenv("KREX_SHM");
@@ -79,45 +119,24 @@ static int attach(void)
         krex_warn("KREX_GPU must be a GPU index (got \"%s\"): running without KREX", g);
         return -1;
     }
-    int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
-    if (fd < 0) {
-        krex_warn("cannot open shared segment %s (%s): running without KREX", name,
-                  strerror(errno));
+    const char *slots_name = getenv("KREX_SLOTS");
+    int own_slots = slots_name && *slots_name;
+    struct krex_segment *gates = map_segment(name, !own_slots);
+    if (!gates)
         return -1;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || st.st_size < (off_t)sizeof(struct krex_header)) {
-        krex_warn("shared segment %s is too small (%lld bytes): running without KREX", name,
-                  (long long)st.st_size);
-        close(fd);
-        return -1;
-    }
-    void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (base == MAP_FAILED) {
-        krex_warn("cannot map shared segment %s (%s): running without KREX", name,
-                  strerror(errno));
-        return -1;
-    }
-    int rc = krex_seg_check(base, (uint64_t)st.st_size);
-    if (rc != KREX_OK) {
-        const struct krex_header *h = base;
-        krex_warn("shared segment %s is unusable: %s (layout %u.%u, this library %u.%u): "
-                  "running without KREX",
-                  name, krex_strerror(rc), rc == KREX_E_SMALL ? 0 : h->major,
-                  rc == KREX_E_SMALL ? 0 : h->minor, KREX_LAYOUT_MAJOR, KREX_LAYOUT_MINOR);
-        munmap(base, (size_t)st.st_size);
-        return -1;
-    }
-    seg = base;
-    seg_size = (uint64_t)st.st_size;
-    if (gpu >= seg->header.n_gpus) {
+    if (gpu >= gates->header.n_gpus) {
         krex_warn("KREX_GPU=%u but the segment has %u GPUs: running without KREX", gpu,
-                  seg->header.n_gpus);
-        munmap(base, (size_t)st.st_size);
-        seg = NULL;
+                  gates->header.n_gpus);
+        munmap(gates, (size_t)gates->header.total_size);
         return -1;
     }
+    struct krex_segment *slots = own_slots ? map_segment(slots_name, 1) : gates;
+    if (!slots) {
+        munmap(gates, (size_t)gates->header.total_size);
+        return -1;
+    }
+    seg = gates;
+    slots_seg = slots;
     krex_my_tenant = tenant;
     krex_my_gate = &seg->gates[gpu];
     return 0;
@@ -144,8 +163,8 @@ static struct krex_slot *claim_slot(void)
     uint64_t start = krex_proc_start_time(pid);
     /* First a free slot; then one whose process is gone (its pid, or its start time). */
     for (int pass = 0; pass < 2; pass++) {
-        for (uint32_t i = 0; i < seg->header.n_slots; i++) {
-            struct krex_slot *s = &seg->slots[i];
+        for (uint32_t i = 0; i < slots_seg->header.n_slots; i++) {
+            struct krex_slot *s = &slots_seg->slots[i];
             uint32_t expect = pass == 0 ? KREX_SLOT_FREE : KREX_SLOT_LIVE;
             if (KREX_LOAD(&s->state) != expect)
                 continue;
@@ -180,17 +199,17 @@ struct krex_slot *krex_register(void)
         }
         s = claim_slot();
         if (!s) {
-            KREX_ADD(&seg->header.overflow, 1);
+            KREX_ADD(&slots_seg->header.overflow, 1);
             krex_warn("all %u slots of the KREX segment are taken: this process is gated but "
                       "invisible to the drain (its regions' neighbours report clean = false)",
-                      seg->header.n_slots);
+                      slots_seg->header.n_slots);
             s = &private_slot;
         } else if (krex_drain_start(s) != 0) {
             krex_warn("cannot start the drain thread: regions on this GPU will not be clean");
         }
         KREX_ADD(&s->unmatched, __atomic_exchange_n(&pending_unmatched, 0, __ATOMIC_SEQ_CST));
         krex_debug("registered: tenant %u, gpu %u, slot %ld", krex_my_tenant, s->gpu,
-                   s == &private_slot ? -1L : (long)(s - seg->slots));
+                   s == &private_slot ? -1L : (long)(s - slots_seg->slots));
         __atomic_store_n(&krex_self, s, __ATOMIC_RELEASE);
         __atomic_store_n(&reg_state, REG_DONE, __ATOMIC_RELEASE);
     }

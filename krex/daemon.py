@@ -120,6 +120,7 @@ class Worker:
     writer: asyncio.StreamWriter | None = None
     tenant: Tenant | None = None
     exited: asyncio.Future[int] | None = None
+    slots_id: int = 0  # its own slot segment's id: apart from every other worker's
 
 
 @dataclass
@@ -942,12 +943,6 @@ class Daemon:
             except TenantsError as e:
                 log.error("no pool on GPU %d: cannot create its group: %s", g.index, e)
                 continue
-            try:
-                self._new_slot_segment(tid, n + 16)
-            except (SegmentError, KrexError) as e:
-                log.error("no pool on GPU %d: cannot create its slot segment: %s", g.index, e)
-                group.destroy()
-                continue
             g.pool_tenant = Tenant(
                 id=tid,
                 gpu=g.index,
@@ -974,6 +969,16 @@ class Daemon:
                 extra[key] = f"{extra[key]}:{env[key]}"
         env.update(extra)
         env["KREX_WORKER_SECRET"] = secret
+        # A slot segment per worker, so that the commands it runs, like any tenant's, write
+        # only their own state.
+        slots_id = self.next_tenant
+        self.next_tenant += 1
+        try:
+            self._new_slot_segment(slots_id, 16)
+        except (SegmentError, KrexError) as e:
+            log.error("cannot start a pool worker on GPU %d: %s", g.index, e)
+            return
+        env["KREX_SLOTS"] = self._slots_name(slots_id)
         listen = self.socket.parent / f"{self.socket.name}.w{wid}"
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -994,9 +999,16 @@ class Daemon:
             )
         except OSError as e:
             log.error("cannot start a pool worker on GPU %d: %s", g.index, e)
+            self.orphan_segs.append(self.slot_segs.pop(slots_id))
             return
         w = Worker(
-            id=wid, gpu=g.index, proc=proc, listen=listen, secret=secret, t_start=time.monotonic()
+            id=wid,
+            gpu=g.index,
+            proc=proc,
+            listen=listen,
+            secret=secret,
+            t_start=time.monotonic(),
+            slots_id=slots_id,
         )
         w.exited = asyncio.get_running_loop().create_future()
         self.workers[wid] = w
@@ -1029,8 +1041,8 @@ class Daemon:
         ):
             raise ProtocolError("unknown worker")
         g = self.gpus[w.gpu]
-        pool_slots = self.slot_segs.get(g.pool_tenant.id) if g.pool_tenant else None
-        slots = [s for s in pool_slots.slots_of(w.proc.pid) if s.alive] if pool_slots else []
+        own = self.slot_segs.get(w.slots_id)
+        slots = [s for s in own.slots_of(w.proc.pid) if s.alive] if own is not None else []
         if not slots or g.pool_tenant is None:
             log.error("pool worker %d has no slot in the segment: stopping it", w.id)
             _signal_worker(w, signal.SIGKILL)
@@ -1068,7 +1080,7 @@ class Daemon:
         token = secrets.token_hex(16)
         try:
             await self._started(t, w.proc.pid)
-            self.slot_segs[g.pool_tenant.id].set_slot_tenant(w.slot, w.proc.pid, t.id)
+            self.slot_segs[w.slots_id].set_slot_tenant(w.slot, w.proc.pid, t.id)
             w.writer.write(json.dumps({"op": "job", "token": token}).encode() + b"\n")
             await w.writer.drain()
         except (ProtocolError, KrexError, ConnectionError) as e:
@@ -1093,7 +1105,7 @@ class Daemon:
             g.pool_tenant.group.add(w.proc.pid)
             g.pool_tenant.group.pin(set(g.slice.shared_cores))
         with contextlib.suppress(KrexError, KeyError):
-            self.slot_segs[g.pool_tenant.id].set_slot_tenant(w.slot, w.proc.pid, g.pool_tenant.id)
+            self.slot_segs[w.slots_id].set_slot_tenant(w.slot, w.proc.pid, g.pool_tenant.id)
         region = g.region or g.pending
         if region is not None and g.pool_tenant not in region.frozen:
             # The pool was empty when the region began; it holds a worker now.
@@ -1122,6 +1134,9 @@ class Daemon:
         if w in g.pool:
             g.pool.remove(w)
         self.workers.pop(w.id, None)
+        seg = self.slot_segs.pop(w.slots_id, None)
+        if seg is not None:
+            self.orphan_segs.append(seg)  # goes once no process of it is left
         with contextlib.suppress(FileNotFoundError):
             w.listen.unlink()
         if was == "starting":

@@ -216,9 +216,7 @@ def load(args: argparse.Namespace) -> dict[str, Any]:
         threading.Thread(target=sample, daemon=True).start()
         t0 = time.monotonic()
         extra = args.regions - per * args.clients  # the first few take one more
-        procs = [
-            node.run(per + (i < extra), 0, tmp / f"r{i}.json") for i in range(args.clients)
-        ]
+        procs = [node.run(per + (i < extra), 0, tmp / f"r{i}.json") for i in range(args.clients)]
         errors = 0
         for p in procs:
             _, err = p.communicate(timeout=args.timeout_s)

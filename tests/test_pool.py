@@ -410,3 +410,24 @@ def test_a_warm_sibling_makes_no_progress_while_a_warm_region_is_held(tmp_path: 
             sib.stop()
     finally:
         d.stop()
+
+
+def test_a_warm_command_maps_the_gates_read_only_and_its_workers_slots(
+    pool: Daemon, tmp_path: Path
+) -> None:
+    """Warm, as cold: the gates' segment read-only; the only writable krex segment is the
+    worker's own slot segment (no other worker's, no other tenant's)."""
+    script = """
+        import json
+        maps = [line.split() for line in open("/proc/self/maps") if "/dev/shm/krex" in line]
+        print(json.dumps([[m[1], m[5]] for m in maps]))
+    """
+    r = krun(pool, tmp_path, script)
+    assert r.rc == 0 and r.report["pool"] == "warm", r.err
+    perms = {path: perm for perm, path in json.loads(r.out)}
+    st = pool.status()
+    assert st is not None
+    gates = "/dev/shm" + st["segment"]
+    assert perms.pop(gates) == "r--s", perms
+    writable = [p for p, perm in perms.items() if perm == "rw-s" and not p.endswith("-sim")]
+    assert len(writable) == 1 and writable[0].startswith(gates + "-t"), perms

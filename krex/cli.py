@@ -191,6 +191,16 @@ def run(
     type=click.IntRange(0, 256),
     help="Warm workers per GPU (default: pool.workers, else slots; 0 on simulated GPUs).",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    help="Serve Prometheus metrics on this port (default: metrics.port; 0: off).",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    help="Human log lines, or one JSON object per line (default: daemon.log_format).",
+)
 def daemon(
     config_path: Path | None,
     sim: bool,
@@ -198,6 +208,8 @@ def daemon(
     gpus: int | None,
     slots: int | None,
     pool: int | None,
+    metrics_port: int | None,
+    log_format: str | None,
 ) -> None:
     """Run the KREX controller in the foreground (for systemd or a terminal)."""
     import dataclasses
@@ -221,6 +233,10 @@ def daemon(
         changes["slots"] = slots
     if pool is not None:
         changes["pool_workers"] = pool
+    if metrics_port is not None:
+        changes["metrics_port"] = metrics_port
+    if log_format is not None:
+        changes["log_format"] = log_format
     sys.exit(kdaemon.run(dataclasses.replace(cfg, **changes)))  # type: ignore[arg-type]
 
 
@@ -242,37 +258,82 @@ def status(as_json: bool, sim: bool, socket_path: str | None) -> None:
     if as_json:
         click.echo(json.dumps(st, indent=2))
         return
-    kind = "simulated" if st["sim"] else "real"
-    click.echo(
-        f"krex daemon {st['version']} (pid {st['pid']}) on {st['socket']}: {kind} GPUs, "
-        f"freezer {st['freezer']}, MPS {'on' if st['mps'] else 'off'}"
-    )
-    for g in st["gpus"]:
-        region = g["region"]
-        held = (
-            f"region held by tenant {region['tenant']} for {region['age_s']:.1f} s"
-            if region
-            else "no region"
-        )
-        click.echo(
-            f"GPU {g['gpu']}: {g['used']}/{g['slots']} slots, {g['queue']} queued, "
-            f"{held}, {g['region_queue']} waiting for a region; cores region "
-            f"{g['region_cores']} shared {g['shared_cores']}"
-        )
-        if g.get("foreign"):
-            click.echo(f"  foreign GPU processes (not under krex): {g['foreign']}")
-        pool = g.get("pool") or {}
-        if pool.get("workers") or pool.get("warm_runs"):
-            click.echo(
-                f"  pool: {pool['workers']} worker(s) ({pool['idle']} idle, {pool['busy']} busy, "
-                f"{pool['starting']} starting); runs warm {pool['warm_runs']}, "
-                f"cold {pool['cold_runs']}"
-            )
-        for t in g["tenants"]:
-            click.echo(
-                f"  tenant {t['tenant']}: pids {t['pids']}, {t['regions']} region(s), "
-                f"{t['age_s']:.1f} s: {' '.join(t['argv'])}"
-            )
+    from rich.console import Console
+
+    from krex.views import status_tables
+
+    Console(width=200).print(status_tables(st))
+
+
+@main.command()
+@click.option("--sim", is_flag=True, help="Watch the simulated-GPU daemon.")
+@click.option("--socket", "socket_path", metavar="PATH", help="The daemon's socket.")
+@click.option(
+    "--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True, metavar="S"
+)
+@click.option("--once", is_flag=True, help="Print one frame and exit (for scripts).")
+def top(sim: bool, socket_path: str | None, interval: float, once: bool) -> None:
+    """Live view: per GPU the slots, queues, active region and its age, regions per minute,
+    wait and drain times (the last minute), pool and tenants. Ctrl-C ends it."""
+    import time
+
+    from rich.console import Console
+    from rich.live import Live
+
+    from krex import client
+    from krex.views import status_tables
+
+    def frame() -> object:
+        try:
+            return status_tables(client.status(sim, socket_path))
+        except (client.ClientError, OSError) as e:
+            return f"krex top: {e}"
+
+    if once:
+        shown = frame()
+        Console(width=200).print(shown)
+        sys.exit(1 if isinstance(shown, str) else 0)
+    try:
+        with Live(frame(), refresh_per_second=4) as live:  # type: ignore[arg-type]
+            while True:
+                time.sleep(interval)
+                live.update(frame())  # type: ignore[arg-type]
+    except KeyboardInterrupt:
+        pass
+
+
+@main.group()
+def config() -> None:
+    """The daemon's configuration."""
+
+
+@config.command(name="show")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="TOML configuration (default: $KREX_CONFIG, then /etc/krex/config.toml).",
+)
+@click.option("--sim", is_flag=True, help="As `krex daemon --sim` would run.")
+@click.option("--json", "as_json", is_flag=True, help="Print it as JSON.")
+def config_show(config_path: Path | None, sim: bool, as_json: bool) -> None:
+    """Print the effective configuration, derived defaults included (GPUs, core slices from the
+    topology, slots, pool, freezer, MPS)."""
+    import dataclasses
+    import json
+
+    from krex import config as kconfig
+    from krex.views import config_toml, effective_config
+
+    try:
+        cfg = kconfig.load(config_path)
+        if sim:
+            cfg = dataclasses.replace(cfg, sim=True)
+        doc = effective_config(cfg)
+    except kconfig.ConfigError as e:
+        click.echo(f"krex config show: {e}", err=True)
+        sys.exit(2)
+    click.echo(json.dumps(doc, indent=2) if as_json else config_toml(doc), nl=as_json)
 
 
 @main.command(

@@ -7,6 +7,7 @@ any, the embedded defaults. Every bad key or value is one `ConfigError` naming i
 [daemon]
 socket = "/run/krex/krex.sock"   # default: $XDG_RUNTIME_DIR/krex/krex.sock or /tmp/krex-$UID/
 segment = "/krex-0"              # shared-memory name (default derived from the socket)
+log_format = "text"              # text | json (one JSON object per line)
 
 [gpus]
 count = 1          # default: the GPUs the driver shows (or 1 simulated GPU)
@@ -34,6 +35,10 @@ workers = 8        # per GPU (default: slots on real GPUs, 0 on simulated ones)
 preload = ["torch", "triton"]   # imported by each worker where installed (default: these
                                 # on real GPUs, none on simulated ones)
 max_uses = 100     # commands a worker runs before it is replaced
+
+[metrics]
+port = 0           # Prometheus endpoint (0: off; needs prometheus-client)
+address = "127.0.0.1"
 ```
 """
 
@@ -104,6 +109,9 @@ class Config:
     pool_workers: int | None = None
     pool_preload: tuple[str, ...] | None = None
     pool_max_uses: int = 100
+    metrics_port: int = 0
+    metrics_address: str = "127.0.0.1"
+    log_format: str = "text"
     source: str = "defaults"
 
     def socket_path(self) -> Path:
@@ -131,7 +139,7 @@ class Config:
 
 
 _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
-    "daemon": {"socket": str, "segment": str},
+    "daemon": {"socket": str, "segment": str, "log_format": str},
     "gpus": {"count": int, "sim": bool, "slots": int},
     "timeouts": {
         "quiesce_s": (int, float),
@@ -142,6 +150,7 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     "freezer": {"backend": str},
     "mps": {"enabled": bool},
     "pool": {"workers": int, "preload": list, "max_uses": int},
+    "metrics": {"port": int, "address": str},
 }
 
 
@@ -203,6 +212,9 @@ def from_toml(text: str, where: str = "config") -> Config:
         pool_workers=doc.get("pool", {}).get("workers"),
         pool_preload=tuple(doc["pool"]["preload"]) if "preload" in doc.get("pool", {}) else None,
         pool_max_uses=doc.get("pool", {}).get("max_uses", 100),
+        metrics_port=doc.get("metrics", {}).get("port", 0),
+        metrics_address=doc.get("metrics", {}).get("address", "127.0.0.1"),
+        log_format=d.get("log_format", "text"),
         source=where,
     )
     validate(cfg)
@@ -225,6 +237,12 @@ def validate(cfg: Config) -> None:
     for name in cfg.pool_preload or ():
         if not isinstance(name, str) or not all(p.isidentifier() for p in name.split(".")):
             raise ConfigError(f"{cfg.source}: pool.preload: {name!r} is not a module name")
+    if not 0 <= cfg.metrics_port <= 65535:
+        raise ConfigError(f"{cfg.source}: metrics.port must be 0..65535, got {cfg.metrics_port}")
+    if cfg.log_format not in ("text", "json"):
+        raise ConfigError(
+            f"{cfg.source}: daemon.log_format must be text or json, got {cfg.log_format!r}"
+        )
     if cfg.freezer not in FREEZERS:
         raise ConfigError(
             f"{cfg.source}: freezer.backend must be one of {', '.join(FREEZERS)}, "

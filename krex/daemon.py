@@ -35,6 +35,7 @@ from krex import __version__
 from krex.config import Config, ConfigError
 from krex.errors import KrexError
 from krex.gate import Hold, quiesce_and_drain
+from krex.metrics import Metrics, MetricsError
 from krex.nvml import Nvml, throttled
 from krex.paths import shim_library, sim_library_dir
 from krex.pool import preinit
@@ -141,6 +142,27 @@ class Gpu:
     cold_runs: int = 0
 
 
+def node_plan(cfg: Config) -> tuple[int, list[Slice]]:
+    """The GPUs this daemon serves and each one's CPU slice: configured, or derived from the
+    machine (the GPUs the driver shows, the cores this process may run on). ConfigError when
+    they do not fit."""
+    n = cfg.gpu_count or (1 if cfg.sim else _detect_gpus())
+    if n == 0:
+        raise ConfigError("no NVIDIA GPU found: run with --sim for the simulated GPU")
+    available = os.sched_getaffinity(0)
+    slices = default_slices(n, set(available))
+    for gpu, s in cfg.slices.items():
+        if gpu >= n:
+            raise ConfigError(f"{cfg.source}: slices.{gpu}: there are only {n} GPUs")
+        slices[gpu] = Slice(gpu=gpu, region_cores=s.region, shared_cores=s.shared)
+    try:
+        # Defaults may share cores when there are more GPUs than cores; configured ones not.
+        validate_slices(slices, set(available), allow_overlap=not cfg.slices)
+    except SliceError as e:
+        raise ConfigError(f"{cfg.source}: slices: {e}") from e
+    return n, slices
+
+
 def _detect_gpus() -> int:
     """NVIDIA GPUs the driver shows (0 when there is no driver)."""
     smi = shutil.which("nvidia-smi")
@@ -164,21 +186,8 @@ class Daemon:
         # First of all: a second daemon on this socket must not touch the segment or the
         # cgroups of the running one (recovery reopens gates and thaws groups).
         self._take_lock()
-        n = cfg.gpu_count or (1 if cfg.sim else _detect_gpus())
-        if n == 0:
-            raise ConfigError("no NVIDIA GPU found: run with --sim for the simulated GPU")
+        n, slices = node_plan(cfg)
         self.freezer: FreezerKind = detect_freezer(cfg.freezer)
-        available = os.sched_getaffinity(0)
-        slices = default_slices(n, set(available))
-        for gpu, s in cfg.slices.items():
-            if gpu >= n:
-                raise ConfigError(f"{cfg.source}: slices.{gpu}: there are only {n} GPUs")
-            slices[gpu] = Slice(gpu=gpu, region_cores=s.region, shared_cores=s.shared)
-        try:
-            # Defaults may share cores when there are more GPUs than cores; configured ones not.
-            validate_slices(slices, set(available), allow_overlap=not cfg.slices)
-        except SliceError as e:
-            raise ConfigError(f"{cfg.source}: slices: {e}") from e
         self.gpus = [Gpu(index=i, slots=cfg.slots, slice=slices[i]) for i in range(n)]
         self.tenants: dict[int, Tenant] = {}
         self.next_tenant = 1
@@ -197,6 +206,12 @@ class Daemon:
         self.workers: dict[int, Worker] = {}
         self.next_worker = 1
         self.preload = [m for m in cfg.preload() if importlib.util.find_spec(m) is not None]
+        self.metrics = Metrics(n)
+        if cfg.metrics_port:
+            try:
+                self.metrics.serve(cfg.metrics_port, cfg.metrics_address)
+            except MetricsError as e:
+                raise ConfigError(f"{cfg.source}: metrics: {e}") from e
 
     # Start-up and shutdown.
     def _segment(self, n: int) -> Segment:
@@ -486,6 +501,7 @@ class Daemon:
         )
         self.tenants[tid] = t
         g.tenants.append(t)
+        self.metrics.admitted(g.index)
         log.info("admitted tenant %d on GPU %d: %s", tid, g.index, " ".join(argv)[:200])
         reply: dict[str, Any] = {"ok": True, "tenant": tid, "gpu": g.index}
         reply["env"] = self._env(t, auto)
@@ -567,6 +583,7 @@ class Daemon:
                     # process into a group that will be frozen.
                     raise ProtocolError(f"process {pid} is not this client's command")
                 await self._started(t, pid)
+                self.metrics.started(t.gpu, warm=False)
                 await self._send(writer, {"ok": True, "freezer": self.freezer.value})
             elif op == "lease":
                 await self._send(writer, {"ok": True, **await self._lease(t)})
@@ -630,6 +647,7 @@ class Daemon:
         t.group.destroy()
         g.tenants.remove(t)
         del self.tenants[t.id]
+        self.metrics.finished(g.index)
         log.info("tenant %d left GPU %d", t.id, g.index)
         self._admit_next(g)
 
@@ -674,6 +692,14 @@ class Daemon:
         while True:
             await asyncio.sleep(1.0)
             self._account()
+            for g in self.gpus:
+                self.metrics.levels(
+                    g.index,
+                    queue=len(g.admission),
+                    region_queue=len(g.requests),
+                    slots=len(g.tenants),
+                    idle=sum(w.state == "idle" for w in g.pool),
+                )
             n += 1
             if n % 10 == 0:
                 # Groups of tenants that outlived a predecessor daemon, once they are empty.
@@ -920,6 +946,7 @@ class Daemon:
         g.region = None
         record = self._record(r, t_end)
         r.tenant.regions.append(record)
+        self.metrics.region(g.index, record)
         log.info(
             "region of tenant %d on GPU %d ended (%s) after %.3f s",
             r.tenant.id,
@@ -1091,6 +1118,7 @@ class Daemon:
             t.worker = None
             return {"cold": f"the warm worker failed: {e}"}
         g.warm_runs += 1
+        self.metrics.started(g.index, warm=True)
         return {"socket": str(w.listen), "token": token, "worker": w.id}
 
     def _return_to_pool(self, w: Worker) -> None:
@@ -1212,6 +1240,7 @@ class Daemon:
                     "queue": len(g.admission),
                     "region_queue": len(g.requests),
                     "foreign": sorted(self._foreign(g)),
+                    "recent": self.metrics.recent[g.index].summary(),
                     "pool": {
                         "target": self.cfg.workers_per_gpu() if g.pool_tenant else 0,
                         "workers": len(g.pool),
@@ -1358,11 +1387,30 @@ def _unlink(name: str) -> None:
         Path("/dev/shm", name.lstrip("/")).unlink()
 
 
+class _JsonLines(logging.Formatter):
+    """One JSON object per log record (`daemon.log_format = "json"`)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc = {
+            "ts": round(record.created, 6),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc)
+
+
 def run(cfg: Config) -> int:
     """Run the daemon in the foreground; returns the exit status."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s krex-daemon %(levelname)s %(message)s"
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        _JsonLines()
+        if cfg.log_format == "json"
+        else logging.Formatter("%(asctime)s krex-daemon %(levelname)s %(message)s")
     )
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     try:
         daemon = Daemon(cfg)
         asyncio.run(daemon.serve())

@@ -16,7 +16,7 @@ import krex
 from krex import paths
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = ["run", "daemon", "status", "region", "bench", "info", "demo"]
+COMMANDS = ["run", "daemon", "status", "top", "config", "region", "bench", "info", "demo"]
 
 
 def krex_cli(*args: str) -> subprocess.CompletedProcess[str]:

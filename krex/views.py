@@ -1,0 +1,160 @@
+"""What operators read: `krex status` as tables, `krex top` live, `krex config show`.
+
+Everything here renders a status or configuration document (dicts, as `krex status --json`
+prints them) with rich; nothing talks to the daemon.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+
+from krex.config import Config
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def status_tables(st: dict[str, Any]) -> Group:
+    """The GPUs (slots, queues, region, recent regions, pool) and their tenants, as tables."""
+    kind = "simulated" if st["sim"] else "real"
+    gpus = Table(
+        title=f"krex {st['version']} (pid {st['pid']}) on {st['socket']}: {kind} GPUs, "
+        f"freezer {st['freezer']}, MPS {'on' if st['mps'] else 'off'}",
+        title_justify="left",
+    )
+    for col in (
+        "GPU",
+        "slots",
+        "queued",
+        "region (tenant, age)",
+        "waiting",
+        "regions/min",
+        "wait p50/p95 ms",
+        "drain p50/p95 ms",
+        "pool idle/busy/starting",
+        "foreign",
+    ):
+        gpus.add_column(col)
+    tenants = Table(title="tenants", title_justify="left")
+    for col in ("GPU", "tenant", "pids", "regions", "age s", "command"):
+        tenants.add_column(col)
+    for g in st["gpus"]:
+        r, rec, pool = g["region"], g.get("recent") or {}, g.get("pool") or {}
+        gpus.add_row(
+            str(g["gpu"]),
+            f"{g['used']}/{g['slots']}",
+            str(g["queue"]),
+            "-" if r is None else f"{r['tenant']}, {r['age_s']:.1f} s",
+            str(g["region_queue"]),
+            f"{rec.get('regions_per_min', 0):.0f}",
+            f"{_ms(rec.get('wait_ms_p50'))}/{_ms(rec.get('wait_ms_p95'))}",
+            f"{_ms(rec.get('drain_ms_p50'))}/{_ms(rec.get('drain_ms_p95'))}",
+            f"{pool.get('idle', 0)}/{pool.get('busy', 0)}/{pool.get('starting', 0)}"
+            if pool.get("target")
+            else "off",
+            ", ".join(map(str, g.get("foreign", []))) or "-",
+        )
+        for t in g["tenants"]:
+            tenants.add_row(
+                str(g["gpu"]),
+                str(t["tenant"]),
+                " ".join(map(str, t["pids"])),
+                str(t["regions"]),
+                f"{t['age_s']:.1f}",
+                " ".join(t["argv"])[:60],
+            )
+    return Group(gpus, tenants)
+
+
+def effective_config(cfg: Config) -> dict[str, Any]:
+    """The configuration a daemon would run with here, derived defaults filled in: the GPUs,
+    each one's core slices, the pool, the freezer that would be used."""
+    from krex.daemon import node_plan
+    from krex.tenants import TenantsError, detect_freezer
+
+    n, slices = node_plan(cfg)
+    try:
+        freezer = detect_freezer(cfg.freezer).value
+    except TenantsError as e:
+        freezer = f"unusable: {e}"
+    preload = list(cfg.preload())
+    return {
+        "source": cfg.source,
+        "daemon": {
+            "socket": str(cfg.socket_path()),
+            "segment": cfg.segment_name(),
+            "log_format": cfg.log_format,
+        },
+        "gpus": {"count": n, "sim": cfg.sim, "slots": cfg.slots},
+        "timeouts": {
+            "quiesce_s": cfg.quiesce_s,
+            "drain_s": cfg.drain_s,
+            "freeze_s": cfg.freeze_s,
+            "region_s": cfg.region_s,
+        },
+        "freezer": {"backend": cfg.freezer, "in_use": freezer},
+        "slices": {
+            str(s.gpu): {
+                "region": ",".join(map(str, sorted(s.region_cores))),
+                "shared": ",".join(map(str, sorted(s.shared_cores))),
+            }
+            for s in slices
+        },
+        "pool": {
+            "workers": cfg.workers_per_gpu(),
+            "preload": preload,
+            "preload_installed": [m for m in preload if importlib.util.find_spec(m) is not None],
+            "max_uses": cfg.pool_max_uses,
+        },
+        "mps": {"enabled": cfg.mps},
+        "metrics": {"port": cfg.metrics_port, "address": cfg.metrics_address},
+        "cores_available": sorted(os.sched_getaffinity(0)),
+    }
+
+
+def config_toml(doc: dict[str, Any]) -> str:
+    """effective_config() as TOML a daemon accepts (derived values as comments where they are
+    not settings)."""
+    lines = [f"# effective configuration (from {doc['source']})"]
+    settable = {
+        "daemon": ("socket", "segment", "log_format"),
+        "gpus": ("count", "sim", "slots"),
+        "timeouts": ("quiesce_s", "drain_s", "freeze_s", "region_s"),
+        "freezer": ("backend",),
+        "pool": ("workers", "preload", "max_uses"),
+        "mps": ("enabled",),
+        "metrics": ("port", "address"),
+    }
+    for section, keys in settable.items():
+        lines.append(f"\n[{section}]")
+        for k in keys:
+            lines.append(f"{k} = {_toml(doc[section][k])}")
+        if section == "freezer":
+            lines.append(f"# in use here: {doc['freezer']['in_use']}")
+        if section == "pool":
+            lines.append(
+                f"# installed here: {', '.join(doc['pool']['preload_installed']) or 'none'}"
+            )
+    for gpu, s in doc["slices"].items():
+        lines += [
+            f"\n[slices.{gpu}]",
+            f"region = {_toml(s['region'])}",
+            f"shared = {_toml(s['shared'])}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _toml(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    return str(v)

@@ -187,7 +187,10 @@ class Daemon:
         # cgroups of the running one (recovery reopens gates and thaws groups).
         self._take_lock()
         n, slices = node_plan(cfg)
-        self.freezer: FreezerKind = detect_freezer(cfg.freezer)
+        try:
+            self.freezer: FreezerKind = detect_freezer(cfg.freezer)
+        except TenantsError as e:
+            raise ConfigError(f"{cfg.source}: freezer.backend: {e}") from e
         self.gpus = [Gpu(index=i, slots=cfg.slots, slice=slices[i]) for i in range(n)]
         self.tenants: dict[int, Tenant] = {}
         self.next_tenant = 1

@@ -83,6 +83,12 @@ def test_status_top_metrics_and_json_logs(tmp_path: Path) -> None:
     assert any("region of tenant" in doc["msg"] for doc in docs)
 
 
+def test_the_operator_guide_lists_every_metric() -> None:
+    guide = (ROOT / "docs" / "operator-guide.md").read_text()
+    for name in NAMES:
+        assert f"`{name}" in guide, name
+
+
 def test_deployment_files() -> None:
     cfg = load(DEPLOY / "config.toml")
     assert cfg.socket == Path("/run/krex/krex.sock")

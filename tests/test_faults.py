@@ -244,7 +244,7 @@ def test_a_foreign_gpu_process_is_shown_and_makes_regions_unclean(
         assert fast_drain.status()["gpus"][0]["foreign"] == [outsider.pid]  # type: ignore[index]
         shown = subprocess.run([*KREX, "status", "--socket", str(fast_drain.socket)],
                                capture_output=True, text=True, timeout=30)  # fmt: skip
-        assert f"foreign GPU processes (not under krex): [{outsider.pid}]" in shown.stdout
+        assert "foreign" in shown.stdout and str(outsider.pid) in shown.stdout, shown.stdout
         rc, report = _region(fast_drain, tmp_path)
         (region,) = report["regions"]
         assert rc == 0 and region["clean"] is False

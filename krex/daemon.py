@@ -1109,6 +1109,7 @@ class Daemon:
         w.state, w.tenant, t.worker = "busy", t, w
         token = secrets.token_hex(16)
         try:
+            g.pool_tenant.group.remove(w.proc.pid)  # it is the tenant's now, not the pool's
             await self._started(t, w.proc.pid)
             self.slot_segs[w.slots_id].set_slot_tenant(w.slot, w.proc.pid, t.id)
             w.writer.write(json.dumps({"op": "job", "token": token}).encode() + b"\n")
@@ -1130,6 +1131,9 @@ class Daemon:
         t, w.tenant = w.tenant, None
         if t is not None and w.proc.pid in t.pids:
             t.pids.remove(w.proc.pid)
+        if t is not None:
+            with contextlib.suppress(TenantsError):
+                t.group.remove(w.proc.pid)
         if g.pool_tenant is None or w.state == "gone":
             return
         with contextlib.suppress(TenantsError):

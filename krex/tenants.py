@@ -364,6 +364,14 @@ class TenantGroup:
         with self._lock:
             self._add(pid)
 
+    def remove(self, pid: int) -> None:
+        """Process `pid` leaves the group for another one (a pool worker between tenants).
+
+        A cgroup needs nothing: adding the process to the other group moves it. The signal
+        freezer, which only tracks processes, forgets it (and the children it forks)."""
+        with self._lock:
+            self._remove(pid)
+
     def pids(self) -> list[int]:
         """Every live process of the tenant, sorted."""
         with self._lock:
@@ -402,6 +410,9 @@ class TenantGroup:
     # Implemented by each kind.
     def _add(self, pid: int) -> None:
         raise NotImplementedError
+
+    def _remove(self, pid: int) -> None:
+        pass
 
     def _pids(self) -> list[int]:
         raise NotImplementedError
@@ -674,6 +685,9 @@ class _SignalGroup(TenantGroup):
         self._known[pid] = start
         if self._frozen:  # as with a cgroup: joining a frozen group freezes the newcomer
             self._stop({pid: start})
+
+    def _remove(self, pid: int) -> None:
+        self._known.pop(pid, None)
 
     def _pids(self) -> list[int]:
         return sorted(self._scan())

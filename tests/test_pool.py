@@ -431,3 +431,34 @@ def test_a_warm_command_maps_the_gates_read_only_and_its_workers_slots(
     assert perms.pop(gates) == "r--s", perms
     writable = [p for p, perm in perms.items() if perm == "rw-s" and not p.endswith("-sim")]
     assert len(writable) == 1 and writable[0].startswith(gates + "-t"), perms
+
+
+def test_the_signal_freezer_moves_a_worker_between_tenant_and_pool(tmp_path: Path) -> None:
+    """Without cgroups a group is a set of process trees: a leased worker leaves the pool's set
+    (else a region of its own command would stop it with the pool) and comes back after."""
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('[freezer]\nbackend = "signal"\n')
+    d = Daemon(tmp_path / "krex.sock", "--config", str(cfg), "--pool", "2")
+    d.start()
+    try:
+        wait_idle(d, 2)
+        sib = Counter(d)
+        try:
+            for _ in range(2):  # the second time in a worker that has been through a lease
+                holder = krex_run(d, sys.executable, "-c", HOLDER, "0.5", stdout=subprocess.PIPE)
+                assert holder.stdout is not None
+                assert holder.stdout.readline().startswith("in region")
+                time.sleep(0.1)
+                frozen_at = sib.value()
+                time.sleep(0.3)
+                assert sib.value() == frozen_at, "the sibling ran during the region"
+                assert holder.wait(timeout=30) == 0, "the owner's worker was stopped"
+                sib.wait_moving(within_s=2.0)
+        finally:
+            sib.stop()
+        st = d.status()
+        assert (
+            st is not None and st["freezer"] == "signal" and st["gpus"][0]["pool"]["warm_runs"] >= 3
+        )
+    finally:
+        d.stop()

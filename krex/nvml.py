@@ -42,6 +42,15 @@ class Nvml:
             return None
         return {"sm_clock_mhz": clock, "throttle_reasons": reasons}
 
+    def describe(self, gpu: int) -> str | None:
+        """ "<GPU name>, driver <version>" of GPU `gpu` (an NVML index), or None."""
+        lib = self._lib
+        try:
+            name = lib.nvmlDeviceGetName(lib.nvmlDeviceGetHandleByIndex(gpu))
+            return f"{name}, driver {lib.nvmlSystemGetDriverVersion()}"
+        except Exception:
+            return None
+
     def processes(self, gpu: int) -> set[int] | None:
         """Pids of the compute processes on GPU `gpu` (an NVML index), or None."""
         lib = self._lib

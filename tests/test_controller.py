@@ -205,20 +205,26 @@ HOLDER = textwrap.dedent("""
 """)
 
 
+def assert_frozen_for_the_region(d: Daemon, sib: Counter, hold_s: float) -> None:
+    """A region held `hold_s` seconds: `sib` makes no progress inside it, moves again after,
+    and the region's owner finishes (exit 0)."""
+    holder = krex_run(d, sys.executable, "-c", HOLDER, str(hold_s), stdout=subprocess.PIPE)
+    assert holder.stdout is not None
+    assert holder.stdout.readline().startswith("in region")
+    time.sleep(0.1)
+    frozen_at = sib.value()
+    time.sleep(hold_s * 0.6)
+    assert sib.value() == frozen_at, "the sibling ran during the region"
+    assert holder.stdout.readline().strip() == "out"
+    assert holder.wait(timeout=30) == 0, "the owner did not finish"
+    sib.wait_moving(within_s=2.0)
+
+
 def test_a_sibling_makes_no_progress_while_a_region_is_held(daemon: Daemon) -> None:
     """The real freezer: a sibling burning CPU is frozen for exactly the region's life."""
     sib = Counter(daemon)
     try:
-        holder = krex_run(daemon, sys.executable, "-c", HOLDER, "1.0", stdout=subprocess.PIPE)
-        assert holder.stdout is not None
-        assert holder.stdout.readline().startswith("in region")
-        time.sleep(0.1)
-        frozen_at = sib.value()
-        time.sleep(0.6)
-        assert sib.value() == frozen_at, "the sibling ran during the region"
-        assert holder.stdout.readline().strip() == "out"
-        sib.wait_moving(within_s=2.0)
-        assert holder.wait(timeout=30) == 0
+        assert_frozen_for_the_region(daemon, sib, 1.0)
     finally:
         sib.stop()
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,14 @@ def fast_drain(tmp_path: Path) -> Iterator[Daemon]:
         d.stop()
 
 
+def _until(d: Daemon, ready: Callable[[dict[str, Any]], bool], timeout_s: float = 10.0) -> None:
+    """Poll GPU 0's status until `ready` says so (fails after `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while not ready(g := d.status()["gpus"][0]):  # type: ignore[index]
+        assert time.monotonic() < deadline, g
+        time.sleep(0.02)
+
+
 def _region(d: Daemon, tmp_path: Path, seconds: str = "0.2") -> tuple[int, dict[str, Any]]:
     report = tmp_path / f"holder-{time.monotonic_ns()}.json"
     p = krex_run(d, sys.executable, "-c", HOLDER, seconds, report=report,
@@ -67,10 +75,7 @@ def test_a_sibling_that_never_drains_makes_the_region_unclean_not_stuck(
         sib.wait(timeout=30)
     # Its command dies with it (PR_SET_PDEATHSIG), a moment later; until then it is a GPU user
     # that krex no longer manages, and a region would say so.
-    deadline = time.monotonic() + 10
-    while fast_drain.status()["gpus"][0]["foreign"]:  # type: ignore[index]
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    _until(fast_drain, lambda g: not g["foreign"])
     rc, report = _region(fast_drain, tmp_path)
     assert rc == 0 and report["regions"][0]["clean"] is True, report["regions"]
 
@@ -106,10 +111,7 @@ def test_a_client_killed_while_queued_leaks_no_slot(tmp_path: Path) -> None:
         first = krex_run(d, "sh", "-c", "echo ready; sleep 2", stdout=subprocess.PIPE)
         assert first.stdout is not None and first.stdout.readline().strip() == "ready"
         queued = krex_run(d, "true")
-        deadline = time.monotonic() + 10
-        while d.status()["gpus"][0]["queue"] != 1:  # type: ignore[index]
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        _until(d, lambda g: g["queue"] == 1)
         queued.kill()
         queued.wait(timeout=30)
         assert first.wait(timeout=30) == 0
@@ -163,16 +165,10 @@ def test_daemon_sigkill_at_each_step_then_restart(tmp_path: Path, step: str) -> 
         waiting = None
         if step == "queued":
             procs.append(krex_run(d, "sleep", "6"))
-            deadline = time.monotonic() + 10
-            while d.status()["gpus"][0]["used"] != 2:  # type: ignore[index]
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
+            _until(d, lambda g: g["used"] == 2)
             waiting = subprocess.Popen([*run_argv(d), "--", "true"], stderr=subprocess.PIPE,
                                        text=True)  # fmt: skip
-            deadline = time.monotonic() + 10
-            while (g := d.status()["gpus"][0])["queue"] != 1:  # type: ignore[index]
-                assert time.monotonic() < deadline, g
-                time.sleep(0.02)
+            _until(d, lambda g: g["queue"] == 1)
         elif step == "draining":
             sib = krex_run(d, sys.executable, "-c", LONG_KERNEL, "20", stdout=subprocess.PIPE)
             procs.append(sib)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_controller import HOLDER, KREX, Counter, Daemon, krex_run
+from test_controller import KREX, Counter, Daemon, assert_frozen_for_the_region
 
 from krex.pool import plan
 
@@ -394,16 +394,7 @@ def test_a_warm_sibling_makes_no_progress_while_a_warm_region_is_held(tmp_path: 
         wait_idle(d, 2)
         sib = Counter(d)
         try:
-            holder = krex_run(d, sys.executable, "-c", HOLDER, "1.0", stdout=subprocess.PIPE)
-            assert holder.stdout is not None
-            assert holder.stdout.readline().startswith("in region")
-            time.sleep(0.1)
-            frozen_at = sib.value()
-            time.sleep(0.6)
-            assert sib.value() == frozen_at, "the sibling ran during the region"
-            assert holder.stdout.readline().strip() == "out"
-            sib.wait_moving(within_s=2.0)
-            assert holder.wait(timeout=30) == 0
+            assert_frozen_for_the_region(d, sib, 1.0)
             st = d.status()
             assert st is not None and st["gpus"][0]["pool"]["warm_runs"] == 2, st
         finally:
@@ -445,15 +436,7 @@ def test_the_signal_freezer_moves_a_worker_between_tenant_and_pool(tmp_path: Pat
         sib = Counter(d)
         try:
             for _ in range(2):  # the second time in a worker that has been through a lease
-                holder = krex_run(d, sys.executable, "-c", HOLDER, "0.5", stdout=subprocess.PIPE)
-                assert holder.stdout is not None
-                assert holder.stdout.readline().startswith("in region")
-                time.sleep(0.1)
-                frozen_at = sib.value()
-                time.sleep(0.3)
-                assert sib.value() == frozen_at, "the sibling ran during the region"
-                assert holder.wait(timeout=30) == 0, "the owner's worker was stopped"
-                sib.wait_moving(within_s=2.0)
+                assert_frozen_for_the_region(d, sib, 0.5)
         finally:
             sib.stop()
         st = d.status()

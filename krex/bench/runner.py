@@ -30,6 +30,7 @@ from rich.progress import Progress
 from krex.bench.metrics import Measurement, ModeRun, RegionTimes, summarize
 from krex.bench.suite import Command, commands
 from krex.client import ClientError, private_daemon
+from krex.nvml import Nvml
 from krex.paths import sim_library_dir
 
 MODES = ("exclusive", "shared", "krex", "krex-cold", "krex-serial")
@@ -73,7 +74,7 @@ def _plain_env(sim_shm: str | None) -> dict[str, str]:
     return env
 
 
-def _fresh_caches(env: dict[str, str], directory: Path) -> dict[str, str]:
+def fresh_caches(env: dict[str, str], directory: Path) -> dict[str, str]:
     """env with compile caches of its own: each command compiles as a new candidate would."""
     return env | {
         "TRITON_CACHE_DIR": str(directory / "triton"),
@@ -86,16 +87,12 @@ def _machine(simulated: bool) -> str:
     text = f"{platform.node()} ({os.cpu_count()} cores)"
     if simulated:
         return text + ", simulated GPU"
-    with contextlib.suppress(Exception):
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
-            driver = pynvml.nvmlSystemGetDriverVersion()
-        finally:
-            pynvml.nvmlShutdown()
-        text += f", {name}, driver {driver}"
+    nvml = Nvml.open()
+    if nvml is not None:
+        described = nvml.describe(0)
+        nvml.close()
+        if described:
+            text += f", {described}"
     return text
 
 
@@ -169,7 +166,7 @@ def _batch(
                     ]
                 p = subprocess.Popen(
                     argv,
-                    env=_fresh_caches(env, tmp / "cache" / f"{label}-{i}"),
+                    env=fresh_caches(env, tmp / "cache" / f"{label}-{i}"),
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     text=True,

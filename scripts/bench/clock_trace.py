@@ -16,11 +16,13 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pynvml
 
 from krex.bench import suite
+from krex.bench.runner import fresh_caches
 
 
 class Sampler(threading.Thread):
@@ -65,7 +67,7 @@ def main() -> int:
         task, variant = spec.split(":", 1)
         for i in range(args.n):
             with tempfile.TemporaryDirectory() as cache:
-                env = os.environ | {"TRITON_CACHE_DIR": cache, "TORCHINDUCTOR_CACHE_DIR": cache}
+                env = fresh_caches(dict(os.environ), Path(cache))
                 p = subprocess.run(
                     [sys.executable, str(suite.TASKS_DIR / f"{task}.py"), variant],
                     env=env,

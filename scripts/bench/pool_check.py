@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from krex.bench import suite
+from krex.bench.runner import fresh_caches
 from krex.client import private_daemon, status
 
 TYPICAL = ("softmax", "triton-w8")
@@ -32,10 +33,7 @@ TYPICAL = ("softmax", "triton-w8")
 def one(sock: Path, task: str, variant: str, warm: bool, tmp: Path, tag: str) -> dict[str, Any]:
     report = tmp / f"{tag}.json"
     cache = tmp / f"cache-{tag}"
-    env = os.environ | {
-        "TRITON_CACHE_DIR": str(cache / "triton"),
-        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
-    }
+    env = fresh_caches(dict(os.environ), cache)
     argv = [sys.executable, "-m", "krex.cli", "run", "--socket", str(sock)]
     argv += ["--report", str(report), *([] if warm else ["--no-pool"]), "--"]
     argv += [sys.executable, str(suite.TASKS_DIR / f"{task}.py"), variant]

@@ -19,12 +19,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 import triton.testing
 
 from krex.bench import suite
+from krex.bench.runner import fresh_caches
 
 
 def band(ms: float) -> str:
@@ -66,7 +68,7 @@ def time_commands(picks: list[tuple[str, str]]) -> list[dict[str, Any]]:
     rows = []
     for task, variant in picks:
         with tempfile.TemporaryDirectory() as cache:
-            env = os.environ | {"TRITON_CACHE_DIR": f"{cache}/t", "TORCHINDUCTOR_CACHE_DIR": cache}
+            env = fresh_caches(dict(os.environ), Path(cache))
             t0 = time.monotonic()
             p = subprocess.run(
                 [sys.executable, str(suite.TASKS_DIR / f"{task}.py"), variant],

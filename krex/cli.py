@@ -104,7 +104,17 @@ def bench_report(out_dir: Path) -> None:
 @main.command(
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
-@click.option("--gpu", type=click.IntRange(min=0), help="Run on this GPU (default: least loaded).")
+@click.option(
+    "--gpu",
+    "gpu_text",
+    metavar="I[,J...]",
+    help="Run on this GPU, or these (default: the least loaded).",
+)
+@click.option(
+    "--gpus",
+    type=click.IntRange(1, 16),
+    help="Run on this many GPUs (the least loaded); regions hold all of them.",
+)
 @click.option(
     "--report",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -142,7 +152,8 @@ def bench_report(out_dir: Path) -> None:
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(
     argv: tuple[str, ...],
-    gpu: int | None,
+    gpu_text: str | None,
+    gpus: int | None,
     report: Path | None,
     auto_regions: str | None,
     region_timeout: float | None,
@@ -158,11 +169,28 @@ def run(
         from krex.autoregions import DEFAULT_AUTO_REGIONS
 
         auto_regions = ",".join(DEFAULT_AUTO_REGIONS)
+    gpu: int | list[int] | None = None
+    if gpu_text is not None:
+        try:
+            ids = [int(x) for x in gpu_text.split(",")]
+        except ValueError:
+            ids = []
+        if not ids or min(ids) < 0 or len(set(ids)) != len(ids):
+            raise click.BadParameter(
+                f"{gpu_text!r}: GPU indices (0, 1, ...) separated by commas, each once",
+                param_hint="'--gpu'",
+            )
+        if gpus is not None and gpus != len(ids):
+            raise click.BadParameter(
+                f"--gpus {gpus} but --gpu names {len(ids)} GPU(s)", param_hint="'--gpus'"
+            )
+        gpu = ids[0] if len(ids) == 1 else ids
     sys.exit(
         client.run(
             client.RunOptions(
                 argv=list(argv),
                 gpu=gpu,
+                gpus=gpus,
                 report=report,
                 auto_regions=auto_regions,
                 region_timeout_s=region_timeout,

@@ -129,7 +129,8 @@ def connect(path: Path, *, sim: bool, start: bool) -> Connection:
 @dataclass
 class RunOptions:
     argv: list[str]
-    gpu: int | None = None
+    gpu: int | list[int] | None = None  # which GPU(s); None: the least loaded
+    gpus: int | None = None  # how many (a command of several GPUs holds all in its regions)
     report: Path | None = None
     auto_regions: str | None = None
     region_timeout_s: float | None = None
@@ -239,6 +240,7 @@ def run(opts: RunOptions) -> int:
                 "op": "admit",
                 "argv": opts.argv,
                 "gpu": opts.gpu,
+                **({"gpus": opts.gpus} if opts.gpus is not None else {}),
                 "sim": opts.sim,
                 "auto_regions": opts.auto_regions,
                 "region_timeout_s": opts.region_timeout_s,
@@ -328,6 +330,7 @@ def _finish(
     report: dict[str, Any] = {
         "exit_code": code,
         "gpu": reply["gpu"],
+        "gpus": reply.get("gpus", [reply["gpu"]]),
         "tenant": reply["tenant"],
         "wall_s": wall,
         "argv": opts.argv,
@@ -392,12 +395,13 @@ def status(sim: bool, explicit_socket: str | None) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def private_daemon(
-    directory: Path, *, sim: bool, slots: int, pool: int | None = None
+    directory: Path, *, sim: bool, slots: int, pool: int | None = None, gpus: int | None = None
 ) -> Iterator[Path]:
     """A daemon of its own on a socket in `directory` (for the demo and the bench), stopped on
     exit; yields the socket once its warm workers, if any, are ready (at most 3 minutes).
-    `pool`: warm workers per GPU (None: the daemon's default). ClientError when the daemon
-    does not come up within 30 s."""
+    `pool`: warm workers per GPU (None: the daemon's default); `gpus`: how many (None: every
+    GPU the driver shows, or 1 simulated). ClientError when the daemon does not come up within
+    30 s."""
     directory.mkdir(parents=True, exist_ok=True)
     sock = directory / "krex.sock"
     log_path = directory / "daemon.log"
@@ -412,6 +416,7 @@ def private_daemon(
         str(slots),
         *(["--sim"] if sim else []),
         *(["--pool", str(pool)] if pool is not None else []),
+        *(["--gpus", str(gpus)] if gpus is not None else []),
     ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=log)

@@ -66,43 +66,57 @@ class RegionRequest:
     tenant: Tenant
     writer: asyncio.StreamWriter
     t_request: float
-    granted: asyncio.Future[dict[str, Any]]
+    granted: asyncio.Future[Region]  # the region, once it holds this request's GPU
 
 
 @dataclass
 class Region:
-    """The region a GPU is in: who owns it and what taking the GPU cost."""
+    """A tenant's region: the GPUs it holds and what taking them cost. A command of several
+    GPUs takes them one at a time, in index order (so that two such commands never deadlock);
+    the region is granted once it holds all of them, and ends on all of them at once."""
 
     tenant: Tenant
-    epoch: int
     t_request: float
-    t_grant: float
-    wait_s: float
-    drain_s: float
-    freeze_s: float
-    clean: bool
-    frozen: list[Tenant]
-    clock_at_grant: dict[str, int] | None = None
-    holders: int = 1  # region_begin calls of the owner tenant (other threads nest)
+    gpus: list[int] = field(default_factory=list)  # held so far, in the order taken
+    epochs: dict[int, int] = field(default_factory=dict)
+    t_grant: float = 0.0  # 0 until every GPU is held
+    wait_s: float = 0.0
+    drain_s: float = 0.0
+    freeze_s: float = 0.0
+    clean: bool = True
+    frozen: list[Tenant] = field(default_factory=list)  # siblings on any of its GPUs
+    clocks: dict[int, dict[str, int] | None] = field(default_factory=dict)  # at each GPU's grant
+    holders: int = 1  # connections of the owner in it (other threads nest)
     revoked: bool = False
+    ended: bool = False
+    record: dict[str, Any] | None = None
     timer: asyncio.TimerHandle | None = None
     problems: list[str] = field(default_factory=list)
+
+    @property
+    def granted(self) -> bool:
+        return self.t_grant > 0
 
 
 @dataclass
 class Tenant:
     id: int
-    gpu: int
+    gpu: int  # the first of its GPUs
     argv: list[str]
     group: TenantGroup
     region_timeout_s: float
     t_admit: float
+    gpus: list[int] = field(default_factory=list)  # all of them, ascending ([gpu] if unset)
+    region: Region | None = None  # its region, being taken or held
     pids: list[int] = field(default_factory=list)
     regions: list[dict[str, Any]] = field(default_factory=list)
     intercepted: int = 0  # from slots of its processes that are gone (reaped)
     blocked: int = 0
     gone: bool = False
     worker: Worker | None = None  # the warm worker running its command
+
+    def __post_init__(self) -> None:
+        self.gpus = sorted(self.gpus) if self.gpus else [self.gpu]
 
 
 @dataclass
@@ -133,8 +147,9 @@ class Gpu:
     admission: deque[asyncio.Future[None]] = field(default_factory=deque)
     requests: deque[RegionRequest] = field(default_factory=deque)
     region: Region | None = None
-    pending: Region | None = None  # the region being set up (busy)
-    busy: bool = False  # a region is being set up or torn down
+    pending: Region | None = None  # the region being set up here (busy)
+    busy: bool = False  # a region is being set up here
+    reserved: int = 0  # slots promised to commands being admitted
     pool: list[Worker] = field(default_factory=list)
     pool_tenant: Tenant | None = None  # the group idle workers wait in (frozen in regions)
     pool_failures: int = 0  # workers in a row that died before they were ready
@@ -360,7 +375,7 @@ class Daemon:
         await self._stop_pools()
         for g in self.gpus:
             if g.region is not None:
-                self._finish_region(g, revoked=True, why="daemon stopping")
+                self._finish_region(g.region, revoked=True, why="daemon stopping")
             self.seg.gate_open(g.index)
         for t in list(self.tenants.values()):
             t.group.destroy()
@@ -436,14 +451,54 @@ class Daemon:
         await writer.drain()
 
     # Admission.
-    def _pick_gpu(self, wanted: Any) -> Gpu:
+    def _pick_gpus(self, wanted: Any, count: Any) -> list[Gpu]:
+        """The GPUs a command asked for (`gpu`: an index or a list of them; `gpus`: how many),
+        in index order; by default the least loaded."""
+        n = len(self.gpus)
+        if count is not None:
+            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+                raise ProtocolError(f"gpus must be a positive integer, got {count!r}")
+            if count > n:
+                raise ProtocolError(f"{count} GPUs asked for, but this node has {n}")
         if wanted is not None:
-            if not isinstance(wanted, int) or isinstance(wanted, bool):
-                raise ProtocolError(f"gpu must be an integer, got {wanted!r}")
-            if not 0 <= wanted < len(self.gpus):
-                raise ProtocolError(f"GPU {wanted} does not exist (this node has {len(self.gpus)})")
-            return self.gpus[wanted]
-        return min(self.gpus, key=lambda g: (len(g.tenants) + len(g.admission), g.index))
+            ids = [wanted] if not isinstance(wanted, list) else wanted
+            if not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                raise ProtocolError(f"gpu must be a GPU index or a list of them, got {wanted!r}")
+            missing = [i for i in ids if not 0 <= i < n]
+            if missing:
+                raise ProtocolError(f"GPU {missing[0]} does not exist (this node has {n})")
+            if len(set(ids)) != len(ids):
+                raise ProtocolError(f"gpu names a GPU twice: {ids}")
+            if count is not None and count != len(ids):
+                raise ProtocolError(f"gpus={count} but gpu names {len(ids)}: {ids}")
+            return [self.gpus[i] for i in sorted(ids)]
+        load = sorted(self.gpus, key=lambda g: (self._load(g), g.index))
+        return sorted(load[: count or 1], key=lambda g: g.index)
+
+    @staticmethod
+    def _load(g: Gpu) -> int:
+        return len(g.tenants) + g.reserved + len(g.admission)
+
+    async def _take_slot(
+        self, g: Gpu, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Reserve one of g's slots (g.reserved), after waiting in its queue if all are taken."""
+        if len(g.tenants) + g.reserved < g.slots and not g.admission:
+            g.reserved += 1
+            return
+        ticket: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        g.admission.append(ticket)
+        await self._send(writer, {"ok": True, "queued": len(g.admission), "gpu": g.index})
+        try:
+            await self._until(ticket, reader)  # _admit_next reserves the slot for us
+        except BaseException:
+            if ticket in g.admission:
+                g.admission.remove(ticket)
+            elif ticket.done() and not ticket.cancelled():
+                # We were handed a slot but are leaving: pass it on.
+                g.reserved -= 1
+                self._admit_next(g)
+            raise
 
     async def _admit(
         self,
@@ -473,42 +528,46 @@ class Daemon:
                 f"the shared segment {self.seg.name} was removed under the daemon: running "
                 "commands finish, new ones cannot be gated; restart the daemon"
             )
-        g = self._pick_gpu(msg.get("gpu"))
-        if len(g.tenants) >= g.slots:
-            ticket: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            g.admission.append(ticket)
-            await self._send(writer, {"ok": True, "queued": len(g.admission)})
-            try:
-                await self._until(ticket, reader)
-            finally:
-                if ticket in g.admission:
-                    g.admission.remove(ticket)
-                elif ticket.done() and not ticket.cancelled():
-                    # We were handed a slot but are leaving: pass it on.
-                    self._admit_next(g)
-        tid = self.next_tenant
-        self.next_tenant += 1
+        gpus = self._pick_gpus(msg.get("gpu"), msg.get("gpus"))
+        held: list[Gpu] = []
         try:
-            group = TenantGroup.create(self.freezer, self.root, tid)
-            self._new_slot_segment(tid, 64)
-        except (TenantsError, SegmentError, KrexError) as e:
-            self._admit_next(g)
-            raise ProtocolError(f"cannot set up the tenant: {e}") from e
+            # One slot on each GPU, taken in index order: a command of several GPUs never holds
+            # a slot while it waits for one that the holder of another slot waits for.
+            for g in gpus:
+                await self._take_slot(g, reader, writer)
+                held.append(g)
+            tid = self.next_tenant
+            self.next_tenant += 1
+            try:
+                group = TenantGroup.create(self.freezer, self.root, tid)
+                self._new_slot_segment(tid, 64)
+            except (TenantsError, SegmentError, KrexError) as e:
+                raise ProtocolError(f"cannot set up the tenant: {e}") from e
+        except BaseException:
+            for g in held:
+                g.reserved -= 1
+                self._admit_next(g)
+            raise
+        g = gpus[0]
         t = Tenant(
             id=tid,
             gpu=g.index,
+            gpus=[x.index for x in gpus],
             argv=argv,
             group=group,
             region_timeout_s=float(timeout),
             t_admit=time.monotonic(),
         )
         self.tenants[tid] = t
-        g.tenants.append(t)
-        self.metrics.admitted(g.index)
-        log.info("admitted tenant %d on GPU %d: %s", tid, g.index, " ".join(argv)[:200])
-        reply: dict[str, Any] = {"ok": True, "tenant": tid, "gpu": g.index}
+        for x in gpus:
+            x.reserved -= 1
+            x.tenants.append(t)
+            self.metrics.admitted(x.index)
+        where = ",".join(map(str, t.gpus))
+        log.info("admitted tenant %d on GPU %s: %s", tid, where, " ".join(argv)[:200])
+        reply: dict[str, Any] = {"ok": True, "tenant": tid, "gpu": g.index, "gpus": t.gpus}
         reply["env"] = self._env(t, auto)
-        if g.pool or self.cfg.workers_per_gpu():
+        if len(gpus) == 1 and (g.pool or self.cfg.workers_per_gpu()):
             # What a client needs to decide whether its command can run warm (krex/pool.py).
             reply["pool"] = {
                 "python": sys.executable,
@@ -535,21 +594,25 @@ class Daemon:
                     raise ProtocolError("nothing may be sent while waiting")
 
     def _admit_next(self, g: Gpu) -> None:
-        while g.admission and len(g.tenants) < g.slots:
+        """Hand free slots of g to the commands waiting for one (each reserved at once, so that
+        nobody arriving meanwhile takes it)."""
+        while g.admission and len(g.tenants) + g.reserved < g.slots:
             ticket = g.admission.popleft()
             if not ticket.done():
+                g.reserved += 1
                 ticket.set_result(None)
-                return
 
     def _env(self, t: Tenant, auto: str | None) -> dict[str, str]:
         env = {
             "KREX_SOCKET": str(self.socket),
             "KREX_TENANT": str(t.id),
-            "KREX_GPU": str(t.gpu),
+            "KREX_GPU": ",".join(map(str, t.gpus)),
             "KREX_SHM": self.seg.name,
             **({"KREX_SLOTS": self._slots_name(t.id)} if t.id in self.slot_segs else {}),
             "LD_PRELOAD": str(shim_library()),
         }
+        # Its GPUs only, as devices 0, 1, ... (the simulated driver reads this too).
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, t.gpus))
         if self.cfg.sim:
             env["LD_LIBRARY_PATH"] = str(sim_library_dir())
             env["KREX_SIM_SHM"] = self.seg.name + "-sim"
@@ -557,7 +620,6 @@ class Daemon:
         else:
             # PCI bus order: the same GPU numbering as NVML (CUDA's default is fastest first).
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-            env["CUDA_VISIBLE_DEVICES"] = str(t.gpu)
             env.update(self._mps_env())
         if auto:
             from krex.autoregions import env_for
@@ -606,20 +668,25 @@ class Daemon:
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(None, t.group.add, pid)
-            await loop.run_in_executor(None, t.group.pin, set(self.gpus[t.gpu].slice.shared_cores))
+            await loop.run_in_executor(None, t.group.pin, self._cores(t))
         except TenantsError as e:
             raise ProtocolError(f"cannot place process {pid}: {e}") from e
         t.pids.append(pid)
-        g = self.gpus[t.gpu]
-        region = g.region or g.pending
-        if region is not None and region.tenant is not t and t not in region.frozen:
+        for i in t.gpus:
+            g = self.gpus[i]
+            region = g.region or g.pending
+            if region is None or region.tenant is t or t in region.frozen:
+                continue
             # Joining while another tenant holds the GPU (or is taking it): it starts frozen
             # like its siblings. Listed first, so that a region ending meanwhile thaws it.
             region.frozen.append(t)
             ok = await loop.run_in_executor(None, self._freeze, t)
-            if region is not g.region and region is not g.pending:
-                # The region ended while we froze: its thaw may have come before our freeze.
-                await loop.run_in_executor(None, t.group.thaw)
+            if region.ended or (region is not g.region and region is not g.pending):
+                # The region ended (or let this GPU go) while we froze: its thaw may have come
+                # before our freeze.
+                if t in region.frozen:
+                    region.frozen.remove(t)
+                await loop.run_in_executor(None, self._thaw, t)
             elif not ok:
                 region.clean = False
                 region.problems.append(f"tenant {t.id} admitted during the region did not freeze")
@@ -628,17 +695,19 @@ class Daemon:
         if t.gone:
             return
         t.gone = True
-        g = self.gpus[t.gpu]
-        for req in list(g.requests):
-            if req.tenant is t:
-                g.requests.remove(req)
-                if not req.granted.done():
-                    req.granted.cancel()
-        if g.region is not None and g.region.tenant is t:
-            self._finish_region(g, revoked=False, why="tenant finished")
-        for region in (g.region, g.pending):
-            if region is not None and t in region.frozen:
-                region.frozen.remove(t)
+        for i in t.gpus:
+            g = self.gpus[i]
+            for req in list(g.requests):
+                if req.tenant is t:
+                    g.requests.remove(req)
+                    if not req.granted.done():
+                        req.granted.cancel()
+        if t.region is not None:
+            self._finish_region(t.region, revoked=False, why="tenant finished")
+        for g in self.gpus:
+            for region in (g.region, g.pending):
+                if region is not None and t in region.frozen:
+                    region.frozen.remove(t)
         if t.worker is not None and t.worker.tenant is t:
             # Its worker may still be resetting: back to the pool's group before ours goes.
             self._return_to_pool(t.worker)
@@ -648,11 +717,20 @@ class Daemon:
             self.orphan_segs.append(seg)  # goes once its last process has exited
             self._account()
         t.group.destroy()
-        g.tenants.remove(t)
         del self.tenants[t.id]
-        self.metrics.finished(g.index)
-        log.info("tenant %d left GPU %d", t.id, g.index)
-        self._admit_next(g)
+        for i in t.gpus:
+            g = self.gpus[i]
+            g.tenants.remove(t)
+            self.metrics.finished(i)
+            self._admit_next(g)
+        log.info("tenant %d left GPU %s", t.id, ",".join(map(str, t.gpus)))
+
+    def _cores(self, t: Tenant) -> set[int]:
+        """Where t runs: the region cores of the GPUs its region holds, else the shared cores
+        of its GPUs."""
+        if t.region is not None and t.region.gpus and not t.region.ended:
+            return {c for i in t.region.gpus for c in self.gpus[i].slice.region_cores}
+        return {c for i in t.gpus for c in self.gpus[i].slice.shared_cores}
 
     # Accounting.
     def _account(self) -> None:
@@ -726,42 +804,56 @@ class Daemon:
         if peer.pid not in await asyncio.get_running_loop().run_in_executor(None, t.group.pids):
             # A region freezes the tenant's siblings: only the tenant's own processes ask.
             raise ProtocolError(f"process {peer.pid} is not one of tenant {t.id}'s")
-        g = self.gpus[t.gpu]
         loop = asyncio.get_running_loop()
-        req = RegionRequest(
-            tenant=t, writer=writer, t_request=time.monotonic(), granted=loop.create_future()
-        )
-        g.requests.append(req)
-        self._schedule(g)
-        try:
-            await self._until(req.granted, reader)
-        except ConnectionError:
-            if req in g.requests:
-                g.requests.remove(req)
-            if req.granted.done() and not req.granted.cancelled():
-                self._drop_holder(g, t, why="owner gone")
-            return
-        grant = req.granted.result()
-        await self._send(writer, {"ok": True, **grant})
+        t_request = time.monotonic()
+        mine: Region | None = None  # the region this connection is a holder of
+        # Its GPUs in index order: every command takes them in the same order, so no two wait
+        # for each other (a request waits only for GPUs above those it holds).
+        for g in [self.gpus[i] for i in t.gpus]:
+            req = RegionRequest(
+                tenant=t, writer=writer, t_request=t_request, granted=loop.create_future()
+            )
+            g.requests.append(req)
+            self._schedule(g)
+            try:
+                await self._until(req.granted, reader)
+                region = req.granted.result()  # ConnectionError when taking this GPU failed
+            except BaseException:
+                if req in g.requests:
+                    g.requests.remove(req)
+                elif not req.granted.done():
+                    req.granted.cancel()  # being set up: _open_region lets it go again
+                elif mine is None and not req.granted.cancelled():
+                    mine = req.granted.result() if req.granted.exception() is None else None
+                if mine is not None:
+                    self._drop_holder(mine, why="owner gone")
+                raise
+            mine = mine or region  # the first GPU's grant made us one of its holders
+        if mine is None or mine.ended:
+            raise ProtocolError("the region ended before it was granted")
+        await self._send(writer, {"ok": True, **self._grant_record(mine, t_request)})
         end = await self._read(reader)
         if end is None or end.get("op") != "region_end":
             # EOF (the owner died, or closed without region_end): the region ends at once.
-            self._drop_holder(g, t, why="owner gone")
+            self._drop_holder(mine, why="owner gone")
             if end is not None:
                 raise ProtocolError("expected region_end")
             return
-        record = self._drop_holder(g, t, why="region_end")
+        record = self._drop_holder(mine, why="region_end")
         await self._send(writer, {"ok": True, "region": record})
 
     def _schedule(self, g: Gpu) -> None:
         if g.busy or not g.requests:
             return
-        if g.region is not None:
-            # Other threads of the owner nest into its region at once.
-            for req in [r for r in g.requests if r.tenant is g.region.tenant]:
+        r = g.region
+        if r is not None:
+            # Other threads of the owner nest into its region at once (counted once, on its
+            # first GPU: a thread asks for each of the owner's GPUs in turn).
+            for req in [x for x in g.requests if x.tenant is r.tenant]:
                 g.requests.remove(req)
-                g.region.holders += 1
-                req.granted.set_result(self._grant_record(g.region, req.t_request))
+                if g.index == r.tenant.gpus[0]:
+                    r.holders += 1
+                req.granted.set_result(r)
             return
         req = g.requests.popleft()
         g.busy = True
@@ -769,41 +861,66 @@ class Daemon:
 
     def _grant_record(self, r: Region, t_request: float) -> dict[str, Any]:
         return {
-            "epoch": r.epoch,
+            "epoch": r.epochs.get(r.tenant.gpus[0], 0),
             "wait_s": time.monotonic() - t_request,
             "drain_s": r.drain_s,
             "freeze_s": r.freeze_s,
             "clean": r.clean,
+            **({"gpus": list(r.gpus)} if len(r.tenant.gpus) > 1 else {}),
         }
 
+    def _still_frozen(self) -> set[int]:
+        """Tenants listed frozen by a live region. Such a region closed its gate to them and
+        drained them (every context they use) before it listed them, and they cannot submit
+        again until it ends: there is nothing of theirs to quiesce or drain."""
+        return {
+            s.id
+            for g in self.gpus
+            for r in (g.region, g.pending)
+            if r is not None and not r.ended
+            for s in r.frozen
+        }
+
+    def _drain_segments(self) -> list[Segment]:
+        """The slot segments a region's quiesce and drain wait on: all but those of frozen
+        tenants (a command of several GPUs that a region on another of its GPUs froze: its
+        drain thread is frozen too and would time the drain out)."""
+        skip = self._still_frozen()
+        for w in self.workers.values():
+            owner = w.tenant or self.gpus[w.gpu].pool_tenant
+            if owner is not None and owner.id in skip:
+                skip.add(w.slots_id)
+        segs = [seg for tid, seg in self.slot_segs.items() if tid not in skip]
+        return [self.seg, *segs, *self.orphan_segs]
+
     async def _open_region(self, g: Gpu, req: RegionRequest) -> None:
-        """Steps 1-6 of design.md for req's tenant on GPU g."""
+        """Steps 1-5 of design.md for req's tenant on GPU g (one GPU of its region)."""
         loop = asyncio.get_running_loop()
         t = req.tenant
-        # The region exists (as g.pending) from the start: a tenant that joins while it is set
-        # up is frozen into it by _started, never left running beside it.
-        r = Region(
-            tenant=t,
-            epoch=0,
-            t_request=req.t_request,
-            t_grant=0.0,
-            wait_s=0.0,
-            drain_s=0.0,
-            freeze_s=0.0,
-            clean=True,
-            frozen=[],
-        )
+        r = t.region
+        if r is None or r.ended:
+            if g.index != t.gpus[0]:
+                # Its region ended (revoked, or its holders left) while this request waited.
+                g.busy = False
+                if not req.granted.done():
+                    req.granted.set_exception(ConnectionError("the region ended while waiting"))
+                self._schedule(g)
+                return
+            r = t.region = Region(tenant=t, t_request=req.t_request)
+        # The region is g.pending from the start: a tenant that joins while it is set up is
+        # frozen into it by _started, never left running beside it.
         g.pending = r
+        siblings: list[Tenant] = []
         try:
             hold = Hold(gpu=g.index, owner=t.id)
-            hold.epoch = r.epoch = self.seg.gate_close(
+            hold.epoch = self.seg.gate_close(
                 g.index, t.id, deadline_s=t.region_timeout_s + GATE_GRACE_S
             )
             await loop.run_in_executor(
                 None,
                 functools.partial(
                     quiesce_and_drain,
-                    self._segments(),
+                    self._drain_segments(),
                     hold,
                     quiesce_timeout_s=self.cfg.quiesce_s,
                     drain_timeout_s=self.cfg.drain_s,
@@ -828,46 +945,77 @@ class Daemon:
             if self.cfg.sim:
                 r.problems += await loop.run_in_executor(None, self._unlock_sim, list(r.frozen))
             t2 = time.monotonic()
-            await loop.run_in_executor(None, t.group.pin, set(g.slice.region_cores))
+            r.gpus.append(g.index)
+            r.epochs[g.index] = hold.epoch
+            await loop.run_in_executor(None, t.group.pin, self._cores(t))
             foreign = await loop.run_in_executor(None, self._foreign, g)
             if foreign:
                 # Not gated, not drained, not frozen: the region cannot vouch for the GPU.
-                r.problems.append(f"foreign GPU process(es) {sorted(foreign)} present")
+                r.problems.append(
+                    f"foreign GPU process(es) {sorted(foreign)} present on GPU {g.index}"
+                )
         except Exception as e:
-            log.exception("opening a region for tenant %d failed", t.id)
-            g.pending = None
-            for s in r.frozen:
-                with contextlib.suppress(TenantsError):
-                    s.group.thaw()
-            self.seg.gate_open(g.index)
-            g.busy = False
+            log.exception("opening a region for tenant %d on GPU %d failed", t.id, g.index)
+            self._let_go(g, r, siblings)
+            if not r.gpus:
+                r.ended = True  # nothing held: the region never was
+                if t.region is r:
+                    t.region = None
             if not req.granted.done():
                 req.granted.set_exception(ConnectionError(str(e)))
             self._schedule(g)
             return
-        now = time.monotonic()
-        r.t_grant = now
-        r.wait_s = now - req.t_request
-        r.drain_s = hold.quiesce_s + hold.drain_s
-        r.freeze_s = t2 - t1
-        r.clean = r.clean and not r.problems
-        r.clock_at_grant = self.nvml.sample(g.index) if self.nvml else None
+        r.drain_s += hold.quiesce_s + hold.drain_s
+        r.freeze_s += t2 - t1
+        r.clocks[g.index] = self.nvml.sample(g.index) if self.nvml else None
         g.pending = None
-        g.region = r
         g.busy = False
-        if req.granted.cancelled() or t.gone:
-            self._finish_region(g, revoked=False, why="owner gone before its grant")
+        if r.ended:
+            # Its holders left (or it was revoked) while this GPU was being taken.
+            self._let_go(g, r, siblings)
+            if not req.granted.done():
+                req.granted.set_exception(ConnectionError("the region ended while it was taken"))
+            self._schedule(g)
             return
-        r.timer = loop.call_later(t.region_timeout_s, self._revoke, g, r)
-        req.granted.set_result(self._grant_record(r, req.t_request))
-        if r.problems:
-            log.warning(
-                "region of tenant %d on GPU %d is unclean: %s",
-                t.id,
-                g.index,
-                "; ".join(r.problems),
-            )
+        g.region = r
+        if req.granted.cancelled() or t.gone:
+            if g.index == t.gpus[0]:
+                self._drop_holder(r, why="owner gone before its grant")
+            self._schedule(g)
+            return
+        if len(r.gpus) == len(t.gpus):
+            now = time.monotonic()
+            r.t_grant = now
+            r.wait_s = now - r.t_request
+            r.clean = r.clean and not r.problems
+            r.timer = loop.call_later(t.region_timeout_s, self._revoke, r)
+            if r.problems:
+                log.warning(
+                    "region of tenant %d on GPU %s is unclean: %s",
+                    t.id,
+                    ",".join(map(str, r.gpus)),
+                    "; ".join(r.problems),
+                )
+        req.granted.set_result(r)
         self._schedule(g)  # other threads of the owner waiting behind it
+
+    def _let_go(self, g: Gpu, r: Region, siblings: list[Tenant]) -> None:
+        """Undo taking GPU g for region r: its siblings, its place in r, its gate."""
+        if g.pending is r:
+            g.pending = None
+        if g.region is r:
+            g.region = None
+        g.busy = False
+        for s in siblings:
+            if s in r.frozen:
+                r.frozen.remove(s)
+            self._thaw(s)
+        if g.index in r.gpus:
+            r.gpus.remove(g.index)
+        if not r.tenant.gone:
+            with contextlib.suppress(TenantsError):
+                r.tenant.group.pin(self._cores(r.tenant))
+        self.seg.gate_open(g.index)
 
     def _unlock_sim(self, siblings: list[Tenant]) -> list[str]:
         """On a simulated node, never leave a sibling frozen inside the simulated driver's
@@ -891,73 +1039,99 @@ class Daemon:
             log.warning("freezing tenant %d failed: %s", t.id, e)
             return t.gone
 
-    def _revoke(self, g: Gpu, r: Region) -> None:
-        if g.region is r:
+    def _thaw(self, t: Tenant) -> None:
+        """Thaw t unless a live region still lists it frozen (it may be a sibling on two GPUs,
+        frozen by the regions of both)."""
+        if t.id in self._still_frozen():
+            return
+        with contextlib.suppress(TenantsError):
+            t.group.thaw()
+
+    def _revoke(self, r: Region) -> None:
+        if not r.ended:
             log.warning(
-                "region of tenant %d on GPU %d passed its time-out (%.1f s): revoked",
+                "region of tenant %d on GPU %s passed its time-out (%.1f s): revoked",
                 r.tenant.id,
-                g.index,
+                ",".join(map(str, r.gpus)),
                 r.tenant.region_timeout_s,
             )
-            self._finish_region(g, revoked=True, why="time-out")
+            self._finish_region(r, revoked=True, why="time-out")
 
-    def _drop_holder(self, g: Gpu, t: Tenant, why: str) -> dict[str, Any]:
-        """One region_begin of tenant t is over; the region ends with its last holder."""
-        r = g.region
-        if r is None or r.tenant is not t:
+    def _drop_holder(self, r: Region, why: str) -> dict[str, Any]:
+        """One holder of region r is done; the region ends with its last holder."""
+        if r.ended:
             # Already finished (revoked, or the tenant left): report what it was.
-            return t.regions[-1] if t.regions else {"revoked": True}
+            return r.record or {"revoked": True}
         r.holders -= 1
         if r.holders > 0:
             return self._record(r, time.monotonic())
-        return self._finish_region(g, revoked=False, why=why)
+        return self._finish_region(r, revoked=False, why=why)
 
     def _record(self, r: Region, t_end: float) -> dict[str, Any]:
         rec: dict[str, Any] = {
             "wait_s": r.wait_s,
             "drain_s": r.drain_s,
             "freeze_s": r.freeze_s,
-            "duration_s": t_end - r.t_grant,
-            "clean": r.clean,
+            "duration_s": t_end - r.t_grant if r.granted else 0.0,
+            "clean": r.clean and not r.problems,
             "revoked": r.revoked,
             "problems": list(r.problems),
         }
-        end = self.nvml.sample(r.tenant.gpu) if self.nvml else None
-        if r.clock_at_grant and end:
+        if len(r.tenant.gpus) > 1:
+            rec["gpus"] = list(r.gpus)
+        first = r.tenant.gpus[0]
+        start = r.clocks.get(first)
+        end = self.nvml.sample(first) if self.nvml and start else None
+        if start and end:
             # measurement.md: record the SM clock and throttle reasons; flag throttled regions.
-            rec["sm_clock_mhz"] = [r.clock_at_grant["sm_clock_mhz"], end["sm_clock_mhz"]]
-            reasons = r.clock_at_grant["throttle_reasons"] | end["throttle_reasons"]
+            reasons = start["throttle_reasons"] | end["throttle_reasons"]
+            for i in r.gpus[1:]:
+                other = r.clocks.get(i)
+                later = self.nvml.sample(i) if self.nvml and other else None
+                if other and later:
+                    reasons |= other["throttle_reasons"] | later["throttle_reasons"]
+            rec["sm_clock_mhz"] = [start["sm_clock_mhz"], end["sm_clock_mhz"]]
             rec["throttle_reasons"] = reasons
             rec["throttled"] = throttled(reasons)
         return rec
 
-    def _finish_region(self, g: Gpu, *, revoked: bool, why: str) -> dict[str, Any]:
-        """Exit: undo the pin, thaw the siblings, open the gate, wake the next request."""
-        r = g.region
-        assert r is not None
+    def _finish_region(self, r: Region, *, revoked: bool, why: str) -> dict[str, Any]:
+        """Exit, on every GPU the region holds: undo the pin, thaw the siblings, open the
+        gates, wake the next requests."""
+        if r.ended:
+            return r.record or {"revoked": True}
+        r.ended = True
+        t = r.tenant
         t_end = time.monotonic()
         if r.timer is not None:
             r.timer.cancel()
         r.revoked = r.revoked or revoked
-        if not r.tenant.gone:
+        held = [self.gpus[i] for i in r.gpus]
+        for g in held:
+            if g.region is r:
+                g.region = None
+        if t.region is r:
+            t.region = None
+        if not t.gone:
             with contextlib.suppress(TenantsError):
-                r.tenant.group.pin(set(g.slice.shared_cores))
+                t.group.pin(self._cores(t))
         for s in r.frozen:
-            with contextlib.suppress(TenantsError):
-                s.group.thaw()
-        self.seg.gate_open(g.index)
-        g.region = None
+            self._thaw(s)
+        for g in reversed(held):
+            self.seg.gate_open(g.index)
         record = self._record(r, t_end)
-        r.tenant.regions.append(record)
-        self.metrics.region(g.index, record)
+        r.record = record
+        t.regions.append(record)
+        self.metrics.region(t.gpu, record)
         log.info(
-            "region of tenant %d on GPU %d ended (%s) after %.3f s",
-            r.tenant.id,
-            g.index,
+            "region of tenant %d on GPU %s ended (%s) after %.3f s",
+            t.id,
+            ",".join(map(str, r.gpus)),
             why,
             record["duration_s"],
         )
-        self._schedule(g)
+        for g in held:
+            self._schedule(g)
         return record
 
     # The pool (design.md, docs/pool.md).
@@ -1262,15 +1436,17 @@ class Daemon:
                     "region_cores": sorted(g.slice.region_cores),
                     "shared_cores": sorted(g.slice.shared_cores),
                     "region": None
-                    if g.region is None
+                    if g.region is None or not g.region.granted
                     else {
                         "tenant": g.region.tenant.id,
+                        "gpus": list(g.region.gpus),
                         "age_s": now - g.region.t_grant,
                         "clean": g.region.clean,
                     },
                     "tenants": [
                         {
                             "tenant": t.id,
+                            "gpus": t.gpus,
                             "argv": t.argv[:8],
                             "pids": t.pids,
                             "age_s": now - t.t_admit,

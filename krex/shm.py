@@ -56,6 +56,7 @@ class SlotView:
     pid: int
     tenant: int
     gpu: int
+    gpus: int  # mask: bit i = GPU i
     in_flight: int
     intercepted: int
     blocked: int
@@ -213,6 +214,7 @@ class Segment:
             pid=int(v.pid),
             tenant=int(v.tenant),
             gpu=int(v.gpu),
+            gpus=int(v.gpus),
             in_flight=int(v.in_flight),
             intercepted=int(v.intercepted),
             blocked=int(v.blocked),

@@ -24,7 +24,10 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # longer ones asked for by name: suite (every candidate of the real-GPU suite checked and timed),
 # pool (scripts/bench/pool_check.py: the warm pool against cold commands),
 # bench (krex bench run: BENCH_PROFILE, default quick; BENCH_CONCURRENCY, default 8;
-# BENCH_TASKS, default all; BENCH_MODES, default exclusive,shared,krex).
+# BENCH_TASKS, default all; BENCH_MODES, default exclusive,shared,krex),
+# mgpu-native and mgpu-krex (scripts/bench/multi_gpu.py on a node of two GPUs: the native
+# baselines on both GPUs, then krex over both; mgpu-krex reads MGPU_NATIVE, the first's
+# native.json; MGPU_TASKS picks tasks). NCCL_NVLS_ENABLE=0 as the device's KINDS.md asks.
 PARTS=${PARTS:-"shim overhead controller mps demo"}
 rc=0
 if [[ " $PARTS " == *" shim "* ]]; then
@@ -55,6 +58,18 @@ fi
 if [[ " $PARTS " == *" pool "* ]]; then
     echo "== the warm pool: a typical command cold vs warm; 32 commands at 8 slots"
     python3 scripts/bench/pool_check.py --json "$OUT/pool_check.json" || rc=1
+fi
+export NCCL_NVLS_ENABLE=0
+mgpu_tasks=()
+[ -n "${MGPU_TASKS:-}" ] && mgpu_tasks=(--tasks "$MGPU_TASKS")
+if [[ " $PARTS " == *" mgpu-native "* ]]; then
+    echo "== two GPUs: the suite one command at a time on each GPU, twice (no krex)"
+    python3 scripts/bench/multi_gpu.py native --out "$OUT/mgpu" "${mgpu_tasks[@]}" || rc=1
+fi
+if [[ " $PARTS " == *" mgpu-krex "* ]]; then
+    echo "== two GPUs through krex: GPU 1 alone, then both GPUs at once, 8 commands each"
+    python3 scripts/bench/multi_gpu.py krex --out "$OUT/mgpu" --native "${MGPU_NATIVE:?}" \
+        "${mgpu_tasks[@]}" || rc=1
 fi
 if [[ " $PARTS " == *" bench "* ]]; then
     args=(--profile "${BENCH_PROFILE:-quick}" --concurrency "${BENCH_CONCURRENCY:-8}"

@@ -12,9 +12,17 @@
 #include "krex_common.h"
 #include "krex_control.h"
 
+/* The GPUs a slot's process works on: its mask (a command of several GPUs), else its gpu. */
+static uint32_t slot_gpus(const struct krex_slot *s)
+{
+    uint32_t mask = KREX_LOAD(&s->gpus);
+    return mask ? mask : 1U << (KREX_LOAD(&s->gpu) & 31U);
+}
+
 static int is_sibling(const struct krex_slot *s, uint32_t gpu, uint32_t owner)
 {
-    return KREX_LOAD(&s->state) == KREX_SLOT_LIVE && s->gpu == gpu && s->tenant != owner;
+    return KREX_LOAD(&s->state) == KREX_SLOT_LIVE && (slot_gpus(s) >> gpu & 1U) &&
+           KREX_LOAD(&s->tenant) != owner;
 }
 
 /* A live slot whose process is gone: nothing it announced can still reach the driver. Waits
@@ -215,6 +223,7 @@ int krex_slot_read(const struct krex_segment *seg, uint32_t i, struct krex_slot_
     out->start_time = KREX_LOAD(&s->start_time);
     out->tenant = KREX_LOAD(&s->tenant);
     out->gpu = KREX_LOAD(&s->gpu);
+    out->gpus = slot_gpus(s);
     out->in_flight = KREX_LOAD(&s->in_flight);
     out->drain_ack = KREX_LOAD(&s->drain_ack);
     out->drain_req = KREX_LOAD(&s->drain_req);

@@ -8,6 +8,7 @@
  * protocol needs it): never through _Atomic types, which cffi cannot parse.
  *
  * Segment = header | gates[KREX_MAX_GPUS] | slots[n_slots].
+ * 1.1: krex_slot.gpus (the GPU mask of a command that holds several GPUs).
  * Any change of a size or offset bumps KREX_LAYOUT_MAJOR; fields carved out of reserved space
  * bump KREX_LAYOUT_MINOR.
  */
@@ -18,7 +19,7 @@
 
 #define KREX_SHM_MAGIC 0x5845524BU /* "KREX" read as little-endian bytes */
 #define KREX_LAYOUT_MAJOR 1U
-#define KREX_LAYOUT_MINOR 0U
+#define KREX_LAYOUT_MINOR 1U
 #define KREX_MAX_GPUS 16U
 #define KREX_MAX_SLOTS 4096U
 #define KREX_CACHELINE 64U
@@ -85,7 +86,8 @@ struct krex_slot {
     uint64_t intercepted;  /* work-submitting calls that reached the driver through the shim */
     uint64_t blocked;      /* of those, calls that waited at a closed gate first */
     uint64_t unmatched;    /* gated look-ups whose pointer matched no known export */
-    uint64_t reserved0;
+    uint32_t gpus;         /* 1.1: bit i = works on GPU i (a command of several); 0 = just gpu */
+    uint32_t reserved0;
     /* Cache line 1: written by the controller. */
     uint32_t drain_req;    /* futex word: drain epoch requested */
     uint32_t reserved1;

@@ -62,6 +62,14 @@ def test_gpu_out_of_range(node: Node) -> None:
     assert_runs_with_one_warning(p, "KREX_GPU=7 but the segment has 1 GPUs")
 
 
+@pytest.mark.parametrize("value", ["0,0", "a", "0,", ",0", "0,,0", "-1", "0;1"])
+def test_malformed_gpu_list(node: Node, value: str) -> None:
+    p = run_workload(node, KREX_GPU=value)
+    assert_runs_with_one_warning(
+        p, f'KREX_GPU must be GPU indices separated by commas, each once (got "{value}")'
+    )
+
+
 def _patched_segment(offset: int, data: bytes) -> str:
     name = unique("krex-bad")
     seg = Segment.create(name, n_gpus=1, n_slots=8)

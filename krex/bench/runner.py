@@ -136,8 +136,10 @@ def _batch(
     tmp: Path,
     progress: Progress,
     label: str,
+    gpu: int | None = None,
 ) -> tuple[float, list[Outcome]]:
-    """Run cmds, at most `concurrency` at once; returns (wall time, outcomes in suite order)."""
+    """Run cmds, at most `concurrency` at once (through krex on `gpu` when given); returns
+    (wall time, outcomes in suite order)."""
     task = progress.add_task(label, total=len(cmds))
     pending = deque(enumerate(cmds))
     running: dict[int, tuple[subprocess.Popen[str], float, Path]] = {}
@@ -157,6 +159,7 @@ def _batch(
                         "run",
                         *(["--sim"] if cmd.simulated else []),
                         *(["--no-pool"] if no_pool else []),
+                        *(["--gpu", str(gpu)] if gpu is not None else []),
                         "--socket",
                         str(krex_socket),
                         "--report",
@@ -267,10 +270,15 @@ def run(
                 env = _plain_env(sim_shm)
                 if through_krex:
                     # krex: the daemon's default pool (as many warm workers as slots on a real
-                    # GPU); krex-cold: none, and every command its own process.
+                    # GPU); krex-cold: none, and every command its own process. One GPU, also
+                    # on a node of several: the baselines run on device 0 only.
                     cold = name == "krex-cold"
                     with private_daemon(
-                        tmp / name, sim=simulated, slots=max(c, 1), pool=0 if cold else pool
+                        tmp / name,
+                        sim=simulated,
+                        slots=max(c, 1),
+                        pool=0 if cold else pool,
+                        gpus=1,
                     ) as sock:
                         wall, outcomes = _batch(
                             cmds, c, dict(os.environ), sock, cold, tmp, progress, name

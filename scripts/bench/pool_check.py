@@ -86,7 +86,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         t0 = time.monotonic()
-        with private_daemon(tmp / "d", sim=False, slots=8, pool=8) as sock:
+        with private_daemon(tmp / "d", sim=False, slots=8, pool=8, gpus=1) as sock:
             doc["pool_ready_s"] = time.monotonic() - t0
             doc["pool"] = status(False, str(sock))["gpus"][0]["pool"]
             print("pool ready after", round(doc["pool_ready_s"], 1), "s:", doc["pool"], flush=True)

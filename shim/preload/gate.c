@@ -20,6 +20,9 @@
 
 struct krex_slot *krex_self;
 struct krex_gate *krex_my_gate;
+struct krex_gate *krex_my_gates[KREX_MAX_GPUS];
+uint32_t krex_n_gates;
+static uint32_t my_gpu_mask;
 uint32_t krex_my_tenant;
 
 enum { REG_NONE, REG_DONE, REG_PASSTHROUGH };
@@ -62,6 +65,31 @@ static int parse_u32(const char *s, uint32_t *out)
         return -1;
     *out = (uint32_t)v;
     return 0;
+}
+
+/* KREX_GPU: one GPU index, or several separated by commas (a command of several GPUs), each
+ * below n_gpus and none twice. Fills the mask; -2 for an index the segment lacks, -1 for
+ * anything else. */
+static int parse_gpus(const char *text, uint32_t n_gpus, uint32_t *mask, uint32_t *first)
+{
+    char buf[128];
+    size_t len = text ? strlen(text) : 0;
+    if (!len || len >= sizeof buf || text[0] == ',' || text[len - 1] == ',' || strstr(text, ",,"))
+        return -1;
+    strcpy(buf, text);
+    *mask = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        uint32_t g;
+        if (parse_u32(tok, &g) || g >= KREX_MAX_GPUS || (*mask >> g & 1U))
+            return -1;
+        if (g >= n_gpus)
+            return -2;
+        if (!*mask)
+            *first = g;
+        *mask |= 1U << g;
+    }
+    return *mask ? 0 : -1;
 }
 
 /* Map and check a segment; NULL (with one warning) if it cannot be used. */
@@ -108,15 +136,10 @@ static int attach(void)
         krex_warn("KREX_SHM is not set: running without KREX (every call passes through)");
         return -1;
     }
-    uint32_t tenant = 0, gpu = 0;
+    uint32_t tenant = 0, gpu = 0, mask = 1;
     if (parse_u32(getenv("KREX_TENANT"), &tenant) || tenant == 0) {
         krex_warn("KREX_TENANT must be a positive integer (got \"%s\"): running without KREX",
                   getenv("KREX_TENANT") ? getenv("KREX_TENANT") : "");
-        return -1;
-    }
-    const char *g = getenv("KREX_GPU");
-    if (g && parse_u32(g, &gpu)) {
-        krex_warn("KREX_GPU must be a GPU index (got \"%s\"): running without KREX", g);
         return -1;
     }
     const char *slots_name = getenv("KREX_SLOTS");
@@ -124,9 +147,16 @@ static int attach(void)
     struct krex_segment *gates = map_segment(name, !own_slots);
     if (!gates)
         return -1;
-    if (gpu >= gates->header.n_gpus) {
-        krex_warn("KREX_GPU=%u but the segment has %u GPUs: running without KREX", gpu,
-                  gates->header.n_gpus);
+    const char *g = getenv("KREX_GPU");
+    int bad = g ? parse_gpus(g, gates->header.n_gpus, &mask, &gpu) : 0;
+    if (bad) {
+        if (bad == -2)
+            krex_warn("KREX_GPU=%s but the segment has %u GPUs: running without KREX", g,
+                      gates->header.n_gpus);
+        else
+            krex_warn("KREX_GPU must be GPU indices separated by commas, each once (got \"%s\"): "
+                      "running without KREX",
+                      g);
         munmap(gates, (size_t)gates->header.total_size);
         return -1;
     }
@@ -139,6 +169,14 @@ static int attach(void)
     slots_seg = slots;
     krex_my_tenant = tenant;
     krex_my_gate = &seg->gates[gpu];
+    /* The first gate, then the others in GPU order (mask == 1 << gpu for one GPU). */
+    krex_my_gates[0] = krex_my_gate;
+    uint32_t n = 1;
+    for (uint32_t i = gpu + 1; i < KREX_MAX_GPUS; i++)
+        if (mask >> i & 1U)
+            krex_my_gates[n++] = &seg->gates[i];
+    my_gpu_mask = n > 1 ? mask : 0;
+    __atomic_store_n(&krex_n_gates, n, __ATOMIC_RELEASE);
     return 0;
 }
 
@@ -148,6 +186,7 @@ static void fill_slot(struct krex_slot *s, uint32_t pid, uint64_t start)
     s->start_time = start;
     s->tenant = krex_my_tenant;
     s->gpu = (uint32_t)(krex_my_gate - seg->gates);
+    s->gpus = my_gpu_mask;
     KREX_STORE(&s->in_flight, 0);
     KREX_STORE(&s->intercepted, 0);
     KREX_STORE(&s->blocked, 0);
@@ -226,18 +265,30 @@ void krex_note_unmatched(void)
         KREX_COUNT(&pending_unmatched);
 }
 
+/* The first of our gates that is closed to s, or NULL. */
+static struct krex_gate *closed_gate(const struct krex_slot *s)
+{
+    for (uint32_t i = 0; i < krex_n_gates; i++)
+        if (krex_closed_to(s, KREX_LOAD(&krex_my_gates[i]->word)))
+            return krex_my_gates[i];
+    return NULL;
+}
+
 void krex_gate_block(struct krex_slot *s)
 {
-    struct krex_gate *g = krex_my_gate;
     KREX_COUNT(&s->blocked);
     for (;;) {
         /* Withdraw the announcement, and let a waiting controller see 0. */
         if (KREX_SUB(&s->in_flight, 1) == 0)
             krex_futex_wake(&s->in_flight, INT32_MAX);
         for (;;) {
+            /* Sleep on one closed gate at a time; when it opens, look at all of them again. */
+            struct krex_gate *g = closed_gate(s);
+            if (!g)
+                break;
             uint32_t seq = KREX_LOAD(&g->wake);
             if (!krex_closed_to(s, KREX_LOAD(&g->word)))
-                break;
+                continue;
             uint64_t timeout = UINT64_MAX;
             uint64_t deadline = KREX_LOAD(&g->deadline_ns);
             if (deadline) {
@@ -253,9 +304,9 @@ void krex_gate_block(struct krex_slot *s)
             }
             krex_futex_wait(&g->wake, seq, timeout);
         }
-        /* Announce again, then check again: the gate may have closed in between. */
+        /* Announce again, then check again: a gate may have closed in between. */
         KREX_ADD(&s->in_flight, 1);
-        if (!krex_closed_to(s, KREX_LOAD(&g->word)))
+        if (!krex_shut_out(s))
             return;
     }
 }

@@ -72,7 +72,11 @@ static inline void *krex_real_get(enum krex_hook_id id)
 
 /* gate.c: this process's registration and the gate. */
 KREX_HIDDEN extern struct krex_slot *krex_self;   /* NULL until registered */
-KREX_HIDDEN extern struct krex_gate *krex_my_gate;
+KREX_HIDDEN extern struct krex_gate *krex_my_gate;  /* the first of our GPUs' gates */
+/* A command of several GPUs (KREX_GPU=0,1) is shut out while any of its gates is closed to it:
+ * the others, krex_my_gates[1..krex_n_gates-1], are checked after the first. */
+KREX_HIDDEN extern struct krex_gate *krex_my_gates[KREX_MAX_GPUS];
+KREX_HIDDEN extern uint32_t krex_n_gates;
 KREX_HIDDEN extern uint32_t krex_my_tenant;
 KREX_HIDDEN struct krex_slot *krex_register(void); /* NULL: pass everything through */
 KREX_HIDDEN void krex_gate_block(struct krex_slot *s);
@@ -87,6 +91,17 @@ static inline int krex_closed_to(const struct krex_slot *s, uint64_t word)
     return owner != 0 && owner != __atomic_load_n(&s->tenant, __ATOMIC_RELAXED);
 }
 
+/* Whether any of our gates shuts out slot s (one load for a command of one GPU). */
+static inline int krex_shut_out(const struct krex_slot *s)
+{
+    if (krex_closed_to(s, KREX_LOAD(&krex_my_gate->word)))
+        return 1;
+    for (uint32_t i = 1; KREX_UNLIKELY(i < krex_n_gates); i++)
+        if (krex_closed_to(s, KREX_LOAD(&krex_my_gates[i]->word)))
+            return 1;
+    return 0;
+}
+
 /* Announce, then check (design.md step 2). Returns our slot, or NULL in pass-through. */
 static inline struct krex_slot *krex_enter(void)
 {
@@ -97,7 +112,7 @@ static inline struct krex_slot *krex_enter(void)
             return NULL;
     }
     KREX_ADD(&s->in_flight, 1);
-    if (KREX_UNLIKELY(krex_closed_to(s, KREX_LOAD(&krex_my_gate->word))))
+    if (KREX_UNLIKELY(krex_shut_out(s)))
         krex_gate_block(s);
     KREX_COUNT(&s->intercepted);
     return s;
@@ -108,7 +123,7 @@ static inline void krex_leave(struct krex_slot *s)
     if (!s)
         return;
     /* Behind a closed gate the controller may be waiting for this count to reach 0. */
-    if (KREX_SUB(&s->in_flight, 1) == 0 && krex_closed_to(s, KREX_LOAD(&krex_my_gate->word)))
+    if (KREX_SUB(&s->in_flight, 1) == 0 && krex_shut_out(s))
         krex_futex_wake(&s->in_flight, INT32_MAX);
 }
 

@@ -59,6 +59,8 @@
 struct sim_config {
     char shm_name[256];       /* KREX_SIM_SHM, always with a leading '/' */
     unsigned n_gpus;          /* KREX_SIM_GPUS, 0..SIM_MAX_GPUS */
+    unsigned n_visible;       /* CUDA_VISIBLE_DEVICES: ordinals this process sees */
+    int visible[SIM_MAX_GPUS]; /* ordinal -> simulated GPU (the CUdevice handle) */
     double ctx_create_ns;     /* KREX_SIM_CTX_CREATE_MS, in ns */
     double copy_bytes_per_ns; /* KREX_SIM_COPY_GBPS: GB/s is bytes per ns */
     double launch_gap_ns;     /* KREX_SIM_LAUNCH_GAP_US: host gap absorbed after a marker */

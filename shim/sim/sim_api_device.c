@@ -16,7 +16,7 @@ CUresult sim_cuInit(unsigned int flags)
     CUresult r = sim_ensure_init();
     if (r != CUDA_SUCCESS)
         return r;
-    return sim_cfg.n_gpus ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
+    return sim_cfg.n_visible ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
 }
 SIM_EXPORT(cuInit);
 
@@ -36,7 +36,7 @@ CUresult sim_cuDeviceGetCount(int *count)
     CUresult r = sim_ensure_init();
     if (r != CUDA_SUCCESS)
         return r;
-    *count = (int)sim_cfg.n_gpus;
+    *count = (int)sim_cfg.n_visible;
     return CUDA_SUCCESS;
 }
 SIM_EXPORT(cuDeviceGetCount);
@@ -45,10 +45,14 @@ CUresult sim_cuDeviceGet(CUdevice *device, int ordinal)
 {
     if (!device)
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = sim_check_device(ordinal);
-    if (r == CUDA_SUCCESS)
-        *device = ordinal;
-    return r;
+    CUresult r = sim_ensure_init();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (ordinal < 0 || (unsigned)ordinal >= sim_cfg.n_visible)
+        return CUDA_ERROR_INVALID_DEVICE;
+    /* The handle is the simulated GPU itself: CUDA_VISIBLE_DEVICES=2 makes ordinal 0 GPU 2. */
+    *device = sim_cfg.visible[ordinal];
+    return CUDA_SUCCESS;
 }
 SIM_EXPORT(cuDeviceGet);
 

@@ -75,7 +75,10 @@ CUresult sim_check_device(CUdevice dev)
     CUresult r = sim_ensure_init();
     if (r != CUDA_SUCCESS)
         return r;
-    return dev >= 0 && (unsigned)dev < sim_cfg.n_gpus ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+    for (unsigned i = 0; i < sim_cfg.n_visible; i++)
+        if (sim_cfg.visible[i] == dev)
+            return CUDA_SUCCESS; /* a device this process sees (CUDA_VISIBLE_DEVICES) */
+    return CUDA_ERROR_INVALID_DEVICE;
 }
 
 CUresult sim_ctx_check(struct CUctx_st *c)

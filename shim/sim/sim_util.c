@@ -87,6 +87,32 @@ void sim_config_load(void)
         gpus = SIM_MAX_GPUS;
     }
     c->n_gpus = (unsigned)gpus;
+    /* CUDA_VISIBLE_DEVICES as the real driver reads it: indices up to the first one that is
+     * not a device (or repeats one); unset means every GPU. */
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    c->n_visible = 0;
+    if (!vis) {
+        for (unsigned i = 0; i < c->n_gpus; i++)
+            c->visible[c->n_visible++] = (int)i;
+    } else {
+        const char *p = vis;
+        while (*p && c->n_visible < SIM_MAX_GPUS) {
+            char *end = NULL;
+            errno = 0;
+            long v = strtol(p, &end, 10);
+            if (errno || end == p || v < 0 || (unsigned long)v >= c->n_gpus)
+                break;
+            int seen = 0;
+            for (unsigned i = 0; i < c->n_visible; i++)
+                seen |= c->visible[i] == (int)v;
+            if (seen)
+                break;
+            c->visible[c->n_visible++] = (int)v;
+            if (*end != ',')
+                break;
+            p = end + 1;
+        }
+    }
     c->ctx_create_ns = sim_env_number("KREX_SIM_CTX_CREATE_MS", 0, 0, 3600e3) * 1e6;
     c->copy_bytes_per_ns = sim_env_number("KREX_SIM_COPY_GBPS", 50, 1e-6, 1e9);
     c->launch_gap_ns = sim_env_number("KREX_SIM_LAUNCH_GAP_US", 1000, 0, 1e6) * 1e3;

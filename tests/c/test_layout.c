@@ -65,7 +65,8 @@ int main(void)
     AT(krex_slot, intercepted, 32);
     AT(krex_slot, blocked, 40);
     AT(krex_slot, unmatched, 48);
-    AT(krex_slot, reserved0, 56);
+    AT(krex_slot, gpus, 56);
+    AT(krex_slot, reserved0, 60);
     AT(krex_slot, drain_req, 64);
     AT(krex_slot, reserved2, 72);
 

@@ -1,0 +1,338 @@
+"""Several GPUs per node, on a real machine of two GPUs (docs/results/h200x2/).
+
+Part `native`, without krex: the suite's commands one at a time on each GPU (both GPUs at
+once), twice: `exclusive` (the baseline) and `native_repeat` (its noise).
+Part `krex`, one private daemon over both GPUs (8 slots and 8 warm workers each):
+  1. `alone`: the suite on GPU 1, 8 commands at once, GPU 0 idle;
+  2. `both`: the suite on GPU 0 and on GPU 1 at the same time, 8 at once on each.
+Then, per GPU, the bench's fidelity metrics (krex/bench/metrics.py) of `both` against that GPU's
+own exclusive runs, and GPU 1's throughput alone against next to GPU 0's commands and regions.
+
+    python3 scripts/bench/multi_gpu.py native --out DIR [--tasks a,b]
+    python3 scripts/bench/multi_gpu.py krex --out DIR --native DIR/native.json [--tasks a,b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from rich.progress import Progress
+
+from krex.bench import runner
+from krex.bench.metrics import Measurement, ModeRun, RegionTimes, summarize
+from krex.bench.suite import Command, commands
+from krex.client import private_daemon
+
+GPUS = (0, 1)
+CONCURRENCY = 8
+
+
+def _outcome_doc(o: runner.Outcome) -> dict[str, Any]:
+    return {
+        "task": o.cmd.task,
+        "variant": o.cmd.variant,
+        "median_ms": o.median_ms,
+        "wall_s": o.wall_s,
+        "pool": o.pool,
+        "output": o.output,
+        "region_sm_clock_mhz": o.region_clocks,
+        "regions": [r.__dict__ for r in o.regions],
+    }
+
+
+def _mode_run(mode: str, doc: dict[str, Any]) -> ModeRun:
+    return ModeRun(
+        mode=mode,
+        wall_s=doc["wall_s"],
+        measurements=tuple(
+            Measurement(
+                task=o["task"],
+                variant=o["variant"],
+                median_ms=o["median_ms"],
+                wall_s=o["wall_s"],
+                region_s=sum(r["duration_s"] for r in o["regions"]),
+                regions=tuple(RegionTimes(**r) for r in o["regions"]),
+            )
+            for o in doc["outcomes"]
+        ),
+    )
+
+
+def _native_env(gpu: int, sim_shm: str | None) -> dict[str, str]:
+    env = runner._plain_env(sim_shm)
+    env.update(CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES=str(gpu))
+    if sim_shm is not None:
+        env["KREX_SIM_GPUS"] = str(len(GPUS))
+    return env
+
+
+def _on_each(jobs: dict[int, Any]) -> dict[int, Any]:
+    """Run one callable per GPU at the same time; their results by GPU."""
+    with ThreadPoolExecutor(len(jobs)) as ex:
+        futures = {g: ex.submit(f) for g, f in jobs.items()}
+        return {g: f.result() for g, f in futures.items()}
+
+
+def native(cmds: list[Command], out: Path, sim_shm: str | None) -> None:
+    doc: dict[str, Any] = {str(g): {} for g in GPUS}
+    with tempfile.TemporaryDirectory(prefix="krex-mgpu-") as tmp_name:
+        tmp = Path(tmp_name)
+        progress = Progress(disable=True)
+        for mode in ("exclusive", "native_repeat"):
+            t0 = time.monotonic()
+
+            def job(g: int, mode: str = mode) -> tuple[float, list[runner.Outcome]]:
+                return runner._batch(
+                    cmds, 1, _native_env(g, sim_shm), None, False, tmp, progress, f"{mode}-g{g}"
+                )
+
+            done = _on_each({g: (lambda g=g: job(g)) for g in GPUS})
+            for g, (wall, outcomes) in done.items():
+                doc[str(g)][mode] = {
+                    "wall_s": wall,
+                    "outcomes": [_outcome_doc(o) for o in outcomes],
+                }
+                print(f"{mode} on GPU {g}: {len(outcomes)} commands in {wall:.1f} s", flush=True)
+            print(f"{mode}: both GPUs done in {time.monotonic() - t0:.1f} s", flush=True)
+    (out / "native.json").write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def krex_part(cmds: list[Command], out: Path, sim: bool) -> dict[str, Any]:
+    doc: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="krex-mgpu-") as tmp_name:
+        tmp = Path(tmp_name)
+        progress = Progress(disable=True)
+        with private_daemon(
+            tmp / "daemon", sim=sim, slots=CONCURRENCY, gpus=len(GPUS) if sim else None
+        ) as sock:
+            # Wait for the warm pools of both GPUs (as `krex bench` does through the client).
+            status = _wait_pool(sock)
+            doc["daemon"] = {"pool_ready_s": status[0], "gpus": status[1]}
+            env = dict(os.environ)
+
+            def job(g: int, label: str) -> tuple[float, list[runner.Outcome]]:
+                return runner._batch(cmds, CONCURRENCY, env, sock, False, tmp, progress, label, g)
+
+            wall, outcomes = job(1, "alone-g1")
+            doc["alone"] = {"1": {"wall_s": wall, "outcomes": [_outcome_doc(o) for o in outcomes]}}
+            print(f"alone: GPU 1, {len(outcomes)} commands in {wall:.1f} s", flush=True)
+            done = _on_each({g: (lambda g=g: job(g, f"both-g{g}")) for g in GPUS})
+            doc["both"] = {
+                str(g): {"wall_s": w, "outcomes": [_outcome_doc(o) for o in os_]}
+                for g, (w, os_) in done.items()
+            }
+            for g, (w, os_) in done.items():
+                print(f"both: GPU {g}, {len(os_)} commands in {w:.1f} s", flush=True)
+            if not sim:
+                doc["two_gpu_command"] = _two_gpu_command(sock, tmp)
+                print(f"a two-GPU command: {doc['two_gpu_command']}", flush=True)
+    (out / "krex.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
+TWO_GPU = """
+import json, torch, krex
+assert torch.cuda.device_count() == 2, torch.cuda.device_count()
+xs = [torch.randn(4096, 4096, device=f"cuda:{d}") for d in (0, 1)]
+with krex.region():
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+    for d, x in enumerate(xs):
+        with torch.cuda.device(d):
+            ev[2 * d].record()
+            for _ in range(20):
+                x @ x
+            ev[2 * d + 1].record()
+    torch.cuda.synchronize(0); torch.cuda.synchronize(1)
+print(json.dumps({"ms": [ev[0].elapsed_time(ev[1]), ev[2].elapsed_time(ev[3])]}))
+"""
+
+
+def _two_gpu_command(sock: Path, tmp: Path) -> dict[str, Any]:
+    """`krex run --gpus 2`: a command that works on both GPUs in one region."""
+    report = tmp / "two-gpu.json"
+    krex_run = [sys.executable, "-m", "krex.cli", "run", "--gpus", "2", "--socket", str(sock)]
+    p = subprocess.run(
+        [*krex_run, "--report", str(report), "--", sys.executable, "-c", TWO_GPU],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if p.returncode != 0:
+        return {"status": p.returncode, "stderr": p.stderr[-2000:]}
+    rep = json.loads(report.read_text())
+    return {
+        "status": 0,
+        "output": json.loads(p.stdout.strip().splitlines()[-1]),
+        "gpus": rep["gpus"],
+        "pool": rep["pool"],
+        "regions": rep["regions"],
+    }
+
+
+def _wait_pool(sock: Path, within_s: float = 300.0) -> tuple[float, list[dict[str, Any]]]:
+    t0 = time.monotonic()
+    while True:
+        p = subprocess.run(
+            [sys.executable, "-m", "krex.cli", "status", "--json", "--socket", str(sock)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        gpus = json.loads(p.stdout)["gpus"] if p.returncode == 0 else []
+        if gpus and all(g["pool"]["idle"] >= g["pool"]["target"] for g in gpus):
+            return time.monotonic() - t0, [{"gpu": g["gpu"], **g["pool"]} for g in gpus]
+        if time.monotonic() - t0 > within_s:
+            raise SystemExit(f"the warm pools were not ready within {within_s:.0f} s: {gpus}")
+        time.sleep(1.0)
+
+
+def _smi() -> str:
+    return subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip()
+
+
+def summary(
+    cmds: list[Command],
+    profile: str,
+    native_doc: dict[str, Any],
+    krex_doc: dict[str, Any],
+    out: Path,
+) -> dict[str, Any]:
+    """Per GPU: the bench's results.json and report of `both` against that GPU's baseline;
+    and the isolation figures."""
+    simulated = any(c.simulated for c in cmds)
+    machine = runner._machine(simulated)
+    smi = "simulated GPUs" if simulated else _smi()
+    date = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    command = "python3 scripts/bench/multi_gpu.py " + " ".join(sys.argv[1:])
+    per_gpu: dict[str, Any] = {}
+    for g in GPUS:
+        key = str(g)
+        runs = {
+            "exclusive": _mode_run("exclusive", native_doc[key]["exclusive"]),
+            "native_repeat": _mode_run("native_repeat", native_doc[key]["native_repeat"]),
+            "krex": _mode_run("krex", krex_doc["both"][key]),
+        }
+        results: dict[str, Any] = dict(
+            summarize(runs, machine=machine, date=date, command=command, concurrency=CONCURRENCY)
+        )
+        results["commands"] = [
+            {
+                "mode": mode,
+                "task": o["task"],
+                "variant": o["variant"],
+                "median_ms": o["median_ms"],
+                "wall_s": o["wall_s"],
+                "region_s": sum(r["duration_s"] for r in o["regions"]),
+                "regions": len(o["regions"]),
+                "output": o["output"],
+                **({"pool": o["pool"]} if o["pool"] else {}),
+            }
+            for mode, doc in (
+                ("exclusive", native_doc[key]["exclusive"]),
+                ("native_repeat", native_doc[key]["native_repeat"]),
+                ("krex", krex_doc["both"][key]),
+            )
+            for o in doc["outcomes"]
+        ]
+        results.update(
+            simulated=simulated,
+            profile=profile,
+            tasks=sorted({c.task for c in cmds}),
+            pool=None,
+            gpu=g,
+            nvidia_smi=smi,
+        )
+        d = out / f"gpu{g}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        runner.render_report(results, d)
+        regions = [r for o in krex_doc["both"][key]["outcomes"] for r in o["regions"]]
+        per_gpu[key] = {
+            "throughput_ratio_vs_exclusive": results["throughput_ratio_vs_exclusive"]["krex"],
+            "inflation_p95": results["inflation_p95"],
+            "flip_rate": results["flip_rate"],
+            "regions": len(regions),
+            "unclean_regions": sum(not r["clean"] for r in regions),
+        }
+    n = len(cmds)
+
+    def rate(doc: dict[str, Any]) -> float:
+        return 60.0 * n / float(doc["wall_s"])
+
+    def waits(doc: dict[str, Any]) -> list[float]:
+        return sorted(r["wait_s"] for o in doc["outcomes"] for r in o["regions"])
+
+    alone, both = krex_doc["alone"]["1"], krex_doc["both"]["1"]
+    iso = {
+        "gpu1_alone_cmds_per_min": rate(alone),
+        "gpu1_next_to_gpu0_cmds_per_min": rate(both),
+        "gpu1_throughput_change": rate(both) / rate(alone) - 1,
+        "gpu0_next_to_gpu1_cmds_per_min": rate(krex_doc["both"]["0"]),
+        "gpu1_region_wait_median_s": {
+            "alone": statistics.median(waits(alone)),
+            "next_to_gpu0": statistics.median(waits(both)),
+        },
+        "gpu1_command_medians_alone_vs_both": {
+            f"{a['task']}/{a['variant']}": [a["median_ms"], b["median_ms"]]
+            for a, b in zip(alone["outcomes"], both["outcomes"], strict=True)
+        },
+    }
+    doc = {
+        "date": date,
+        "machine": machine,
+        "nvidia_smi": smi,
+        "command": command,
+        "concurrency_per_gpu": CONCURRENCY,
+        "commands_per_gpu": n,
+        "daemon": krex_doc.get("daemon"),
+        "isolation": iso,
+        "per_gpu": per_gpu,
+    }
+    (out / "summary.json").write_text(json.dumps(doc, indent=2) + "\n")
+    print(json.dumps({"isolation": {k: v for k, v in iso.items() if "medians" not in k}}, indent=1))
+    print(json.dumps({"per_gpu": per_gpu}, indent=1))
+    return doc
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("part", choices=("native", "krex"))
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--native", type=Path, help="native.json of the native part (part krex)")
+    ap.add_argument("--tasks", help="comma-separated suite tasks (default: all of the profile)")
+    ap.add_argument("--profile", default="quick", help="quick (real GPUs) or tiny (simulated)")
+    args = ap.parse_args()
+    tasks = [t for t in args.tasks.split(",") if t] if args.tasks else None
+    cmds = commands(args.profile, tasks)
+    simulated = any(c.simulated for c in cmds)
+    if not simulated:
+        runner._preflight(args.profile)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.part == "native":
+        sim_shm = f"/krex-mgpu-{os.getpid()}" if simulated else None
+        try:
+            native(cmds, args.out, sim_shm)
+        finally:
+            if sim_shm is not None:
+                Path("/dev/shm", sim_shm.lstrip("/")).unlink(missing_ok=True)
+        return 0
+    if args.native is None:
+        ap.error("part krex needs --native (the native part's native.json)")
+    native_doc = json.loads(args.native.read_text())
+    krex_doc = krex_part(cmds, args.out, simulated)
+    summary(cmds, args.profile, native_doc, krex_doc, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

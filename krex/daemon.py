@@ -85,6 +85,11 @@ class Region:
     freeze_s: float = 0.0
     clean: bool = True
     frozen: list[Tenant] = field(default_factory=list)  # siblings on any of its GPUs
+    # While a GPU's siblings drain, a process that joins them (a leased or returned pool
+    # worker) is listed but frozen only at the freeze step: frozen earlier, its drain thread
+    # could not answer a request already sent, and the drain would time out.
+    draining: bool = False
+    deferred: list[Tenant] = field(default_factory=list)
     clocks: dict[int, dict[str, int] | None] = field(default_factory=dict)  # at each GPU's grant
     holders: int = 1  # connections of the owner in it (other threads nest)
     revoked: bool = False
@@ -680,6 +685,9 @@ class Daemon:
             # Joining while another tenant holds the GPU (or is taking it): it starts frozen
             # like its siblings. Listed first, so that a region ending meanwhile thaws it.
             region.frozen.append(t)
+            if region.draining:
+                region.deferred.append(t)  # the region's freeze step freezes it
+                continue
             ok = await loop.run_in_executor(None, self._freeze, t)
             if region.ended or (region is not g.region and region is not g.pending):
                 # The region ended (or let this GPU go) while we froze: its thaw may have come
@@ -916,23 +924,31 @@ class Daemon:
             hold.epoch = self.seg.gate_close(
                 g.index, t.id, deadline_s=t.region_timeout_s + GATE_GRACE_S
             )
-            await loop.run_in_executor(
-                None,
-                functools.partial(
-                    quiesce_and_drain,
-                    self._drain_segments(),
-                    hold,
-                    quiesce_timeout_s=self.cfg.quiesce_s,
-                    drain_timeout_s=self.cfg.drain_s,
-                ),
-            )
+            r.draining = True
+            try:
+                await loop.run_in_executor(
+                    None,
+                    functools.partial(
+                        quiesce_and_drain,
+                        self._drain_segments(),
+                        hold,
+                        quiesce_timeout_s=self.cfg.quiesce_s,
+                        drain_timeout_s=self.cfg.drain_s,
+                    ),
+                )
+            finally:
+                r.draining = False
             r.problems += hold.problems
             t1 = time.monotonic()
             siblings = [s for s in g.tenants if s is not t and s not in r.frozen]
-            if g.pool_tenant is not None and g.pool_tenant.group.pids():
-                siblings.append(g.pool_tenant)  # idle workers: no thread runs in a region
+            pool = g.pool_tenant
+            if pool is not None and pool not in r.frozen and pool.group.pids():
+                siblings.append(pool)  # idle workers: no thread runs in a region
+            # Those that joined while their siblings drained: listed already, frozen now.
+            siblings += [s for s in r.deferred if s not in siblings and not s.gone]
+            r.deferred.clear()
             # Listed before they are frozen, so that whatever ends the region thaws them.
-            r.frozen += siblings
+            r.frozen += [s for s in siblings if s not in r.frozen]
             # Freeze the siblings in parallel (each waits for its own group to report frozen).
             frozen = await asyncio.gather(
                 *(loop.run_in_executor(None, self._freeze, s) for s in siblings)
@@ -1317,9 +1333,13 @@ class Daemon:
             self.slot_segs[w.slots_id].set_slot_tenant(w.slot, w.proc.pid, g.pool_tenant.id)
         region = g.region or g.pending
         if region is not None and g.pool_tenant not in region.frozen:
-            # The pool was empty when the region began; it holds a worker now.
+            # The pool was empty when the region began (or its siblings are still draining);
+            # it holds a worker now.
             region.frozen.append(g.pool_tenant)
-            self._freeze(g.pool_tenant)
+            if region.draining:
+                region.deferred.append(g.pool_tenant)
+            else:
+                self._freeze(g.pool_tenant)
 
     def _worker_done(self, w: Worker, retire: object) -> None:
         self._return_to_pool(w)

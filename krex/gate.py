@@ -50,11 +50,12 @@ def quiesce_and_drain(
             hold.clean = False
             hold.problems.append(f"quiesce: {e}")
     t1 = time.perf_counter()
-    hold.drained = sum(s.drain_request(hold.gpu, hold.owner, hold.epoch) for s in segs)
-    for s in segs:
+    asked = [s.drain_request(hold.gpu, hold.owner) for s in segs]
+    hold.drained = sum(t.asked for t in asked)
+    for s, tickets in zip(segs, asked, strict=True):
         left = drain_timeout_s - (time.perf_counter() - t1)
         try:
-            s.drain_await(hold.gpu, hold.owner, hold.epoch, max(left, 0.001))
+            s.drain_await(tickets, max(left, 0.001))
         except WaitTimeout as e:
             hold.clean = False
             hold.problems.append(f"drain: {e}")

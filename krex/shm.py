@@ -31,9 +31,11 @@ class SegmentError(KrexError):
 class WaitTimeout(KrexError):
     """A bounded wait of the region protocol ran out of time."""
 
-    def __init__(self, what: str, outstanding: int) -> None:
-        super().__init__(f"{what} timed out with {outstanding} slot(s) outstanding")
+    def __init__(self, what: str, outstanding: int, pids: list[int] | None = None) -> None:
+        who = f" (pid {', '.join(map(str, pids))})" if pids else ""
+        super().__init__(f"{what} timed out with {outstanding} slot(s) outstanding{who}")
         self.outstanding = outstanding
+        self.pids = pids or []
 
 
 def _ns(seconds: float) -> int:
@@ -64,6 +66,16 @@ class SlotView:
     drain_req: int
     drain_ack: int
     alive: bool
+
+
+@dataclass
+class Tickets:
+    """One drain request over a segment: per slot, the request count to wait for (0: none)."""
+
+    gpu: int
+    owner: int
+    slots: Any  # cffi uint32_t[n_slots]
+    asked: int = 0
 
 
 class Segment:
@@ -183,21 +195,33 @@ class Segment:
         if rc != lib.KREX_OK:
             raise KrexError(ffi.string(lib.krex_strerror(rc)).decode())
 
-    def drain_request(self, gpu: int, owner: int, epoch: int) -> int:
-        """Ask every sibling of `owner` on `gpu` to drain `epoch`; returns how many were asked."""
-        n = int(lib.krex_drain_request(self._seg, self._gpu(gpu), owner, epoch))
+    def drain_request(self, gpu: int, owner: int) -> Tickets:
+        """Ask every sibling of `owner` on `gpu` to drain; what to wait for (its .asked: how
+        many were asked)."""
+        tickets = Tickets(gpu, owner, ffi.new("uint32_t[]", self.n_slots))
+        n = int(lib.krex_drain_request(self._seg, self._gpu(gpu), owner, tickets.slots))
         if n < 0:
             raise KrexError(ffi.string(lib.krex_strerror(n)).decode())
-        return n
+        tickets.asked = n
+        return tickets
 
-    def drain_await(self, gpu: int, owner: int, epoch: int, timeout_s: float) -> None:
-        """Wait until every sibling asked for `epoch` has acknowledged it."""
+    def drain_await(self, tickets: Tickets, timeout_s: float) -> None:
+        """Wait until every sibling asked (tickets) has drained since it was asked."""
         pending = ffi.new("uint32_t *")
+        gpu, owner = self._gpu(tickets.gpu), tickets.owner
         rc = int(
-            lib.krex_drain_await(self._seg, self._gpu(gpu), owner, epoch, _ns(timeout_s), pending)
+            lib.krex_drain_await(self._seg, gpu, owner, tickets.slots, _ns(timeout_s), pending)
         )
         if rc == lib.KREX_E_TIMEOUT:
-            raise WaitTimeout("drain", int(pending[0]))
+            # Which processes did not answer (for the region's problems and the log).
+            late = [
+                v.pid
+                for i in range(self.n_slots)
+                if tickets.slots[i]
+                and (v := self.slot(i)).alive
+                and (v.drain_ack - int(tickets.slots[i])) % 2**32 >= 2**31
+            ]
+            raise WaitTimeout("drain", int(pending[0]), late)
         if rc != lib.KREX_OK:
             raise KrexError(ffi.string(lib.krex_strerror(rc)).decode())
 

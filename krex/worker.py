@@ -44,6 +44,12 @@ JOB_ACCEPT_S = 30.0  # a leased worker waits this long for its client
 MAX_JOB_BYTES = 16 * 1024 * 1024
 _RUNNER_FILES = {os.path.abspath(__file__), runpy.__file__, "<frozen runpy>"}
 _NATIVE_SUFFIXES = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+# Native modules a command may leave loaded without retiring its worker: Triton compiles one
+# small launcher extension per kernel signature and loads it under this name. It holds no state
+# beyond its one function, and the next command's kernels load their own (from their own
+# cache), so the old one only costs its mapping; a worker that has kept this many retires.
+_LEFT_LOADED = frozenset({"__triton_launcher"})
+_MAX_LEFT_LOADED = 1000
 # torch's default seed in a fresh process (c10's default_rng_seed_val).
 _TORCH_DEFAULT_SEED = 67280421310721
 
@@ -175,6 +181,7 @@ class Worker:
         self.own_path0 = sys.path[0] if sys.path else ""
         self.warm_up(args.preload)
         self.baseline = self.snapshot()
+        self.left_loaded = 0  # _LEFT_LOADED modules past commands left mapped
         self.flags = [(get, put, get()) for get, put in _torch_flags()]
 
     # Warm-up.
@@ -400,8 +407,12 @@ class Worker:
             for n in drop
             if str(getattr(sys.modules[n], "__file__", "") or "").endswith(_NATIVE_SUFFIXES)
         )
+        self.left_loaded += sum(n in _LEFT_LOADED for n in native)
+        native = [n for n in native if n not in _LEFT_LOADED]
         if native:
             why = f"the command imported native code ({native[0]}), which cannot be unloaded"
+        elif self.left_loaded > _MAX_LEFT_LOADED:
+            why = f"{self.left_loaded} Triton launchers loaded by past commands"
         for name in drop:
             module = sys.modules.pop(name)
             parent, _, attr = name.rpartition(".")

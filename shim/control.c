@@ -130,35 +130,45 @@ int krex_quiesce(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint64_
     return KREX_OK;
 }
 
-int krex_drain_request(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint32_t epoch)
+int krex_drain_request(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint32_t *tickets)
 {
-    if (bad_gpu(seg, gpu) || epoch == 0)
+    if (bad_gpu(seg, gpu) || !tickets)
         return KREX_E_ARG;
     int asked = 0;
     for (uint32_t i = 0; i < seg->header.n_slots; i++) {
         struct krex_slot *s = &seg->slots[i];
+        tickets[i] = 0;
         if (!is_sibling(s, gpu, owner))
             continue;
-        KREX_STORE(&s->drain_req, epoch);
+        uint32_t t = KREX_ADD(&s->drain_req, 1);
+        if (t == 0) /* 0 means "not asked" in tickets: skip it on wrap-around */
+            t = KREX_ADD(&s->drain_req, 1);
+        tickets[i] = t;
         krex_futex_wake(&s->drain_req, INT32_MAX);
         asked++;
     }
     return asked;
 }
 
-int krex_drain_await(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint32_t epoch,
-                     uint64_t timeout_ns, uint32_t *pending)
+/* Whether ack has reached ticket t (wrap-safe: requests are counted modulo 2^32). */
+static int answered(uint32_t ack, uint32_t t)
 {
-    if (bad_gpu(seg, gpu) || epoch == 0)
+    return (int32_t)(ack - t) >= 0;
+}
+
+int krex_drain_await(struct krex_segment *seg, uint32_t gpu, uint32_t owner,
+                     const uint32_t *tickets, uint64_t timeout_ns, uint32_t *pending)
+{
+    if (bad_gpu(seg, gpu) || !tickets)
         return KREX_E_ARG;
     uint64_t deadline = krex_now_ns() + timeout_ns;
     for (uint32_t i = 0; i < seg->header.n_slots; i++) {
         struct krex_slot *s = &seg->slots[i];
         for (;;) {
-            if (!is_sibling(s, gpu, owner) || KREX_LOAD(&s->drain_req) != epoch)
+            if (!tickets[i] || !is_sibling(s, gpu, owner))
                 break;
             uint32_t ack = KREX_LOAD(&s->drain_ack);
-            if (ack == epoch)
+            if (answered(ack, tickets[i]))
                 break;
             if (gone(s))
                 break;
@@ -167,8 +177,8 @@ int krex_drain_await(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uin
                 uint32_t count = 0;
                 for (uint32_t j = i; j < seg->header.n_slots; j++) {
                     struct krex_slot *t = &seg->slots[j];
-                    if (is_sibling(t, gpu, owner) && KREX_LOAD(&t->drain_req) == epoch &&
-                        KREX_LOAD(&t->drain_ack) != epoch)
+                    if (tickets[j] && is_sibling(t, gpu, owner) && !gone(t) &&
+                        !answered(KREX_LOAD(&t->drain_ack), tickets[j]))
                         count++;
                 }
                 if (pending)

@@ -37,13 +37,16 @@ uint64_t krex_gate_word(const struct krex_segment *seg, uint32_t gpu);
 int krex_quiesce(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint64_t timeout_ns,
                  uint32_t *busy);
 
-/* Step 3: ask every live sibling slot on `gpu` to drain epoch `epoch`; returns how many were
- * asked (>= 0) or KREX_E_ARG. */
-int krex_drain_request(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint32_t epoch);
-/* Wait until every live sibling slot on `gpu` acknowledged `epoch` (dead ones are skipped).
+/* Step 3: ask every live sibling slot on `gpu` to drain. A slot's drain_req counts requests
+ * (regions on two GPUs may ask one process of both at once); tickets[i] (n_slots entries) gets
+ * the count our request made for slot i, 0 where none was asked. Returns how many were asked
+ * (>= 0) or KREX_E_ARG. */
+int krex_drain_request(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint32_t *tickets);
+/* Wait until every slot asked has acknowledged its ticket or a later request (drain_ack caught
+ * up: it drained after we asked); dead ones, and slots no longer siblings, are skipped.
  * Returns KREX_OK, KREX_E_TIMEOUT (then *pending = slots that did not answer) or KREX_E_ARG. */
-int krex_drain_await(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint32_t epoch,
-                     uint64_t timeout_ns, uint32_t *pending);
+int krex_drain_await(struct krex_segment *seg, uint32_t gpu, uint32_t owner,
+                     const uint32_t *tickets, uint64_t timeout_ns, uint32_t *pending);
 
 /* Free the slots of dead processes; returns how many were freed. */
 int krex_slots_reap(struct krex_segment *seg);

@@ -82,14 +82,14 @@ struct krex_slot {
     uint32_t tenant;       /* > 0; the controller re-assigns a pool worker's (per command) */
     uint32_t gpu;          /* gate index */
     uint32_t in_flight;    /* calls between announce and return; futex word for the quiesce */
-    uint32_t drain_ack;    /* futex word: last drain epoch the drain thread finished */
+    uint32_t drain_ack;    /* futex word: the drain_req value the drain thread last drained for */
     uint64_t intercepted;  /* work-submitting calls that reached the driver through the shim */
     uint64_t blocked;      /* of those, calls that waited at a closed gate first */
     uint64_t unmatched;    /* gated look-ups whose pointer matched no known export */
     uint32_t gpus;         /* 1.1: bit i = works on GPU i (a command of several); 0 = just gpu */
     uint32_t reserved0;
     /* Cache line 1: written by the controller. */
-    uint32_t drain_req;    /* futex word: drain epoch requested */
+    uint32_t drain_req;    /* futex word: drain requests so far (each adds 1; see krex_control.h) */
     uint32_t reserved1;
     uint64_t reserved2[7];
 };

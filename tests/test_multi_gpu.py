@@ -341,3 +341,41 @@ def test_random_mixes_of_one_and_two_gpu_commands_never_deadlock(
             for b0, b1, j in xs:
                 overlap = min(a1, b1) - max(a0, b0)
                 assert i == j or overlap <= 0, f"GPU {g}: commands {i} and {j} overlap: {mix}"
+
+
+@pytest.mark.node(gpus=2)
+def test_two_regions_draining_one_process_both_wait_for_its_drain(node: Node) -> None:
+    """Regions on GPUs 0 and 1 ask one process of both GPUs to drain at once: each waits until
+    the process has drained since its own request (a slot counts requests; with one epoch per
+    request, the first asker saw the second's and stopped waiting before the drain)."""
+    p = subprocess.Popen(
+        [node.native.program("workload"), "hammer", "400000000", "3"],  # 0.4 s kernels
+        env=node.env(tenant=3, KREX_GPU="0,1"),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdout is not None and p.stdout.readline().strip() == "hammering"
+    deadline = time.monotonic() + 10
+    while not node.seg.slots_of(p.pid):
+        assert time.monotonic() < deadline, "the hammer never registered"
+        time.sleep(0.01)
+    time.sleep(0.1)  # kernels queued
+    e0 = node.seg.gate_close(0, owner=9, deadline_s=30)
+    e1 = node.seg.gate_close(1, owner=8, deadline_s=30)
+    try:
+        first = node.seg.drain_request(0, owner=9)
+        second = node.seg.drain_request(1, owner=8)
+        assert first.asked == second.asked == 1 and e0 and e1
+        t0 = time.monotonic()
+        node.seg.drain_await(first, 10.0)
+        waited = time.monotonic() - t0
+        (slot,) = node.seg.slots_of(p.pid)
+        (i,) = [k for k in range(node.seg.n_slots) if first.slots[k]]
+        assert (slot.drain_ack - first.slots[i]) % 2**32 < 2**31, "returned before the drain"
+        assert waited > 0.1, waited  # up to two 0.4 s kernels were queued
+        node.seg.drain_await(second, 10.0)
+    finally:
+        node.seg.gate_open(0)
+        node.seg.gate_open(1)
+    p.communicate(timeout=30)
+    assert p.returncode == 0

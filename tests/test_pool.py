@@ -275,6 +275,60 @@ def test_hygiene_between_commands(pool: Daemon, tmp_path: Path) -> None:
     assert r4.report["pool"] == "warm" and r4.out != r.out, "a new worker replaced it"
 
 
+EXTENSION_C = """
+#include <Python.h>
+static PyObject *launch(PyObject *self, PyObject *args) { Py_RETURN_NONE; }
+static PyMethodDef methods[] = {{"launch", launch, METH_VARARGS, ""}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, "NAME", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_NAME(void) { return PyModule_Create(&def); }
+"""
+
+LOAD_EXTENSION = """
+import importlib.util, os, sys
+name, path = sys.argv[1], sys.argv[2]
+spec = importlib.util.spec_from_file_location(name, path)
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+sys.modules[name] = module
+module.launch()
+print(os.getpid())
+"""
+
+
+def extension(tmp: Path, name: str, tag: str) -> Path:
+    """A native extension module `name`, built into a directory of its own (as Triton builds a
+    launcher per kernel into the command's cache)."""
+    import importlib.machinery
+    import sysconfig
+
+    d = tmp / f"ext-{tag}"
+    d.mkdir()
+    src = d / f"{name}.c"
+    src.write_text(EXTENSION_C.replace("NAME", name))
+    out = d / f"{name}{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    include = sysconfig.get_paths()["include"]
+    cc = os.environ.get("CC", "cc")
+    subprocess.run([cc, "-shared", "-fPIC", f"-I{include}", "-o", str(out), str(src)], check=True)
+    return out
+
+
+def test_triton_launchers_keep_the_worker_other_native_code_retires_it(
+    pool: Daemon, tmp_path: Path
+) -> None:
+    """A command that loads Triton's per-kernel launcher extension (`__triton_launcher`) leaves
+    its worker warm for the next; one that loads any other native module retires it."""
+    pids = []
+    for i, name in enumerate(["__triton_launcher", "__triton_launcher", "other_native"]):
+        so = extension(tmp_path, name, str(i))
+        r = krun(pool, tmp_path, LOAD_EXTENSION, name, str(so))
+        assert r.rc == 0 and r.report["pool"] == "warm", (r.err, r.report)
+        pids.append(r.out.strip())
+    assert pids[0] == pids[1] == pids[2], "the launchers did not retire the worker"
+    wait_idle(pool, 1)
+    r = krun(pool, tmp_path, "import os\nprint(os.getpid())\n")
+    assert r.report["pool"] == "warm" and r.out.strip() != pids[0], "other native code retires it"
+
+
 def test_cold_fallback_says_why(pool: Daemon, tmp_path: Path) -> None:
     r = krun(pool, tmp_path, "print('x')\n", pre=("--no-pool",))
     assert (r.rc, r.report["pool"], r.report["pool_reason"]) == (0, "cold", "--no-pool")

@@ -295,3 +295,31 @@ def test_killed_tenants_never_hold_a_region_up(
                 p.kill()
                 p.wait()
         witness.close()
+
+
+def test_a_drain_that_times_out_names_the_process(node: Node) -> None:
+    """A sibling that cannot answer (stopped) times the drain out within its bound; the hold
+    is unclean and says which process did not answer."""
+    p = subprocess.Popen(
+        [node.native.program("workload"), "hammer", "100000000", "5"],
+        env=node.env(tenant=2),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdout is not None and p.stdout.readline().strip() == "hammering"
+    deadline = time.monotonic() + 10
+    while not node.seg.slots_of(p.pid):
+        assert time.monotonic() < deadline, "the hammer never registered"
+        time.sleep(0.01)
+    os.kill(p.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with exclusive(node.seg, 0, owner=1, drain_timeout_s=0.3) as hold:
+            pass
+        assert time.monotonic() - t0 < 2.0
+        assert not hold.clean
+        assert any(f"outstanding (pid {p.pid})" in x for x in hold.problems), hold.problems
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+        p.kill()
+        p.wait(timeout=30)

@@ -1,9 +1,9 @@
 /*
  * drain.c: the contexts this process used, and its drain thread (design.md step 3).
  *
- * The drain thread sleeps on its slot's drain_req futex. When the controller asks for an epoch,
- * it synchronises every context the process used (the gate already stops new work) and then
- * acknowledges the epoch. It blocks every signal: signals meant for the program never land on it.
+ * The drain thread sleeps on its slot's drain_req futex (a count of requests). When it moves,
+ * the thread synchronises every context the process used (the gate already stops new work)
+ * and then acknowledges the count it saw before draining: every request up to it is served. It blocks every signal: signals meant for the program never land on it.
  */
 #define _GNU_SOURCE
 #include <pthread.h>

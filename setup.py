@@ -1,13 +1,20 @@
 """Build glue over setuptools (metadata lives in pyproject.toml).
 
-Besides the cffi module krex._native (cffi_modules), build_ext compiles the two plain shared
+Besides the cffi module krex._native (cffi_modules), build_ext compiles the plain shared
 libraries of shim/ into the package:
 
-    krex/_lib/libkrex.so         the preload library: shim/layout.c, shim/proc.c, shim/preload/*
-    krex/_lib/sim/libcuda.so.1   the simulated CUDA driver: shim/sim/*.c
+    krex/_lib/libkrex.so            the preload library: shim/layout.c, shim/proc.c, shim/preload/*
+    krex/_lib/sim/libcuda.so.1      the simulated CUDA driver: shim/sim/*.c
+    krex/_lib/sim/libamdhip64.so    the simulated HIP runtime: shim/sim_hip/*.c, linked against
+                                    the simulated libcuda.so.1 beside it (so built after it), and
+                                    without -Bsymbolic: its internal calls to its own exported
+                                    names go through the PLT, as in ROCm (shim/sim_hip/hipsim.h)
+    krex/_lib/libkrex-hip.so        the HIP wrappers (krex_hip_<name>, no hip* export) with the
+                                    same gate and markers: shim/hip/hip_*.c and the shared parts
+    krex/_lib/libkrex-hip-audit.so  the LD_AUDIT module routing HIP bindings to them (docs/hip.md)
 
 `pip install .` puts them into the wheel; `pip install -e .` into the source tree's krex/_lib/.
-The compiler is $CC (default cc). Neither library links Python: they load into any process.
+The compiler is $CC (default cc). No library links Python: they load into any process.
 """
 
 from __future__ import annotations
@@ -43,6 +50,40 @@ LIBRARIES = [
         "shim/sim/simcuda.map",
         "libcuda.so.1",
         ["-Wl,-Bsymbolic-functions"],
+    ),
+    (
+        "_lib/sim/libamdhip64.so",
+        ["shim/sim_hip/*.c"],
+        "shim/sim_hip/hipsim.map",
+        "libamdhip64.so",
+        [
+            "-L{outdir}",  # where libcuda.so.1 was just built (source tree or build/lib*)
+            "-Wl,--push-state,--no-as-needed",  # it comes before the objects that need it
+            "-l:libcuda.so.1",
+            "-Wl,--pop-state",
+            "-Wl,-rpath,$ORIGIN",
+        ],
+    ),
+    (
+        "_lib/libkrex-hip.so",
+        [
+            *SHARED,
+            "shim/preload/gate.c",
+            "shim/preload/log.c",
+            "shim/preload/region.c",
+            "shim/preload/drain_thread.c",
+            "shim/hip/hip_*.c",
+        ],
+        "shim/hip/exports.map",
+        "libkrex-hip.so",
+        [],
+    ),
+    (
+        "_lib/libkrex-hip-audit.so",
+        ["shim/hip/audit.c"],
+        "shim/hip/audit.map",
+        "libkrex-hip-audit.so",
+        [],
     ),
 ]
 
@@ -83,6 +124,7 @@ class BuildExt(build_ext):
             f"-Wl,-soname,{soname}",
             "-Wl,-z,defs",
         ]
+        extra = [x.replace("{outdir}", os.path.dirname(out)) for x in extra]
         cmd = [*cc, *CFLAGS, *ldflags, *extra, "-o", out, *_sources(patterns), *LDLIBS]
         print(" ".join(shlex.quote(c) for c in cmd), flush=True)
         try:

@@ -213,6 +213,11 @@ def run(
 @click.option("--sim", is_flag=True, help="Serve simulated GPUs.")
 @click.option("--socket", "socket_path", metavar="PATH", help="Listen here.")
 @click.option("--gpus", type=click.IntRange(1, 16), help="Number of GPUs (simulated or real).")
+@click.option(
+    "--vendor",
+    type=click.Choice(["auto", "nvidia", "amd"]),
+    help="GPU vendor (default: gpus.vendor, auto). amd: HIP through LD_AUDIT (docs/hip.md).",
+)
 @click.option("--slots", type=click.IntRange(1, 256), help="Commands admitted per GPU at once.")
 @click.option(
     "--pool",
@@ -234,6 +239,7 @@ def daemon(
     sim: bool,
     socket_path: str | None,
     gpus: int | None,
+    vendor: str | None,
     slots: int | None,
     pool: int | None,
     metrics_port: int | None,
@@ -257,6 +263,8 @@ def daemon(
         changes["socket"] = Path(socket_path)
     if gpus:
         changes["gpu_count"] = gpus
+    if vendor:
+        changes["vendor"] = vendor
     if slots:
         changes["slots"] = slots
     if pool is not None:

@@ -258,7 +258,7 @@ def run(opts: RunOptions) -> int:
         return EXIT_KREX
     env = dict(os.environ)
     extra: dict[str, str] = reply["env"]
-    for key in ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH"):
+    for key in ("LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", "PYTHONPATH"):
         if key in extra and env.get(key):
             extra[key] = f"{extra[key]}:{env[key]}"
     env.update(extra)

@@ -12,6 +12,8 @@ log_format = "text"              # text | json (one JSON object per line)
 [gpus]
 count = 1          # default: the GPUs the driver shows (or 1 simulated GPU)
 sim = false        # serve simulated GPUs (krex run --sim)
+vendor = "auto"    # auto | nvidia | amd (AMD: HIP through LD_AUDIT, docs/hip.md; untested on
+                   # real AMD GPUs); auto: nvidia where nvidia-smi is, amd where only ROCm is
 slots = 8          # commands admitted per GPU at once
 
 [timeouts]
@@ -61,6 +63,7 @@ from krex.slices import SliceError, parse_cpu_list
 
 DEFAULT_PATH = Path("/etc/krex/config.toml")
 FREEZERS = ("auto", "cgroup-v2", "cgroup-v1", "signal")
+VENDORS = ("auto", "nvidia", "amd")
 
 
 class ConfigError(KrexError):
@@ -98,6 +101,7 @@ class Config:
     segment: str | None = None
     gpu_count: int | None = None
     sim: bool = False
+    vendor: str = "auto"
     slots: int = 8
     quiesce_s: float = 5.0
     drain_s: float = 10.0
@@ -140,7 +144,7 @@ class Config:
 
 _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     "daemon": {"socket": str, "segment": str, "log_format": str},
-    "gpus": {"count": int, "sim": bool, "slots": int},
+    "gpus": {"count": int, "sim": bool, "slots": int, "vendor": str},
     "timeouts": {
         "quiesce_s": (int, float),
         "drain_s": (int, float),
@@ -195,6 +199,7 @@ def from_toml(text: str, where: str = "config") -> Config:
         segment=d.get("segment"),
         gpu_count=g.get("count"),
         sim=g.get("sim", False),
+        vendor=g.get("vendor", "auto"),
         slots=g.get("slots", 8),
         quiesce_s=float(t.get("quiesce_s", 5.0)),
         drain_s=float(t.get("drain_s", 10.0)),
@@ -225,6 +230,10 @@ def validate(cfg: Config) -> None:
     """Value checks that do not depend on the machine."""
     if cfg.gpu_count is not None and not 1 <= cfg.gpu_count <= 16:
         raise ConfigError(f"{cfg.source}: gpus.count must be 1..16, got {cfg.gpu_count}")
+    if cfg.vendor not in VENDORS:
+        raise ConfigError(
+            f"{cfg.source}: gpus.vendor must be one of {', '.join(VENDORS)}, got {cfg.vendor!r}"
+        )
     if not 1 <= cfg.slots <= 256:
         raise ConfigError(f"{cfg.source}: gpus.slots must be 1..256, got {cfg.slots}")
     for name in ("quiesce_s", "drain_s", "freeze_s", "region_s"):

@@ -37,7 +37,13 @@ from krex.errors import KrexError
 from krex.gate import Hold, quiesce_and_drain
 from krex.metrics import Metrics, MetricsError
 from krex.nvml import Nvml, throttled
-from krex.paths import shim_library, sim_library_dir
+from krex.paths import (
+    hip_audit_library,
+    hip_shim_library,
+    shim_library,
+    sim_hip_available,
+    sim_library_dir,
+)
 from krex.pool import preinit
 from krex.shm import Segment, SegmentError
 from krex.slices import Slice, SliceError, default_slices, validate_slices
@@ -166,9 +172,11 @@ def node_plan(cfg: Config) -> tuple[int, list[Slice]]:
     """The GPUs this daemon serves and each one's CPU slice: configured, or derived from the
     machine (the GPUs the driver shows, the cores this process may run on). ConfigError when
     they do not fit."""
-    n = cfg.gpu_count or (1 if cfg.sim else _detect_gpus())
+    vendor = resolve_vendor(cfg)
+    n = cfg.gpu_count or (1 if cfg.sim else _detect_gpus(vendor))
     if n == 0:
-        raise ConfigError("no NVIDIA GPU found: run with --sim for the simulated GPU")
+        name = "AMD" if vendor == "amd" else "NVIDIA"
+        raise ConfigError(f"no {name} GPU found: run with --sim for the simulated GPU")
     available = os.sched_getaffinity(0)
     slices = default_slices(n, set(available))
     for gpu, s in cfg.slices.items():
@@ -183,8 +191,36 @@ def node_plan(cfg: Config) -> tuple[int, list[Slice]]:
     return n, slices
 
 
-def _detect_gpus() -> int:
-    """NVIDIA GPUs the driver shows (0 when there is no driver)."""
+def resolve_vendor(cfg: Config) -> str:
+    """nvidia or amd: configured, else NVIDIA where nvidia-smi is, AMD where only ROCm is
+    (simulated GPUs are NVIDIA's unless configured)."""
+    if cfg.vendor != "auto":
+        return cfg.vendor
+    if cfg.sim or shutil.which("nvidia-smi"):
+        return "nvidia"
+    if Path("/dev/kfd").exists() or shutil.which("amd-smi") or shutil.which("rocm-smi"):
+        return "amd"
+    return "nvidia"
+
+
+KFD_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
+
+
+def _detect_gpus(vendor: str = "nvidia") -> int:
+    """GPUs the driver shows (0 when there is no driver). AMD: the KFD topology's GPU nodes,
+    as ROCm counts them (untested on AMD hardware)."""
+    if vendor == "amd":
+        with contextlib.suppress(Exception):  # hip-python (krex[hip]), where installed
+            hip = importlib.import_module("hip.hip")
+            err, n = hip.hipGetDeviceCount()
+            if err == hip.hipError_t.hipSuccess:
+                return int(n)
+        count = 0
+        with contextlib.suppress(OSError):
+            for node in KFD_NODES.iterdir():
+                with contextlib.suppress(OSError, ValueError):
+                    count += int((node / "gpu_id").read_text().strip() or 0) != 0
+        return count
     smi = shutil.which("nvidia-smi")
     if not smi:
         return 0
@@ -223,7 +259,10 @@ class Daemon:
         self.slot_segs: dict[int, Segment] = {}
         self.orphan_segs: list[Segment] = self._adopt_slot_segments()
         self.mps_dir: Path | None = None
-        self.nvml = None if cfg.sim else Nvml.open()
+        self.vendor = resolve_vendor(cfg)
+        if self.vendor == "amd" and cfg.sim and not sim_hip_available():
+            raise ConfigError("the simulated HIP runtime (libamdhip64.so) is not built: make build")
+        self.nvml = None if cfg.sim or self.vendor == "amd" else Nvml.open()
         self._server: asyncio.AbstractServer | None = None
         self._stopping: asyncio.Event | None = None
         self.workers: dict[int, Worker] = {}
@@ -356,11 +395,12 @@ class Daemon:
         )
         os.chmod(self.socket, 0o600)
         log.info(
-            "krex daemon %s on %s: %d %sGPU(s), %d slots each, freezer %s, segment %s",
+            "krex daemon %s on %s: %d %s%s GPU(s), %d slots each, freezer %s, segment %s",
             __version__,
             self.socket,
             len(self.gpus),
             "simulated " if self.cfg.sim else "",
+            "AMD" if self.vendor == "amd" else "NVIDIA",
             self.cfg.slots,
             self.freezer.value,
             self.seg.name,
@@ -572,7 +612,7 @@ class Daemon:
         log.info("admitted tenant %d on GPU %s: %s", tid, where, " ".join(argv)[:200])
         reply: dict[str, Any] = {"ok": True, "tenant": tid, "gpu": g.index, "gpus": t.gpus}
         reply["env"] = self._env(t, auto)
-        if len(gpus) == 1 and (g.pool or self.cfg.workers_per_gpu()):
+        if len(gpus) == 1 and (g.pool or self._pool_size()):
             # What a client needs to decide whether its command can run warm (krex/pool.py).
             reply["pool"] = {
                 "python": sys.executable,
@@ -614,10 +654,19 @@ class Daemon:
             "KREX_GPU": ",".join(map(str, t.gpus)),
             "KREX_SHM": self.seg.name,
             **({"KREX_SLOTS": self._slots_name(t.id)} if t.id in self.slot_segs else {}),
-            "LD_PRELOAD": str(shim_library()),
         }
-        # Its GPUs only, as devices 0, 1, ... (the simulated driver reads this too).
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, t.gpus))
+        visible = ",".join(map(str, t.gpus))
+        if self.vendor == "amd":
+            # HIP: bindings routed by the audit module to the wrappers of libkrex-hip.so, which
+            # exports no HIP name (docs/hip.md). Its GPUs only, as HIP devices 0, 1, ...
+            env["LD_AUDIT"] = str(hip_audit_library())
+            env["LD_PRELOAD"] = str(hip_shim_library())
+            env["HIP_VISIBLE_DEVICES"] = visible
+        else:
+            env["LD_PRELOAD"] = str(shim_library())
+        # Its GPUs only, as devices 0, 1, ... (the simulated drivers read this too: the
+        # simulated HIP runs on the simulated CUDA).
+        env["CUDA_VISIBLE_DEVICES"] = visible
         if self.cfg.sim:
             env["LD_LIBRARY_PATH"] = str(sim_library_dir())
             env["KREX_SIM_SHM"] = self.seg.name + "-sim"
@@ -1151,9 +1200,15 @@ class Daemon:
         return record
 
     # The pool (design.md, docs/pool.md).
+    def _pool_size(self) -> int:
+        """Warm workers per GPU. None on AMD GPUs: a worker's warm-up is CUDA's (docs/hip.md)."""
+        return 0 if self.vendor == "amd" else self.cfg.workers_per_gpu()
+
     def _start_pools(self) -> None:
-        n = self.cfg.workers_per_gpu()
+        n = self._pool_size()
         if n == 0:
+            if self.vendor == "amd" and self.cfg.workers_per_gpu():
+                log.info("pool: no warm workers on AMD GPUs (not built for HIP)")
             return
         for g in self.gpus:
             tid = self.next_tenant
@@ -1431,6 +1486,7 @@ class Daemon:
             "segment_linked": self._segment_linked(),
             "slot_segments": len(self.slot_segs) + len(self.orphan_segs),
             "sim": self.cfg.sim,
+            "vendor": self.vendor,
             "freezer": self.freezer.value,
             "mps": self.mps_dir is not None,
             "gpus": [
@@ -1443,7 +1499,7 @@ class Daemon:
                     "foreign": sorted(self._foreign(g)),
                     "recent": self.metrics.recent[g.index].summary(),
                     "pool": {
-                        "target": self.cfg.workers_per_gpu() if g.pool_tenant else 0,
+                        "target": self._pool_size() if g.pool_tenant else 0,
                         "workers": len(g.pool),
                         **{
                             state: sum(w.state == state for w in g.pool)

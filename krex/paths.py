@@ -31,3 +31,18 @@ def sim_library_dir() -> Path:
     directory = package_dir() / "_lib" / "sim"
     _required(directory / "libcuda.so.1", "the simulated CUDA driver")
     return directory
+
+
+def hip_shim_library() -> Path:
+    """libkrex-hip.so: the HIP wrappers (preloaded; it exports no HIP name)."""
+    return _required(package_dir() / "_lib" / "libkrex-hip.so", "the KREX HIP library")
+
+
+def hip_audit_library() -> Path:
+    """libkrex-hip-audit.so: the LD_AUDIT module that routes HIP bindings to the wrappers."""
+    return _required(package_dir() / "_lib" / "libkrex-hip-audit.so", "the KREX HIP audit module")
+
+
+def sim_hip_available() -> bool:
+    """Whether the simulated HIP runtime (libamdhip64.so) was built beside the simulated CUDA."""
+    return (package_dir() / "_lib" / "sim" / "libamdhip64.so").is_file()

@@ -23,8 +23,9 @@ def _ms(value: float | None) -> str:
 def status_tables(st: dict[str, Any]) -> Group:
     """The GPUs (slots, queues, region, recent regions, pool) and their tenants, as tables."""
     kind = "simulated" if st["sim"] else "real"
+    vendor = "AMD" if st.get("vendor") == "amd" else "NVIDIA"
     gpus = Table(
-        title=f"krex {st['version']} (pid {st['pid']}) on {st['socket']}: {kind} GPUs, "
+        title=f"krex {st['version']} (pid {st['pid']}) on {st['socket']}: {kind} {vendor} GPUs, "
         f"freezer {st['freezer']}, MPS {'on' if st['mps'] else 'off'}",
         title_justify="left",
     )
@@ -75,7 +76,7 @@ def status_tables(st: dict[str, Any]) -> Group:
 def effective_config(cfg: Config) -> dict[str, Any]:
     """The configuration a daemon would run with here, derived defaults filled in: the GPUs,
     each one's core slices, the pool, the freezer that would be used."""
-    from krex.daemon import node_plan
+    from krex.daemon import node_plan, resolve_vendor
     from krex.tenants import TenantsError, detect_freezer
 
     n, slices = node_plan(cfg)
@@ -91,7 +92,7 @@ def effective_config(cfg: Config) -> dict[str, Any]:
             "segment": cfg.segment_name(),
             "log_format": cfg.log_format,
         },
-        "gpus": {"count": n, "sim": cfg.sim, "slots": cfg.slots},
+        "gpus": {"count": n, "sim": cfg.sim, "slots": cfg.slots, "vendor": resolve_vendor(cfg)},
         "timeouts": {
             "quiesce_s": cfg.quiesce_s,
             "drain_s": cfg.drain_s,
@@ -124,7 +125,7 @@ def config_toml(doc: dict[str, Any]) -> str:
     lines = [f"# effective configuration (from {doc['source']})"]
     settable = {
         "daemon": ("socket", "segment", "log_format"),
-        "gpus": ("count", "sim", "slots"),
+        "gpus": ("count", "sim", "slots", "vendor"),
         "timeouts": ("quiesce_s", "drain_s", "freeze_s", "region_s"),
         "freezer": ("backend",),
         "pool": ("workers", "preload", "max_uses"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +35,11 @@ class Native:
         return str(self.bin_dir / name)
 
 
-def compile_c(src: Path, out: Path, *extra: str, link_sim: Path | None = None) -> Path:
-    """Compile one test program with the project's warnings as errors."""
+def compile_c(
+    src: Path, out: Path, *extra: str, link_sim: Path | None = None, link: str = "libcuda.so.1"
+) -> Path:
+    """Compile one test program with the project's warnings as errors; with link_sim, linked
+    against the library `link` (the simulated driver, or the simulated HIP runtime) there."""
     cmd = [
         os.environ.get("CC", "cc"),
         "-std=gnu11",
@@ -52,7 +56,7 @@ def compile_c(src: Path, out: Path, *extra: str, link_sim: Path | None = None) -
         *extra,
     ]
     if link_sim is not None:
-        cmd += [f"-L{link_sim}", "-l:libcuda.so.1"]
+        cmd += [f"-L{link_sim}", f"-l:{link}"]
     cmd += ["-ldl", "-lpthread", "-lrt"]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return out
@@ -64,6 +68,13 @@ def native(tmp_path_factory: pytest.TempPathFactory) -> Native:
     sim_dir = sim_library_dir()
     for prog in ("paths", "workload"):
         compile_c(C_DIR / f"{prog}.c", bin_dir / prog, link_sim=sim_dir)
+    if (sim_dir / "libamdhip64.so").exists():  # the simulated HIP runtime (tests skip without)
+        compile_c(
+            C_DIR / "hip_workload.c",
+            bin_dir / "hip_workload",
+            link_sim=sim_dir,
+            link="libamdhip64.so",
+        )
     return Native(shim=shim_library(), sim_dir=sim_dir, bin_dir=bin_dir)
 
 
@@ -75,6 +86,13 @@ class Node:
     seg: Segment
     sim_shm: str
     extra: dict[str, str]
+
+    def wait_registered(self, pid: int, within_s: float = 10.0) -> None:
+        """Until process pid holds a slot (the shim registers at the first gated call)."""
+        deadline = time.monotonic() + within_s
+        while not self.seg.slots_of(pid):
+            assert time.monotonic() < deadline, f"process {pid} never registered"
+            time.sleep(0.01)
 
     def env(self, tenant: int, gpu: int = 0, **more: str) -> dict[str, str]:
         env = dict(os.environ)

@@ -6,6 +6,7 @@ the freezer this machine has (cgroup v1 in CI).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -66,15 +67,21 @@ class Daemon:
             self.proc.wait(timeout=30)
 
 
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    d = Daemon(tmp_path / "krex.sock")
+@contextlib.contextmanager
+def running(d: Daemon) -> Iterator[Daemon]:
+    """d started, and stopped afterwards: it must exit 0."""
     d.start()
     try:
         yield d
     finally:
         d.stop()
         assert d.proc is not None and d.proc.returncode == 0, d.log.read_text()
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    with running(Daemon(tmp_path / "krex.sock")) as d:
+        yield d
 
 
 def run_argv(d: Daemon) -> list[str]:

@@ -22,7 +22,7 @@ import pytest
 from conftest import Node
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_controller import BURNER, HOLDER, Counter, Daemon, run_argv
+from test_controller import BURNER, HOLDER, Counter, Daemon, run_argv, running
 
 from krex.daemon import _sim_users
 from krex.gate import exclusive
@@ -33,13 +33,8 @@ N_GPUS = 4
 
 @pytest.fixture
 def node4(tmp_path: Path) -> Iterator[Daemon]:
-    d = Daemon(tmp_path / "krex.sock", "--gpus", str(N_GPUS))
-    d.start()
-    try:
+    with running(Daemon(tmp_path / "krex.sock", "--gpus", str(N_GPUS))) as d:
         yield d
-    finally:
-        d.stop()
-        assert d.proc is not None and d.proc.returncode == 0, d.log.read_text()
 
 
 def on(d: Daemon, gpu: str, *argv: str, **popen: Any) -> subprocess.Popen[str]:
@@ -220,10 +215,7 @@ def test_shut_out_by_any_gate_and_seen_on_every_gpu(node: Node) -> None:
         text=True,
     )
     assert p.stdout is not None and p.stdout.readline().strip() == "hammering"
-    deadline = time.monotonic() + 10
-    while not node.seg.slots_of(p.pid):  # it registers at its first launch
-        assert time.monotonic() < deadline, "the hammer never registered"
-        time.sleep(0.01)
+    node.wait_registered(p.pid)  # at its first gated call
     with exclusive(node.seg, 3, owner=9) as hold:
         assert hold.drained == 0
     with exclusive(node.seg, 2, owner=9) as hold:
@@ -289,13 +281,9 @@ def tenant(regions: int, ms: float, threads: int) -> list[str]:
 @pytest.fixture(scope="module")
 def small_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     """4 simulated GPUs, 2 slots each: admission queues and region queues both get exercised."""
-    d = Daemon(tmp_path_factory.mktemp("mix") / "krex.sock", "--gpus", str(N_GPUS), "--slots", "2")
-    d.start()
-    try:
+    sock = tmp_path_factory.mktemp("mix") / "krex.sock"
+    with running(Daemon(sock, "--gpus", str(N_GPUS), "--slots", "2")) as d:
         yield d
-    finally:
-        d.stop()
-        assert d.proc is not None and d.proc.returncode == 0, d.log.read_text()
 
 
 @settings(
@@ -355,10 +343,7 @@ def test_two_regions_draining_one_process_both_wait_for_its_drain(node: Node) ->
         text=True,
     )
     assert p.stdout is not None and p.stdout.readline().strip() == "hammering"
-    deadline = time.monotonic() + 10
-    while not node.seg.slots_of(p.pid):
-        assert time.monotonic() < deadline, "the hammer never registered"
-        time.sleep(0.01)
+    node.wait_registered(p.pid)  # at its first gated call
     time.sleep(0.1)  # kernels queued
     e0 = node.seg.gate_close(0, owner=9, deadline_s=30)
     e1 = node.seg.gate_close(1, owner=8, deadline_s=30)

@@ -62,6 +62,47 @@ def progress(seg: Segment, pids: set[int]) -> dict[int, int]:
     return {s.pid: s.intercepted for s in seg.slots() if s.pid in pids and s.alive}
 
 
+def cycle_gate(
+    node: Node,
+    procs: list[subprocess.Popen[str]],
+    schedule: list[tuple[int, int, int]],
+    witness: Witness,
+) -> int:
+    """Play the controller while procs run: close the gate for each (owner, hold ms, gap ms) of
+    the schedule in turn, telling the witness who owns the GPU; after each region, every
+    process still running must move again. Returns how many regions there were."""
+    pids = {p.pid for p in procs}
+    deadline = time.monotonic() + 120
+    i = 0
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        owner, hold_ms, gap_ms = schedule[i % len(schedule)]
+        i += 1
+        with exclusive(node.seg, 0, owner=owner, quiesce_timeout_s=10, drain_timeout_s=10) as hold:
+            assert hold.clean, hold.problems
+            witness.grant(owner)
+            time.sleep(hold_ms / 1000)
+            witness.grant(0)
+            before = progress(node.seg, pids)
+        # No waiter is left blocked: every process still running moves again after open.
+        moved_by = time.monotonic() + 5
+        stuck: list[int] = []
+        while time.monotonic() < moved_by:
+            now = progress(node.seg, pids)
+            stuck = [
+                pid
+                for pid, n in before.items()
+                if pid in now
+                and now[pid] == n
+                and next(p for p in procs if p.pid == pid).poll() is None
+            ]
+            if not stuck:
+                break
+            time.sleep(0.002)
+        assert not stuck, f"processes {stuck} did not move after the gate opened"
+        time.sleep(gap_ms / 1000)
+    return i
+
+
 regions = st.lists(
     st.tuples(st.sampled_from(TENANTS), st.integers(0, 15), st.integers(0, 8)),
     min_size=3,
@@ -103,36 +144,7 @@ def test_no_sibling_submission_reaches_the_driver_inside_a_region(
                 )
             )
         pids = {p.pid for p in procs}
-        deadline = time.monotonic() + 120
-        i = 0
-        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            owner, hold_ms, gap_ms = schedule[i % len(schedule)]
-            i += 1
-            with exclusive(
-                node.seg, 0, owner=owner, quiesce_timeout_s=10, drain_timeout_s=10
-            ) as hold:
-                assert hold.clean, hold.problems
-                witness.grant(owner)
-                time.sleep(hold_ms / 1000)
-                witness.grant(0)
-                before = progress(node.seg, pids)
-            # No waiter is left blocked: every process still running moves again after open.
-            moved_by = time.monotonic() + 5
-            while time.monotonic() < moved_by:
-                now = progress(node.seg, pids)
-                stuck = [
-                    pid
-                    for pid, n in before.items()
-                    if pid in now
-                    and now[pid] == n
-                    and n < THREADS * PER_THREAD
-                    and next(p for p in procs if p.pid == pid).poll() is None
-                ]
-                if not stuck:
-                    break
-                time.sleep(0.002)
-            assert not stuck, f"processes {stuck} did not move after the gate opened"
-            time.sleep(gap_ms / 1000)
+        i = cycle_gate(node, procs, schedule, witness)
         for p in procs:
             _out, err = p.communicate(timeout=30)
             assert p.returncode == 0, err
@@ -307,10 +319,7 @@ def test_a_drain_that_times_out_names_the_process(node: Node) -> None:
         text=True,
     )
     assert p.stdout is not None and p.stdout.readline().strip() == "hammering"
-    deadline = time.monotonic() + 10
-    while not node.seg.slots_of(p.pid):
-        assert time.monotonic() < deadline, "the hammer never registered"
-        time.sleep(0.01)
+    node.wait_registered(p.pid)  # at its first gated call
     os.kill(p.pid, signal.SIGSTOP)
     try:
         t0 = time.monotonic()

@@ -1,13 +1,10 @@
 /*
- * drain.c: the contexts this process used, and its drain thread (design.md step 3).
- *
- * The drain thread sleeps on its slot's drain_req futex (a count of requests). When it moves,
- * the thread synchronises every context the process used (the gate already stops new work)
- * and then acknowledges the count it saw before draining: every request up to it is served. It blocks every signal: signals meant for the program never land on it.
+ * drain.c: the CUDA contexts this process used, and the CUDA part of the drain (design.md
+ * step 3): the drain thread (drain_thread.c) synchronises every context the process used (the
+ * gate already stops new work).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
-#include <signal.h>
 #include <string.h>
 
 #include "shim.h"
@@ -22,7 +19,6 @@ struct tracked {
 static struct tracked ctxs[KREX_MAX_CTX];
 static int n_ctxs;
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
-static int drain_running;
 
 void krex_ctx_track(CUcontext ctx, CUdevice dev)
 {
@@ -61,7 +57,7 @@ void krex_ctx_untrack(CUcontext ctx)
     pthread_mutex_unlock(&ctx_lock);
 }
 
-static void drain_contexts(void)
+void krex_drain_sync(void)
 {
     struct tracked copy[KREX_MAX_CTX];
     pthread_mutex_lock(&ctx_lock);
@@ -95,52 +91,12 @@ static void drain_contexts(void)
     set(NULL);
 }
 
-static void *drain_main(void *arg)
-{
-    struct krex_slot *s = arg;
-    for (;;) {
-        uint32_t req = KREX_LOAD(&s->drain_req);
-        if (req != KREX_LOAD(&s->drain_ack)) {
-            drain_contexts();
-            KREX_STORE(&s->drain_ack, req);
-            krex_futex_wake(&s->drain_ack, INT32_MAX);
-            continue;
-        }
-        krex_futex_wait(&s->drain_req, req, UINT64_MAX);
-    }
-    return NULL;
-}
-
-int krex_drain_start(struct krex_slot *s)
-{
-    if (drain_running)
-        return 0;
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    pthread_attr_setstacksize(&attr, 64 * 1024);
-    /* The new thread inherits this mask: it never takes the program's signals. */
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pthread_t t;
-    int rc = pthread_create(&t, &attr, drain_main, s);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    pthread_attr_destroy(&attr);
-    if (rc == 0) {
-        drain_running = 1;
-        pthread_setname_np(t, "krex-drain");
-    }
-    return rc;
-}
-
-void krex_drain_after_fork(void)
+void krex_drain_forget(void)
 {
     /* Threads don't survive fork; the contexts don't either (CUDA is unusable in a forked
      * child until it creates new ones, which the tracking hooks will see). */
     pthread_mutex_init(&ctx_lock, NULL);
     n_ctxs = 0;
-    drain_running = 0;
 }
 
 /* Tracked entry points: passed through, the context remembered (or forgotten). */

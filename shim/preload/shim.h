@@ -127,11 +127,15 @@ static inline void krex_leave(struct krex_slot *s)
         krex_futex_wake(&s->in_flight, INT32_MAX);
 }
 
-/* drain.c: contexts this process used, and the drain thread. */
+/* drain.c: contexts this process used. */
 KREX_HIDDEN void krex_ctx_track(CUcontext ctx, CUdevice dev);
 KREX_HIDDEN void krex_ctx_untrack(CUcontext ctx);
+/* drain_thread.c: the drain thread; the vendor's part (drain.c, hip/hip_drain.c) syncs what
+ * the process used and forgets it in a forked child. */
 KREX_HIDDEN int krex_drain_start(struct krex_slot *s);
 KREX_HIDDEN void krex_drain_after_fork(void);
+KREX_HIDDEN void krex_drain_sync(void);
+KREX_HIDDEN void krex_drain_forget(void);
 
 /* log.c */
 KREX_HIDDEN void krex_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -1,0 +1,155 @@
+/*
+ * hip_hooks.c: libkrex-hip.so's wrappers, generated from hip_hooks.def, and the one place the
+ * real HIP functions are looked up.
+ *
+ * Each wrapper is exported as krex_hip_<name>, never under the HIP name (audit.c says why);
+ * the audit module hands its address to every binding of <name> from outside libamdhip64.
+ * The real functions come from dlsym on libamdhip64's handle: bindings made by this library
+ * are the ones the audit module leaves alone.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "hip_shim.h"
+
+static const char *const hip_names[KREX_HIP_COUNT] = {
+#define KREX_HIP_GATE(name, ...) [KREX_HIP_##name] = #name,
+#define KREX_HIP_TRACK(name, ...) [KREX_HIP_##name] = #name,
+#define KREX_HIP_REAL(name, ...) [KREX_HIP_##name] = #name,
+#define KREX_HIP_LOOKUP(name, ...) [KREX_HIP_##name] = #name,
+#include "hip_hooks.def"
+#undef KREX_HIP_GATE
+#undef KREX_HIP_TRACK
+#undef KREX_HIP_REAL
+#undef KREX_HIP_LOOKUP
+};
+
+static void *hip_real[KREX_HIP_COUNT];
+static pthread_once_t resolve_once = PTHREAD_ONCE_INIT;
+
+static void resolve(void)
+{
+    /* The wrappers only run once a program bound a HIP function: the library is loaded. */
+    static const char *const libs[] = {"libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6"};
+    void *h = NULL;
+    for (size_t i = 0; !h && i < sizeof libs / sizeof libs[0]; i++)
+        h = dlopen(libs[i], RTLD_LAZY | RTLD_NOLOAD);
+    if (!h) {
+        krex_warn("libamdhip64 is not loaded: HIP calls cannot be forwarded");
+        return;
+    }
+    for (int i = 0; i < KREX_HIP_COUNT; i++)
+        __atomic_store_n(&hip_real[i], dlsym(h, hip_names[i]), __ATOMIC_RELEASE);
+}
+
+void *krex_hip_real_get(enum krex_hip_hook_id id)
+{
+    void *p = __atomic_load_n(&hip_real[id], __ATOMIC_ACQUIRE);
+    if (KREX_UNLIKELY(!p)) {
+        pthread_once(&resolve_once, resolve);
+        p = __atomic_load_n(&hip_real[id], __ATOMIC_ACQUIRE);
+    }
+    return p;
+}
+
+static hipError_t missing(enum krex_hip_hook_id id)
+{
+    static int warned;
+    if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+        krex_warn("%s is not in the loaded libamdhip64", hip_names[id]);
+    return hipErrorNotInitialized;
+}
+
+/* Gated wrappers: announce, check the gate, call, withdraw (the CUDA shim's hot path). */
+#define KREX_HIP_GATE_(name, params, args)                                                       \
+    KREX_EXPORT hipError_t krex_hip_##name params                                                \
+    {                                                                                            \
+        krex_pfn_##name krex_real_ = (krex_pfn_##name)krex_hip_real_get(KREX_HIP_##name);        \
+        if (KREX_UNLIKELY(!krex_real_))                                                          \
+            return missing(KREX_HIP_##name);                                                     \
+        struct krex_slot *krex_s_ = krex_enter();                                                \
+        hipError_t krex_r_ = krex_real_ args;                                                    \
+        krex_leave(krex_s_);                                                                     \
+        return krex_r_;                                                                          \
+    }
+#define KREX_HIP_GATE(name, ...) KREX_HIP_GATE_(name, __VA_ARGS__)
+#define KREX_HIP_TRACK(name, ...)
+#define KREX_HIP_REAL(name, ...)
+#define KREX_HIP_LOOKUP(name, ...)
+#include "hip_hooks.def"
+#undef KREX_HIP_GATE
+#undef KREX_HIP_TRACK
+#undef KREX_HIP_REAL
+#undef KREX_HIP_LOOKUP
+
+/* Tracked: the devices the drain must synchronise. */
+KREX_EXPORT hipError_t krex_hip_hipSetDevice(int device)
+{
+    krex_pfn_hipSetDevice real = (krex_pfn_hipSetDevice)krex_hip_real_get(KREX_HIP_hipSetDevice);
+    if (!real)
+        return missing(KREX_HIP_hipSetDevice);
+    hipError_t r = real(device);
+    if (r == hipSuccess)
+        krex_hip_device_used(device);
+    return r;
+}
+
+KREX_EXPORT hipError_t krex_hip_hipGetProcAddress(const char *symbol, void **pfn, int hipVersion,
+                                                  uint64_t flags,
+                                                  hipDriverProcAddressQueryResult *symbolStatus);
+
+/* The wrapper address handed out for a real function, or NULL. */
+static void *wrapper_of(const void *real)
+{
+    static void *const wrappers[KREX_HIP_COUNT] = {
+#define KREX_HIP_GATE(name, ...) [KREX_HIP_##name] = (void *)krex_hip_##name,
+#define KREX_HIP_TRACK(name, ...) [KREX_HIP_##name] = (void *)krex_hip_##name,
+#define KREX_HIP_REAL(name, ...)
+#define KREX_HIP_LOOKUP(name, ...) [KREX_HIP_##name] = (void *)krex_hip_##name,
+#include "hip_hooks.def"
+#undef KREX_HIP_GATE
+#undef KREX_HIP_TRACK
+#undef KREX_HIP_REAL
+#undef KREX_HIP_LOOKUP
+    };
+    for (int i = 0; i < KREX_HIP_COUNT; i++)
+        if (wrappers[i] && krex_hip_real_get((enum krex_hip_hook_id)i) == real)
+            return wrappers[i];
+    return NULL;
+}
+
+/* hipGetProcAddress: the real one answers (its version and per-thread-stream rules), then a
+ * hooked function's address is swapped for its wrapper, matched by address so that whichever
+ * variant the real one picked (e.g. an _spt twin) gets its own wrapper. */
+KREX_EXPORT hipError_t krex_hip_hipGetProcAddress(const char *symbol, void **pfn, int hipVersion,
+                                                  uint64_t flags,
+                                                  hipDriverProcAddressQueryResult *symbolStatus)
+{
+    krex_pfn_hipGetProcAddress real =
+        (krex_pfn_hipGetProcAddress)krex_hip_real_get(KREX_HIP_hipGetProcAddress);
+    if (!real)
+        return missing(KREX_HIP_hipGetProcAddress);
+    hipError_t r = real(symbol, pfn, hipVersion, flags, symbolStatus);
+    if (r == hipSuccess && pfn && *pfn) {
+        void *w = wrapper_of(*pfn);
+        if (w)
+            *pfn = w;
+    }
+    return r;
+}
+
+/* Every hooked name's prototype in hip_hooks.def is the one krex_hip.h declares. */
+#define KREX_HIP_CHECK_(name)                                                                    \
+    _Static_assert(__builtin_types_compatible_p(__typeof__(&name), krex_pfn_##name),             \
+                   #name " in hip_hooks.def differs from krex_hip.h");
+#define KREX_HIP_GATE(name, ...) KREX_HIP_CHECK_(name)
+#define KREX_HIP_TRACK(name, ...) KREX_HIP_CHECK_(name)
+#define KREX_HIP_REAL(name, ...) KREX_HIP_CHECK_(name)
+#define KREX_HIP_LOOKUP(name, ...) KREX_HIP_CHECK_(name)
+#include "hip_hooks.def"
+#undef KREX_HIP_GATE
+#undef KREX_HIP_TRACK
+#undef KREX_HIP_REAL
+#undef KREX_HIP_LOOKUP

@@ -417,6 +417,12 @@ class Daemon:
         log.info("stopping: ending regions, thawing tenants, opening gates")
         if self._server is not None:
             self._server.close()
+        # A region being set up has threads quiescing and draining on the segments' mappings:
+        # let them finish (each wait is bounded) before anything is closed.
+        bound = self.cfg.quiesce_s + self.cfg.drain_s + self.cfg.freeze_s + 5.0
+        deadline = time.monotonic() + bound
+        while any(g.busy for g in self.gpus) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
         await self._stop_pools()
         for g in self.gpus:
             if g.region is not None:
@@ -1496,6 +1502,7 @@ class Daemon:
                     "used": len(g.tenants),
                     "queue": len(g.admission),
                     "region_queue": len(g.requests),
+                    "setting_up": g.pending.tenant.id if g.pending is not None else None,
                     "foreign": sorted(self._foreign(g)),
                     "recent": self.metrics.recent[g.index].summary(),
                     "pool": {

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_controller import HOLDER, KREX, Daemon, krex_run, run_argv
+from test_controller import HOLDER, KREX, Counter, Daemon, krex_run, run_argv, running
 
 # A sibling that leaves a long kernel on the simulated GPU and then waits: its drain thread
 # cannot finish the drain until the kernel does.
@@ -281,3 +281,69 @@ def test_tenants_map_the_gates_read_only_and_only_their_own_slots(fast_drain: Da
         assert others == [], perms
         seen.append(slots)
     assert seen[0] != seen[1]
+
+
+GIVE_UP = textwrap.dedent("""
+    import time, krex
+    try:
+        with krex.region():
+            print("granted", flush=True)
+    except krex.RegionError as e:
+        print("gave up", flush=True)
+    time.sleep(6)
+""")
+
+
+def test_a_request_abandoned_while_its_region_is_set_up_ends_that_region(tmp_path: Path) -> None:
+    """A thread that stops waiting for its grant while the siblings still drain (its
+    KREX_REGION_WAIT_S ran out) while its process lives on: once set up, the region it asked
+    for ends at once; it is not held, its siblings frozen, until the region's time-out."""
+    with running(Daemon(tmp_path / "krex.sock")) as d:
+        slow = krex_run(d, sys.executable, "-c", LONG_KERNEL, "2.0", stdout=subprocess.PIPE)
+        assert slow.stdout is not None and slow.stdout.readline().strip() == "launched"
+        sib = Counter(d)
+        asker = krex_run(
+            d,
+            sys.executable,
+            "-c",
+            GIVE_UP,
+            stdout=subprocess.PIPE,
+            env={**os.environ, "KREX_REGION_WAIT_S": "0.3"},
+        )
+        try:
+            assert asker.stdout is not None and asker.stdout.readline().strip() == "gave up"
+            # The drain ends with the 2 s kernel; the abandoned region must end with it.
+            _until(d, lambda g: g["setting_up"] is not None, timeout_s=5)
+            _until(d, lambda g: g["setting_up"] is None, timeout_s=5)
+            time.sleep(0.3)
+            gpu = (d.status() or {})["gpus"][0]
+            assert gpu["region"] is None, gpu
+            sib.wait_moving(within_s=2.0)
+            assert asker.poll() is None, "the asker lives on: only its request was abandoned"
+        finally:
+            sib.stop()
+            for p in (asker, slow):
+                p.kill()
+                p.wait(timeout=30)
+
+
+def test_a_daemon_stopped_while_a_region_is_set_up_exits_cleanly(tmp_path: Path) -> None:
+    """SIGTERM while a region's siblings drain: the daemon lets the bounded drain finish before
+    it unmaps the segments, then exits 0. (Without that wait a daemon stopped this way died
+    once of SIGSEGV; this test does not reproduce that every time.)"""
+    d = Daemon(tmp_path / "krex.sock")
+    d.start()
+    procs = []
+    try:
+        slow = krex_run(d, sys.executable, "-c", LONG_KERNEL, "2.0", stdout=subprocess.PIPE)
+        procs.append(slow)
+        assert slow.stdout is not None and slow.stdout.readline().strip() == "launched"
+        procs.append(krex_run(d, sys.executable, "-c", HOLDER, "5", stdout=subprocess.PIPE))
+        _until(d, lambda g: g["setting_up"] is not None, timeout_s=10)
+        d.stop()
+        assert d.proc is not None and d.proc.returncode == 0, d.log.read_text()[-2000:]
+    finally:
+        d.stop()
+        for p in procs:
+            p.kill()
+            p.wait(timeout=30)

@@ -29,7 +29,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from krex import __version__
 from krex.config import Config, ConfigError
@@ -507,13 +507,13 @@ class Daemon:
         in index order; by default the least loaded."""
         n = len(self.gpus)
         if count is not None:
-            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            if not _json_int(count) or count < 1:
                 raise ProtocolError(f"gpus must be a positive integer, got {count!r}")
             if count > n:
                 raise ProtocolError(f"{count} GPUs asked for, but this node has {n}")
         if wanted is not None:
             ids = [wanted] if not isinstance(wanted, list) else wanted
-            if not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            if not ids or not all(_json_int(i) for i in ids):
                 raise ProtocolError(f"gpu must be a GPU index or a list of them, got {wanted!r}")
             missing = [i for i in ids if not 0 <= i < n]
             if missing:
@@ -701,7 +701,7 @@ class Daemon:
             op = msg.get("op")
             if op == "started":
                 pid = msg.get("pid")
-                if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+                if not _json_int(pid) or pid <= 0:
                     raise ProtocolError("pid must be a positive integer")
                 if t.pids or _parent(pid) != peer.pid:
                     # Only the command `krex run` itself forked, once: never someone else's
@@ -861,7 +861,7 @@ class Daemon:
         peer: Peer,
     ) -> None:
         tid = msg.get("tenant")
-        t = self.tenants.get(tid) if isinstance(tid, int) and not isinstance(tid, bool) else None
+        t = self.tenants.get(tid) if _json_int(tid) else None
         if t is None:
             raise ProtocolError(f"tenant {tid!r} is not admitted here")
         if peer.pid not in await asyncio.get_running_loop().run_in_executor(None, t.group.pids):
@@ -1311,7 +1311,7 @@ class Daemon:
         peer: Peer,
     ) -> None:
         wid = msg.get("worker")
-        w = self.workers.get(wid) if isinstance(wid, int) and not isinstance(wid, bool) else None
+        w = self.workers.get(wid) if _json_int(wid) else None
         secret = msg.get("secret")
         if (
             w is None
@@ -1553,6 +1553,11 @@ class Peer:
 
 
 _SIM_LIB: Any = None
+
+
+def _json_int(value: object) -> TypeGuard[int]:
+    """Whether a decoded JSON value is an integer (JSON's true and false decode to bool, an int)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _sim_users(sim_shm: str, gpu: int) -> set[int] | None:

@@ -32,7 +32,7 @@ from rich.progress import Progress
 from krex.bench import runner
 from krex.bench.metrics import Measurement, ModeRun, RegionTimes, summarize
 from krex.bench.suite import Command, commands
-from krex.client import private_daemon
+from krex.client import private_daemon, status
 
 GPUS = (0, 1)
 CONCURRENCY = 8
@@ -113,12 +113,16 @@ def krex_part(cmds: list[Command], out: Path, sim: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="krex-mgpu-") as tmp_name:
         tmp = Path(tmp_name)
         progress = Progress(disable=True)
+        t0 = time.monotonic()
         with private_daemon(
             tmp / "daemon", sim=sim, slots=CONCURRENCY, gpus=len(GPUS) if sim else None
         ) as sock:
-            # Wait for the warm pools of both GPUs (as `krex bench` does through the client).
-            status = _wait_pool(sock)
-            doc["daemon"] = {"pool_ready_s": status[0], "gpus": status[1]}
+            # private_daemon returns once the warm pools are ready, as for `krex bench`.
+            gpus = status(sim, str(sock))["gpus"]
+            doc["daemon"] = {
+                "pool_ready_s": time.monotonic() - t0,
+                "gpus": [{"gpu": g["gpu"], **g["pool"]} for g in gpus],
+            }
             env = dict(os.environ)
 
             def job(g: int, label: str) -> tuple[float, list[runner.Outcome]]:
@@ -184,23 +188,6 @@ def _two_gpu_command(sock: Path, tmp: Path) -> dict[str, Any]:
         "pool": rep["pool"],
         "regions": rep["regions"],
     }
-
-
-def _wait_pool(sock: Path, within_s: float = 300.0) -> tuple[float, list[dict[str, Any]]]:
-    t0 = time.monotonic()
-    while True:
-        p = subprocess.run(
-            [sys.executable, "-m", "krex.cli", "status", "--json", "--socket", str(sock)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        gpus = json.loads(p.stdout)["gpus"] if p.returncode == 0 else []
-        if gpus and all(g["pool"]["idle"] >= g["pool"]["target"] for g in gpus):
-            return time.monotonic() - t0, [{"gpu": g["gpu"], **g["pool"]} for g in gpus]
-        if time.monotonic() - t0 > within_s:
-            raise SystemExit(f"the warm pools were not ready within {within_s:.0f} s: {gpus}")
-        time.sleep(1.0)
 
 
 def _smi() -> str:

@@ -62,7 +62,7 @@ static uintptr_t dyn_ptr(const struct link_map *m, ElfW(Addr) p)
 }
 
 /* How many entries the dynamic symbol table has (from DT_HASH, or by walking DT_GNU_HASH). */
-static size_t symbol_count(const struct link_map *m, const uint32_t *hash, const uint32_t *gnu)
+static size_t symbol_count(const uint32_t *hash, const uint32_t *gnu)
 {
     if (hash)
         return hash[1]; /* nchain */
@@ -79,7 +79,6 @@ static size_t symbol_count(const struct link_map *m, const uint32_t *hash, const
         return symoffset;
     while (!(chain[last - symoffset] & 1))
         last++;
-    (void)m;
     return last + 1;
 }
 
@@ -107,7 +106,7 @@ static void find_wrappers(struct link_map *m)
     }
     if (!symtab || !strtab)
         return;
-    size_t n = symbol_count(m, hash, gnu);
+    size_t n = symbol_count(hash, gnu);
     for (size_t i = 0; i < n; i++) {
         const ElfW(Sym) *s = &symtab[i];
         if (s->st_shndx == SHN_UNDEF || ELF64_ST_TYPE(s->st_info) != STT_FUNC)

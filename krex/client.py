@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from krex.config import default_socket, load
+from krex.errors import KrexError
 from krex.pool import Invocation, plan
 
 EXIT_KREX = 125
@@ -35,7 +36,7 @@ _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
-class ClientError(Exception):
+class ClientError(KrexError):
     """krex could not do its part; the message is for the user."""
 
 

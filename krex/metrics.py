@@ -33,6 +33,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from krex.errors import KrexError
+
 WINDOW_S = 60.0  # what "recent" means in krex status / krex top
 NAMES = (
     "krex_commands_admitted_total",
@@ -54,7 +56,7 @@ NAMES = (
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
-class MetricsError(Exception):
+class MetricsError(KrexError):
     """The endpoint cannot be served; the message says why."""
 
 

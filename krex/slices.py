@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from krex.errors import KrexError
 from krex.kernelfs import read as _read
 
 SYS_CPU = "/sys/devices/system/cpu"
@@ -33,7 +34,7 @@ class Slice:
     shared_cores: frozenset[int]
 
 
-class SliceError(ValueError):
+class SliceError(KrexError, ValueError):
     """A CPU slice that cannot be used; the message is one sentence naming the GPU and cores."""
 
 

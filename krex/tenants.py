@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from enum import Enum
 from pathlib import Path
 
+from krex.errors import KrexError
 from krex.kernelfs import read as _read
 from krex.slices import format_cpu_list
 
@@ -47,7 +48,7 @@ class FreezerKind(str, Enum):
     SIGNAL = "signal"
 
 
-class TenantsError(Exception):
+class TenantsError(KrexError):
     """A tenant group cannot be made or used; the message is one clear sentence."""
 
 

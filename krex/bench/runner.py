@@ -30,6 +30,7 @@ from rich.progress import Progress
 from krex.bench.metrics import Measurement, ModeRun, RegionTimes, summarize
 from krex.bench.suite import Command, commands
 from krex.client import ClientError, private_daemon
+from krex.errors import KrexError
 from krex.nvml import Nvml
 from krex.paths import sim_library_dir
 
@@ -37,7 +38,7 @@ MODES = ("exclusive", "shared", "krex", "krex-cold", "krex-serial")
 COMMAND_TIMEOUT_S = 600.0
 
 
-class BenchError(Exception):
+class BenchError(KrexError):
     """The benchmark could not run; the message says why."""
 
 

@@ -19,10 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from krex.errors import KrexError
+
 PROFILES = ("tiny", "quick", "full")
 
 
-class SuiteError(ValueError):
+class SuiteError(KrexError, ValueError):
     """A profile that cannot run here; the message says why."""
 
 

@@ -1,0 +1,115 @@
+"""The socket protocol's framing and version, once (docs/protocol.md).
+
+Requests and replies between `krex run`, the markers, pool workers and the daemon are JSON
+objects, one per line, at most `MAX_LINE` bytes, every request carrying `"v": VERSION`. The
+client and a pool worker speak length-prefixed JSON with file descriptors (`send_frame`,
+`recv_frame`). shim/preload/region.c writes its two requests by hand; tests/test_wire.py checks
+them against `encode`.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import json
+import os
+import socket
+import struct
+from typing import Any
+
+from krex.errors import ProtocolError
+
+VERSION = 1
+MAX_LINE = 64 * 1024  # bytes a line, its newline included
+MAX_FRAME = 1 << 24  # bytes of one length-prefixed message (argv, environment, ...)
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    """One request line: `msg` with the protocol version, compact, newline-terminated."""
+    return json.dumps({"v": VERSION, **msg}, separators=(",", ":")).encode() + b"\n"
+
+
+def encode_reply(msg: dict[str, Any]) -> bytes:
+    """One reply line (replies carry no version)."""
+    return json.dumps(msg, separators=(",", ":")).encode() + b"\n"
+
+
+def decode(line: bytes, *, request: bool = True) -> dict[str, Any]:
+    """The object on one line. ProtocolError for anything else; a request must carry this
+    protocol's version as a JSON integer (`true` is not 1)."""
+    if len(line) > MAX_LINE:
+        raise ProtocolError(f"message longer than {MAX_LINE} bytes")
+    try:
+        msg = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ProtocolError("message is not one JSON object per line") from e
+    if not isinstance(msg, dict):
+        raise ProtocolError("message is not a JSON object")
+    if request:
+        v = msg.get("v")
+        if not is_int(v) or v != VERSION:
+            raise ProtocolError(f"protocol version {v!r} is not supported (want {VERSION})")
+    return msg
+
+
+def is_int(value: object) -> bool:
+    """Whether a decoded JSON value is an integer (JSON's true and false decode to bool, an int)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+async def read(reader: asyncio.StreamReader) -> dict[str, Any] | None:
+    """The next request on an asyncio stream (opened with limit=MAX_LINE); None at EOF."""
+    try:
+        line = await reader.readline()
+    except (ValueError, asyncio.LimitOverrunError) as e:
+        raise ProtocolError(f"request longer than {MAX_LINE} bytes") from e
+    return decode(line) if line else None
+
+
+async def write(writer: asyncio.StreamWriter, msg: dict[str, Any]) -> None:
+    """Send one reply (or daemon-to-worker message) and wait until it is written."""
+    writer.write(encode_reply(msg))
+    await writer.drain()
+
+
+def send_frame(sock: socket.socket, msg: dict[str, Any], fds: list[int] | None = None) -> None:
+    """One length-prefixed JSON message, with file descriptors riding on its first bytes."""
+    data = json.dumps(msg).encode()
+    frame = struct.pack("!I", len(data)) + data
+    if fds:
+        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+        sent = sock.sendmsg([frame], anc)
+        if sent < len(frame):  # sendall(b"") would still send, and fail once the peer is done
+            sock.sendall(frame[sent:])
+    else:
+        sock.sendall(frame)
+
+
+def recv_frame(sock: socket.socket, max_fds: int = 0) -> tuple[dict[str, Any] | None, list[int]]:
+    """The next length-prefixed message and the descriptors that came with it; (None, []) at
+    EOF. ProtocolError for an oversized or malformed message."""
+    fds: list[int] = []
+    head = b""
+    while len(head) < 4:
+        if max_fds and not fds and not head:
+            data, anc, _, _ = sock.recvmsg(4, socket.CMSG_LEN(max_fds * 4))
+            for level, kind, blob in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds += array.array("i", blob[: len(blob) - len(blob) % 4]).tolist()
+        else:
+            data = sock.recv(4 - len(head))
+        if not data:
+            for fd in fds:
+                os.close(fd)
+            return None, []
+        head += data
+    (size,) = struct.unpack("!I", head)
+    if size > MAX_FRAME:
+        raise ProtocolError(f"message of {size} bytes (at most {MAX_FRAME})")
+    body = b""
+    while len(body) < size:
+        chunk = sock.recv(min(1 << 20, size - len(body)))
+        if not chunk:
+            raise ConnectionError("connection closed in the middle of a message")
+        body += chunk
+    return decode(body, request=False), fds

@@ -46,6 +46,7 @@ address = "127.0.0.1"
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import zlib
@@ -103,10 +104,11 @@ class Config:
     sim: bool = False
     vendor: str = "auto"
     slots: int = 8
-    quiesce_s: float = 5.0
-    drain_s: float = 10.0
-    freeze_s: float = 5.0
-    region_s: float = 600.0
+    # Limits (time-outs), not measurements: a region's record has drain_s and freeze_s too.
+    quiesce_timeout_s: float = 5.0
+    drain_timeout_s: float = 10.0
+    freeze_timeout_s: float = 5.0
+    region_timeout_s: float = 600.0
     freezer: str = "auto"
     slices: dict[int, SliceConfig] = field(default_factory=dict)
     mps: bool = False
@@ -156,6 +158,27 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     "pool": {"workers": int, "preload": list, "max_uses": int},
     "metrics": {"port": int, "address": str},
 }
+# Each TOML key's Config field (the file's names are the operators'; the fields say what they are).
+_FIELDS: dict[tuple[str, str], str] = {
+    ("daemon", "socket"): "socket",
+    ("daemon", "segment"): "segment",
+    ("daemon", "log_format"): "log_format",
+    ("gpus", "count"): "gpu_count",
+    ("gpus", "sim"): "sim",
+    ("gpus", "vendor"): "vendor",
+    ("gpus", "slots"): "slots",
+    ("timeouts", "quiesce_s"): "quiesce_timeout_s",
+    ("timeouts", "drain_s"): "drain_timeout_s",
+    ("timeouts", "freeze_s"): "freeze_timeout_s",
+    ("timeouts", "region_s"): "region_timeout_s",
+    ("freezer", "backend"): "freezer",
+    ("mps", "enabled"): "mps",
+    ("pool", "workers"): "pool_workers",
+    ("pool", "preload"): "pool_preload",
+    ("pool", "max_uses"): "pool_max_uses",
+    ("metrics", "port"): "metrics_port",
+    ("metrics", "address"): "metrics_address",
+}
 
 
 def _check(doc: dict[str, Any], where: str) -> None:
@@ -193,35 +216,27 @@ def from_toml(text: str, where: str = "config") -> Config:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{where}: not valid TOML: {e}") from e
     _check(doc, where)
-    d, g, t = doc.get("daemon", {}), doc.get("gpus", {}), doc.get("timeouts", {})
-    cfg = Config(
-        socket=Path(d["socket"]) if "socket" in d else None,
-        segment=d.get("segment"),
-        gpu_count=g.get("count"),
-        sim=g.get("sim", False),
-        vendor=g.get("vendor", "auto"),
-        slots=g.get("slots", 8),
-        quiesce_s=float(t.get("quiesce_s", 5.0)),
-        drain_s=float(t.get("drain_s", 10.0)),
-        freeze_s=float(t.get("freeze_s", 5.0)),
-        region_s=float(t.get("region_s", 600.0)),
-        freezer=doc.get("freezer", {}).get("backend", "auto"),
-        slices={
-            int(k): SliceConfig(
-                parse_cpus(v["region"], f"{where}: slices.{k}.region"),
-                parse_cpus(v["shared"], f"{where}: slices.{k}.shared"),
-            )
-            for k, v in doc.get("slices", {}).items()
-        },
-        mps=doc.get("mps", {}).get("enabled", False),
-        pool_workers=doc.get("pool", {}).get("workers"),
-        pool_preload=tuple(doc["pool"]["preload"]) if "preload" in doc.get("pool", {}) else None,
-        pool_max_uses=doc.get("pool", {}).get("max_uses", 100),
-        metrics_port=doc.get("metrics", {}).get("port", 0),
-        metrics_address=doc.get("metrics", {}).get("address", "127.0.0.1"),
-        log_format=d.get("log_format", "text"),
-        source=where,
-    )
+    values: dict[str, Any] = {"source": where}
+    for section, body in doc.items():
+        if section == "slices":
+            values["slices"] = {
+                int(k): SliceConfig(
+                    parse_cpus(v["region"], f"{where}: slices.{k}.region"),
+                    parse_cpus(v["shared"], f"{where}: slices.{k}.shared"),
+                )
+                for k, v in body.items()
+            }
+            continue
+        for key, value in body.items():
+            name = _FIELDS[section, key]
+            if name == "socket":
+                value = Path(value)
+            elif name == "pool_preload":
+                value = tuple(value)
+            elif isinstance(value, int) and _SCHEMA[section][key] == (int, float):
+                value = float(value)
+            values[name] = value
+    cfg = Config(**values)  # every default is the dataclass's own
     validate(cfg)
     return cfg
 
@@ -236,9 +251,13 @@ def validate(cfg: Config) -> None:
         )
     if not 1 <= cfg.slots <= 256:
         raise ConfigError(f"{cfg.source}: gpus.slots must be 1..256, got {cfg.slots}")
-    for name in ("quiesce_s", "drain_s", "freeze_s", "region_s"):
-        if getattr(cfg, name) <= 0:
-            raise ConfigError(f"{cfg.source}: timeouts.{name} must be > 0")
+    for key in ("quiesce_s", "drain_s", "freeze_s", "region_s"):
+        value = getattr(cfg, _FIELDS["timeouts", key])
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(
+                f"{cfg.source}: timeouts.{key} must be a finite number of seconds > 0, "
+                f"got {value!r}"
+            )
     if cfg.pool_workers is not None and not 0 <= cfg.pool_workers <= 256:
         raise ConfigError(f"{cfg.source}: pool.workers must be 0..256, got {cfg.pool_workers}")
     if cfg.pool_max_uses < 1:

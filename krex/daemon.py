@@ -419,7 +419,9 @@ class Daemon:
             self._server.close()
         # A region being set up has threads quiescing and draining on the segments' mappings:
         # let them finish (each wait is bounded) before anything is closed.
-        bound = self.cfg.quiesce_s + self.cfg.drain_s + self.cfg.freeze_s + 5.0
+        bound = (
+            self.cfg.quiesce_timeout_s + self.cfg.drain_timeout_s + self.cfg.freeze_timeout_s + 5.0
+        )
         deadline = time.monotonic() + bound
         while any(g.busy for g in self.gpus) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
@@ -566,7 +568,7 @@ class Daemon:
             raise ProtocolError(f"this daemon serves {kind} GPUs")
         timeout = msg.get("region_timeout_s")
         if timeout is None:
-            timeout = self.cfg.region_s
+            timeout = self.cfg.region_timeout_s
         if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
             raise ProtocolError("region_timeout_s must be a positive number")
         auto = msg.get("auto_regions")
@@ -987,8 +989,8 @@ class Daemon:
                         quiesce_and_drain,
                         self._drain_segments(),
                         hold,
-                        quiesce_timeout_s=self.cfg.quiesce_s,
-                        drain_timeout_s=self.cfg.drain_s,
+                        quiesce_timeout_s=self.cfg.quiesce_timeout_s,
+                        drain_timeout_s=self.cfg.drain_timeout_s,
                     ),
                 )
             finally:
@@ -1105,7 +1107,7 @@ class Daemon:
 
     def _freeze(self, t: Tenant) -> bool:
         try:
-            return t.group.freeze(self.cfg.freeze_s)
+            return t.group.freeze(self.cfg.freeze_timeout_s)
         except TenantsError as e:  # e.g. it left while the region was being set up
             log.warning("freezing tenant %d failed: %s", t.id, e)
             return t.gone
@@ -1229,7 +1231,7 @@ class Daemon:
                 gpu=g.index,
                 argv=["<pool>"],
                 group=group,
-                region_timeout_s=self.cfg.region_s,
+                region_timeout_s=self.cfg.region_timeout_s,
                 t_admit=time.monotonic(),
             )
             for _ in range(n):

@@ -94,10 +94,10 @@ def effective_config(cfg: Config) -> dict[str, Any]:
         },
         "gpus": {"count": n, "sim": cfg.sim, "slots": cfg.slots, "vendor": resolve_vendor(cfg)},
         "timeouts": {
-            "quiesce_s": cfg.quiesce_s,
-            "drain_s": cfg.drain_s,
-            "freeze_s": cfg.freeze_s,
-            "region_s": cfg.region_s,
+            "quiesce_s": cfg.quiesce_timeout_s,
+            "drain_s": cfg.drain_timeout_s,
+            "freeze_s": cfg.freeze_timeout_s,
+            "region_s": cfg.region_timeout_s,
         },
         "freezer": {"backend": cfg.freezer, "in_use": freezer},
         "slices": {

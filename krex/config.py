@@ -255,8 +255,7 @@ def validate(cfg: Config) -> None:
         value = getattr(cfg, _FIELDS["timeouts", key])
         if not (math.isfinite(value) and value > 0):
             raise ConfigError(
-                f"{cfg.source}: timeouts.{key} must be a finite number of seconds > 0, "
-                f"got {value!r}"
+                f"{cfg.source}: timeouts.{key} must be > 0 and finite (seconds), got {value!r}"
             )
     if cfg.pool_workers is not None and not 0 <= cfg.pool_workers <= 256:
         raise ConfigError(f"{cfg.source}: pool.workers must be 0..256, got {cfg.pool_workers}")

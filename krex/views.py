@@ -76,7 +76,7 @@ def status_tables(st: dict[str, Any]) -> Group:
 def effective_config(cfg: Config) -> dict[str, Any]:
     """The configuration a daemon would run with here, derived defaults filled in: the GPUs,
     each one's core slices, the pool, the freezer that would be used."""
-    from krex.daemon import node_plan, resolve_vendor
+    from krex.node import node_plan, resolve_vendor
     from krex.tenants import TenantsError, detect_freezer
 
     n, slices = node_plan(cfg)

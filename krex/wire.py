@@ -15,7 +15,7 @@ import json
 import os
 import socket
 import struct
-from typing import Any
+from typing import Any, TypeGuard
 
 from krex.errors import ProtocolError
 
@@ -52,7 +52,7 @@ def decode(line: bytes, *, request: bool = True) -> dict[str, Any]:
     return msg
 
 
-def is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     """Whether a decoded JSON value is an integer (JSON's true and false decode to bool, an int)."""
     return isinstance(value, int) and not isinstance(value, bool)
 

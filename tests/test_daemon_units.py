@@ -1,4 +1,4 @@
-"""Pieces of the daemon that need no daemon running."""
+"""Pieces of the controller that need no daemon running."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from conftest import ROOT, remove_shm, unique
 
-from krex import daemon
+from krex import simnode
 
 
 def test_sim_lock_offsets_are_the_ones_krexsim_h_documents() -> None:
@@ -19,8 +19,11 @@ def test_sim_lock_offsets_are_the_ones_krexsim_h_documents() -> None:
     assert (
         defs["KREXSIM_MODEL_HOLDER_OFFSET"],
         defs["KREXSIM_CTX_HOLDER_OFFSET"],
-    ) == daemon._SIM_HOLDERS
-    assert (defs["KREXSIM_MODEL_LOCK_OFFSET"], defs["KREXSIM_CTX_LOCK_OFFSET"]) == daemon._SIM_LOCKS
+    ) == simnode.HOLDER_OFFSETS
+    assert (
+        defs["KREXSIM_MODEL_LOCK_OFFSET"],
+        defs["KREXSIM_CTX_LOCK_OFFSET"],
+    ) == simnode.LOCK_OFFSETS
 
 
 def test_sim_lock_holders_reads_holder_pids_and_lock_owner_threads() -> None:
@@ -32,9 +35,9 @@ def test_sim_lock_holders_reads_holder_pids_and_lock_owner_threads() -> None:
     head[80:84] = (threading.get_native_id() | 0x80000000).to_bytes(4, "little")  # waiters bit
     path.write_bytes(bytes(head))
     try:
-        assert daemon._sim_lock_holders(name) == {12345, os.getpid()}
+        assert simnode.lock_holders(name) == {12345, os.getpid()}
         path.write_bytes(bytes(128))
-        assert daemon._sim_lock_holders(name) == set()
+        assert simnode.lock_holders(name) == set()
     finally:
         remove_shm(name)
-    assert daemon._sim_lock_holders("/krex-no-such-sim") == set()
+    assert simnode.lock_holders("/krex-no-such-sim") == set()

@@ -24,9 +24,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_controller import BURNER, HOLDER, Counter, Daemon, run_argv, running
 
-from krex.daemon import _sim_users
 from krex.gate import exclusive
 from krex.shm import Segment
+from krex.simnode import users as _sim_users
 
 N_GPUS = 4
 
@@ -81,7 +81,7 @@ class Pinned(Counter):
 def test_a_region_on_gpu_0_never_touches_a_tenant_of_gpu_1(node4: Daemon, native: Any) -> None:
     """GPU 0's region freezes and drains GPU 0's siblings; GPU 1's tenants keep running,
     are never blocked, asked to drain or re-pinned."""
-    hammer = [native.program("workload"), "hammer", "200000", "3"]
+    hammer = [native.program("workload"), "hammer", "200000", "6"]  # outlives a slow run
     h0 = on(node4, "0", *hammer, stdout=subprocess.PIPE)
     h1 = on(node4, "1", *hammer, stdout=subprocess.PIPE)
     for h in (h0, h1):

@@ -1,0 +1,121 @@
+"""What the region protocol does to this node: `krex.regions.Machinery` on real gates, slot
+segments, tenant groups (cgroups or signals), NVML and, on a simulated node, the simulated
+driver."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Sequence
+
+import psutil
+
+from krex import simnode
+from krex.config import Config
+from krex.gate import Hold, quiesce_and_drain
+from krex.model import Gpu, Tenant
+from krex.nvml import Nvml
+from krex.segments import Segments
+from krex.tenants import TenantsError
+
+log = logging.getLogger("krex.daemon")
+
+_SETTLE_TRIES = 200
+
+
+class NodeMachinery:
+    """The node's gates, drains, freezer, pinning, foreign-process check and clocks."""
+
+    def __init__(
+        self, cfg: Config, gpus: Sequence[Gpu], segments: Segments, nvml: Nvml | None
+    ) -> None:
+        self.cfg = cfg
+        self.gpus = gpus
+        self.segments = segments
+        self.nvml = nvml
+        self.sim_shm = simnode.segment_name(segments.gates.name) if cfg.sim else None
+
+    def close_gate(self, gpu: int, owner: int, deadline_s: float) -> int:
+        return self.segments.gates.gate_close(gpu, owner, deadline_s=deadline_s)
+
+    def open_gate(self, gpu: int) -> None:
+        self.segments.gates.gate_open(gpu)
+
+    def quiesce_and_drain(self, hold: Hold, skip: set[int]) -> None:
+        # A frozen tenant's pool worker is frozen with it: its own segment is left out too.
+        skip = set(skip)
+        for g in self.gpus:
+            for w in g.pool:
+                owner = w.tenant or g.pool_tenant
+                if owner is not None and owner.id in skip:
+                    skip.add(w.slots_id)
+        quiesce_and_drain(
+            self.segments.to_drain(skip),
+            hold,
+            quiesce_timeout_s=self.cfg.quiesce_timeout_s,
+            drain_timeout_s=self.cfg.drain_timeout_s,
+        )
+
+    def freeze(self, tenant: Tenant) -> bool:
+        try:
+            return tenant.group.freeze(self.cfg.freeze_timeout_s)
+        except TenantsError as e:  # e.g. it left while the region was being set up
+            log.warning("freezing tenant %d failed: %s", tenant.id, e)
+            return tenant.gone
+
+    def thaw(self, tenant: Tenant) -> None:
+        with contextlib.suppress(TenantsError):
+            tenant.group.thaw()
+
+    def settle(self, frozen: list[Tenant]) -> list[str]:
+        """On a simulated node, never leave a sibling frozen inside the simulated driver's
+        shared lock (shim/sim/krexsim.h): thaw it a moment and freeze it again."""
+        if self.sim_shm is None:
+            return []
+        for _ in range(_SETTLE_TRIES):
+            holders = simnode.lock_holders(self.sim_shm)
+            stuck = [s for s in frozen if holders & set(s.group.pids())]
+            if not stuck:
+                return []
+            for s in stuck:
+                s.group.thaw()
+            time.sleep(0.0005)
+            for s in stuck:
+                self.freeze(s)
+        return ["a frozen tenant kept the simulated driver's lock"]
+
+    def pin(self, tenant: Tenant, cores: set[int]) -> None:
+        tenant.group.pin(cores)
+
+    def has_processes(self, tenant: Tenant) -> bool:
+        return bool(tenant.group.pids())
+
+    def foreign(self, gpu: int) -> set[int]:
+        """Processes using the GPU that krex does not manage (seen through NVML, or through
+        the simulated node); only those visible in our pid namespace."""
+        if self.sim_shm is not None:
+            users = simnode.users(self.sim_shm, gpu)
+        else:
+            users = self.nvml.processes(gpu) if self.nvml is not None else None
+        if not users:
+            return set()
+        g = self.gpus[gpu]
+        ours = {os.getpid(), *(w.proc.pid for w in g.pool)}
+        for t in [*g.tenants, *([g.pool_tenant] if g.pool_tenant else [])]:
+            with contextlib.suppress(TenantsError):
+                ours.update(t.group.pids())
+        return {p for p in users - ours if _running(p)}
+
+    def clock(self, gpu: int) -> dict[str, int] | None:
+        return self.nvml.sample(gpu) if self.nvml is not None else None
+
+
+def _running(pid: int) -> bool:
+    """Whether process pid exists in our namespace and is not a zombie (a zombie has no GPU
+    context any more)."""
+    try:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.Error:
+        return False

@@ -1,0 +1,127 @@
+"""The controller's data: GPUs, tenants, regions, region requests and pool workers.
+
+Plain records with identity semantics (eq=False: two tenants are the same tenant only if they
+are the same object). Who writes what: `krex.regions` alone writes region state (`Region`,
+`Tenant.region`, the per-GPU request queues it keeps itself); the daemon writes admission,
+tenants' processes and the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from krex.slices import Slice
+from krex.tenants import TenantGroup
+
+
+@dataclass(eq=False)
+class Tenant:
+    """One admitted command (or a GPU's pool of idle workers) and its process group."""
+
+    id: int
+    gpu: int  # the first of its GPUs
+    argv: list[str]
+    group: TenantGroup
+    region_timeout_s: float
+    t_admit: float
+    gpus: list[int] = field(default_factory=list)  # all of them, ascending ([gpu] if unset)
+    region: Region | None = None  # its region, being taken or held
+    pids: list[int] = field(default_factory=list)
+    regions: list[dict[str, Any]] = field(default_factory=list)  # records of ended regions
+    intercepted: int = 0  # from process slots of its processes that are gone (reaped)
+    blocked: int = 0
+    gone: bool = False
+    worker: PoolWorker | None = None  # the warm worker running its command
+
+    def __post_init__(self) -> None:
+        self.gpus = sorted(self.gpus) if self.gpus else [self.gpu]
+
+
+@dataclass(eq=False)
+class Region:
+    """A tenant's region: the GPUs it holds and what taking them cost. A command of several
+    GPUs takes them one at a time, in index order (so that two such commands never deadlock);
+    the region is granted once it holds all of them, and ends on all of them at once."""
+
+    tenant: Tenant
+    t_request: float
+    gpus: list[int] = field(default_factory=list)  # held so far, in the order taken
+    epochs: dict[int, int] = field(default_factory=dict)
+    t_grant: float = 0.0  # 0 until every GPU is held
+    wait_s: float = 0.0
+    drain_s: float = 0.0  # measured: quiesce and drain, over its GPUs
+    freeze_s: float = 0.0  # measured
+    frozen: list[Tenant] = field(default_factory=list)  # siblings on any of its GPUs
+    # While a GPU's siblings drain, a process that joins them (a leased or returned pool
+    # worker) is listed but frozen only at the freeze step: frozen earlier, its drain thread
+    # could not answer a request already sent, and the drain would time out.
+    draining: bool = False
+    deferred: list[Tenant] = field(default_factory=list)
+    clocks: dict[int, dict[str, int] | None] = field(default_factory=dict)  # at each grant
+    holders: int = 1  # connections of the owner in it (other threads nest)
+    revoked: bool = False
+    ended: bool = False
+    record: dict[str, Any] | None = None
+    timer: asyncio.TimerHandle | None = None
+    problems: list[str] = field(default_factory=list)  # why it is not clean; empty: clean
+
+    @property
+    def granted(self) -> bool:
+        return self.t_grant > 0
+
+    @property
+    def clean(self) -> bool:
+        return not self.problems
+
+
+@dataclass(eq=False)
+class RegionRequest:
+    """One thread's request for one GPU of its tenant's region, waiting in that GPU's queue."""
+
+    tenant: Tenant
+    t_request: float
+    granted: asyncio.Future[Region]  # the region, once it holds this request's GPU
+
+
+@dataclass(eq=False)
+class PoolWorker:
+    """A warm pool worker process (krex/worker.py) as the daemon sees it."""
+
+    id: int
+    gpu: int
+    proc: asyncio.subprocess.Process
+    listen: Path
+    secret: str
+    t_start: float
+    state: str = "starting"  # starting, idle, busy, retiring, gone
+    slot: int = -1  # its process slot in its own slot segment
+    uses: int = 0
+    writer: asyncio.StreamWriter | None = None
+    tenant: Tenant | None = None
+    exited: asyncio.Future[int] | None = None
+    slots_id: int = 0  # its own slot segment's id: apart from every other worker's
+
+
+@dataclass(eq=False)
+class Gpu:
+    """One GPU of the node: its admission slots and queue, its CPU slice and its pool."""
+
+    index: int
+    slots: int  # commands admitted at once (admission slots, not process slots)
+    slice: Slice
+    tenants: list[Tenant] = field(default_factory=list)
+    admission: deque[asyncio.Future[None]] = field(default_factory=deque)
+    reserved: int = 0  # admission slots promised to commands being admitted
+    pool: list[PoolWorker] = field(default_factory=list)
+    pool_tenant: Tenant | None = None  # the group idle workers wait in (frozen in regions)
+    pool_failures: int = 0  # workers in a row that died before they were ready
+    warm_runs: int = 0
+    cold_runs: int = 0
+
+    def load(self) -> int:
+        """Commands on it, promised to it, or waiting for it."""
+        return len(self.tenants) + self.reserved + len(self.admission)

@@ -1,0 +1,51 @@
+"""NVIDIA MPS for off-region concurrency (`[mps] enabled`): a control daemon of krex's own,
+with its pipe and log directories beside the krex socket."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from krex.config import ConfigError
+
+log = logging.getLogger("krex.daemon")
+
+_CONTROL = "nvidia-cuda-mps-control"
+
+
+class Mps:
+    """One MPS control daemon; `env()` is what a tenant needs to reach it."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    @classmethod
+    def start(cls, directory: Path) -> Mps:
+        control = shutil.which(_CONTROL)
+        if not control:
+            raise ConfigError(f"mps.enabled is set but {_CONTROL} is not on PATH")
+        mps = cls(directory)
+        for sub in ("pipe", "log"):
+            (directory / sub).mkdir(parents=True, exist_ok=True)
+        subprocess.run([control, "-d"], env=dict(os.environ, **mps.env()), check=True, timeout=30)
+        log.info("started MPS (pipe directory %s)", directory / "pipe")
+        return mps
+
+    def env(self) -> dict[str, str]:
+        return {
+            "CUDA_MPS_PIPE_DIRECTORY": str(self.directory / "pipe"),
+            "CUDA_MPS_LOG_DIRECTORY": str(self.directory / "log"),
+        }
+
+    def stop(self) -> None:
+        control = shutil.which(_CONTROL)
+        if not control:
+            return
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                [control], input="quit\n", text=True, timeout=30, env=dict(os.environ, **self.env())
+            )

@@ -1,0 +1,174 @@
+"""The node's shared-memory segments, as the daemon keeps them.
+
+The gates' segment (readable by all, written by the daemon; tenants map it read-only) and one
+segment of process slots per tenant and per pool worker (`<gates>-t<id>`, written by that
+tenant's processes only), plus those of tenants gone whose processes have not all exited yet,
+or that a crashed predecessor left: they are still drained until their last process exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from krex.model import Tenant
+from krex.shm import Segment, SegmentError
+from krex.tenants import recover
+
+log = logging.getLogger("krex.daemon")
+
+_MAX_ACCOUNTED = 100_000
+
+
+class Segments:
+    """The gates' segment and every segment of process slots."""
+
+    def __init__(self, name: str, n_gpus: int, slots_per_gpu: int, root: str) -> None:
+        self.n_gpus = n_gpus
+        self.next_id = 1  # above every tenant id a predecessor used
+        self.gates = self._gates(name, n_gpus, slots_per_gpu, root)
+        self.inode = _inode(self.gates.name)
+        self.tenants: dict[int, Segment] = {}  # by tenant (or pool worker) id
+        self.orphans: list[Segment] = self._adopt()
+        # (segment, process slot, pid) already folded into their tenant's counters
+        self._accounted: set[tuple[str, int, int]] = set()
+
+    def _gates(self, name: str, n: int, slots_per_gpu: int, root: str) -> Segment:
+        try:
+            seg: Segment | None = Segment.attach(name)
+        except SegmentError:
+            seg = None
+        if seg is not None and seg.n_gpus == n:
+            # A predecessor died: its gates may be closed and its tenants frozen. Reopen and
+            # thaw everything; tenants that are still running carry on with this segment.
+            for g in range(n):
+                seg.gate_open(g)
+            thawed = recover(root)
+            self.next_id = 1 + max((s.tenant for s in seg.slots()), default=0)
+            log.warning("recovered segment %s: gates reopened, %d group(s) thawed", name, thawed)
+            return seg
+        if seg is not None:
+            seg.close()
+        unlink(name)
+        recover(root)
+        # Readable by all (gates are no secret; tenants map them read-only), writable by us.
+        slots = min(4096, max(64, 16 * n * slots_per_gpu))
+        return Segment.create(name, n_gpus=n, n_slots=slots, mode=0o644)
+
+    def _adopt(self) -> list[Segment]:
+        """Tenants' slot segments a crashed predecessor left: keep draining their live slots."""
+        adopted = []
+        prefix = self.gates.name.lstrip("/") + "-t"
+        with contextlib.suppress(OSError):
+            for entry in os.listdir("/dev/shm"):
+                if not (entry.startswith(prefix) and entry[len(prefix) :].isdigit()):
+                    continue
+                self.next_id = max(self.next_id, int(entry[len(prefix) :]) + 1)
+                try:
+                    seg = Segment.attach("/" + entry)
+                except SegmentError:
+                    unlink("/" + entry)
+                    continue
+                if _in_use(seg):
+                    adopted.append(seg)
+                else:
+                    seg.unlink()
+                    seg.close()
+        return adopted
+
+    def take_id(self) -> int:
+        """A fresh id for a tenant or a pool worker's slot segment."""
+        self.next_id += 1
+        return self.next_id - 1
+
+    def name_of(self, tid: int) -> str:
+        return f"{self.gates.name}-t{tid}"
+
+    def create(self, tid: int, slots: int) -> Segment:
+        """The slot segment of a new tenant (or pool worker) with this id."""
+        name = self.name_of(tid)
+        unlink(name)  # a stale one of a predecessor's tenant with this id
+        seg = Segment.create(name, n_gpus=self.n_gpus, n_slots=slots)
+        self.tenants[tid] = seg
+        return seg
+
+    def retire(self, tid: int) -> None:
+        """Its tenant is gone: the segment stays (and is drained) until its last process exits."""
+        seg = self.tenants.pop(tid, None)
+        if seg is not None:
+            self.orphans.append(seg)
+
+    def all(self) -> list[Segment]:
+        """Every segment that holds process slots: the gates' own (older shims, tests), each
+        tenant's, and those of tenants gone whose processes linger."""
+        return [self.gates, *self.tenants.values(), *self.orphans]
+
+    def to_drain(self, skip: Iterable[int]) -> list[Segment]:
+        """The segments a region's quiesce and drain wait on: all but those of the ids in skip."""
+        left_out = set(skip)
+        own = [seg for tid, seg in self.tenants.items() if tid not in left_out]
+        return [self.gates, *own, *self.orphans]
+
+    def account(self, tenants: dict[int, Tenant], *, draining: bool) -> None:
+        """Fold the counters of dead processes' slots into their tenants, free those slots,
+        and remove orphaned segments whose processes are all gone (not while a region is
+        being set up: its quiesce and drain run on these mappings in a worker thread)."""
+        for seg in self.all():
+            for s in seg.slots():
+                key = (seg.name, s.index, s.pid)
+                if s.alive or key in self._accounted:
+                    continue
+                owner = tenants.get(s.tenant)
+                if owner is not None:
+                    owner.intercepted += s.intercepted
+                    owner.blocked += s.blocked
+                self._accounted.add(key)
+            seg.reap()
+        for seg in [] if draining else list(self.orphans):
+            if not _in_use(seg):
+                self.orphans.remove(seg)
+                seg.unlink()
+                seg.close()
+        if len(self._accounted) > _MAX_ACCOUNTED:
+            self._accounted.clear()
+
+    def counters(self, tid: int) -> tuple[int, int]:
+        """Intercepted and blocked calls of the tenant's live processes."""
+        live = [s for seg in self.all() for s in seg.slots() if s.tenant == tid and s.alive]
+        return sum(s.intercepted for s in live), sum(s.blocked for s in live)
+
+    def linked(self) -> bool:
+        """Whether the gates' segment is still the one under its name (not removed by hand,
+        or by systemd-logind's RemoveIPC)."""
+        return self.inode is not None and _inode(self.gates.name) == self.inode
+
+    def close(self) -> None:
+        """At shutdown: each segment is removed unless processes still use it (a successor
+        adopts those)."""
+        for seg in [*self.tenants.values(), *self.orphans]:
+            if not _in_use(seg):
+                seg.unlink()
+            seg.close()
+        if not _in_use(self.gates):
+            self.gates.unlink()
+        self.gates.close()
+
+
+def _in_use(seg: Segment) -> bool:
+    return any(s.alive for s in seg.slots())
+
+
+def _inode(shm_name: str) -> int | None:
+    """The inode behind a POSIX shared-memory name (None when the name is gone)."""
+    try:
+        return os.stat(Path("/dev/shm", shm_name.lstrip("/"))).st_ino
+    except OSError:
+        return None
+
+
+def unlink(name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        Path("/dev/shm", name.lstrip("/")).unlink()

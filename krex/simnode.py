@@ -1,0 +1,72 @@
+"""The simulated node as the controller sees it (shim/sim/krexsim.h): who uses a simulated
+GPU, and who holds the simulated driver's shared locks. Nothing here runs on a real GPU."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Any
+
+from krex.paths import sim_library_dir
+
+# shim/sim/krexsim.h: where the simulated node publishes who holds its two locks.
+HOLDER_OFFSETS = (32, 36)  # KREXSIM_MODEL_HOLDER_OFFSET, KREXSIM_CTX_HOLDER_OFFSET: pids
+LOCK_OFFSETS = (40, 80)  # KREXSIM_MODEL_LOCK_OFFSET, KREXSIM_CTX_LOCK_OFFSET: robust mutexes
+_HEAD = 128
+
+_lib: Any = None
+
+
+def segment_name(krex_segment: str) -> str:
+    """The simulated node's segment beside a daemon's gates segment."""
+    return krex_segment + "-sim"
+
+
+def users(sim_shm: str, gpu: int) -> set[int] | None:
+    """Processes holding streams on a simulated GPU (krexsim_users); None when unknown."""
+    global _lib
+    try:
+        if _lib is None:
+            lib = ctypes.CDLL(str(sim_library_dir() / "libcuda.so.1"))
+            lib.krexsim_users.argtypes = [
+                ctypes.c_char_p,
+                ctypes.c_uint,
+                ctypes.POINTER(ctypes.c_int),
+                ctypes.c_int,
+            ]
+            _lib = lib
+        pids = (ctypes.c_int * 256)()
+        n = int(_lib.krexsim_users(sim_shm.encode(), gpu, pids, 256))
+    except OSError:
+        return None
+    return set(pids[:n]) if n >= 0 else None
+
+
+def lock_holders(sim_shm: str) -> set[int]:
+    """Pids holding the simulated driver's shared locks (empty when none, or no segment)."""
+    try:
+        with open(Path("/dev/shm", sim_shm.lstrip("/")), "rb") as f:
+            head = f.read(_HEAD)
+    except OSError:
+        return set()
+    if len(head) < _HEAD:
+        return set()
+    pids = {int.from_bytes(head[o : o + 4], "little") for o in HOLDER_OFFSETS}
+    for o in LOCK_OFFSETS:
+        tid = int.from_bytes(head[o : o + 4], "little") & 0x3FFFFFFF  # robust mutex: owner tid
+        if tid and (pid := _tgid(tid)) is not None:
+            pids.add(pid)
+    pids.discard(0)
+    return pids
+
+
+def _tgid(tid: int) -> int | None:
+    """The process a thread id belongs to. psutil has no thread-to-process look-up; the
+    kernel's /proc/<tid>/status names it (Tgid)."""
+    try:
+        for line in Path(f"/proc/{tid}/status").read_text().splitlines():
+            if line.startswith("Tgid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None

@@ -1,6 +1,6 @@
-"""What the region protocol does to this node: `krex.regions.Machinery` on real gates, slot
-segments, tenant groups (cgroups or signals), NVML and, on a simulated node, the simulated
-driver."""
+"""What the region protocol does to a node: `Machinery`, the interface krex/regions.py runs
+its steps through, and `NodeMachinery`, this node's: real gates, slot segments, tenant groups
+(cgroups or signals), NVML and, on a simulated node, the simulated driver."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from typing import Protocol
 
 import psutil
 
@@ -23,6 +24,43 @@ from krex.tenants import TenantsError
 log = logging.getLogger("krex.daemon")
 
 _SETTLE_TRIES = 200
+
+
+class Machinery(Protocol):
+    """The effects of the protocol's steps on the node. Methods marked blocking run in a
+    worker thread; each wait in them is bounded."""
+
+    def close_gate(self, gpu: int, owner: int, deadline_s: float) -> int:
+        """Step 1: close the gate to everyone but owner; returns the new epoch."""
+
+    def open_gate(self, gpu: int) -> None:
+        """Open the gate and wake the submissions blocked at it."""
+
+    def quiesce_and_drain(self, hold: Hold, skip: set[int]) -> None:
+        """Steps 2 and 3 for hold's GPU, leaving out the tenants in skip (frozen by a live
+        region: nothing of theirs can be in flight); fills in hold. Blocking."""
+
+    def freeze(self, tenant: Tenant) -> bool:
+        """Step 4 for one sibling: whether it is frozen (or gone). Blocking."""
+
+    def thaw(self, tenant: Tenant) -> None:
+        """Undo step 4 for one tenant."""
+
+    def settle(self, frozen: list[Tenant]) -> list[str]:
+        """After the freeze: make sure no frozen tenant holds something the owner needs (the
+        simulated driver's lock); the problems left. Blocking."""
+
+    def pin(self, tenant: Tenant, cores: set[int]) -> None:
+        """Step 5: move the tenant's threads onto cores. KrexError when it cannot."""
+
+    def has_processes(self, tenant: Tenant) -> bool:
+        """Whether the tenant's group holds any process (an empty pool is not frozen)."""
+
+    def foreign(self, gpu: int) -> set[int]:
+        """Processes on the GPU that krex does not manage. Blocking."""
+
+    def clock(self, gpu: int) -> dict[str, int] | None:
+        """The GPU's SM clock and throttle reasons now (None where unknown)."""
 
 
 class NodeMachinery:

@@ -7,9 +7,10 @@ once (exit, owner gone, time-out, tenant gone, daemon stopping). Requests of the
 threads nest into its region at once. A request waits at most (requests ahead of it) x (their
 time-outs): no tenant starves.
 
-What each step does to the node comes in through `Machinery`, so the protocol is tested against
-fakes (tests/test_regions.py); krex/machinery.py is the node's own. Its blocking methods run in
-worker threads, everything else on the daemon's event loop, so region state needs no lock.
+What each step does to the node comes in through `Machinery` (krex/machinery.py, beside the
+node's own), so the protocol is tested against fakes (tests/test_regions.py). Its blocking
+methods run in worker threads, everything else on the daemon's event loop, so region state
+needs no lock.
 """
 
 from __future__ import annotations
@@ -20,53 +21,17 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from krex.errors import KrexError, ProtocolError
 from krex.gate import Hold
+from krex.machinery import Machinery
 from krex.model import Gpu, Region, RegionRequest, Tenant
 from krex.nvml import throttled
 
 log = logging.getLogger("krex.regions")
 
 GATE_GRACE_S = 30.0  # blocked threads pass on their own this long after a region's time-out
-
-
-class Machinery(Protocol):
-    """The effects of the protocol's steps on the node. Methods marked blocking run in a
-    worker thread; each wait in them is bounded."""
-
-    def close_gate(self, gpu: int, owner: int, deadline_s: float) -> int:
-        """Step 1: close the gate to everyone but owner; returns the new epoch."""
-
-    def open_gate(self, gpu: int) -> None:
-        """Open the gate and wake the submissions blocked at it."""
-
-    def quiesce_and_drain(self, hold: Hold, skip: set[int]) -> None:
-        """Steps 2 and 3 for hold's GPU, leaving out the tenants in skip (frozen by a live
-        region: nothing of theirs can be in flight); fills in hold. Blocking."""
-
-    def freeze(self, tenant: Tenant) -> bool:
-        """Step 4 for one sibling: whether it is frozen (or gone). Blocking."""
-
-    def thaw(self, tenant: Tenant) -> None:
-        """Undo step 4 for one tenant."""
-
-    def settle(self, frozen: list[Tenant]) -> list[str]:
-        """After the freeze: make sure no frozen tenant holds something the owner needs (the
-        simulated driver's lock); the problems left. Blocking."""
-
-    def pin(self, tenant: Tenant, cores: set[int]) -> None:
-        """Step 5: move the tenant's threads onto cores. KrexError when it cannot."""
-
-    def has_processes(self, tenant: Tenant) -> bool:
-        """Whether the tenant's group holds any process (an empty pool is not frozen)."""
-
-    def foreign(self, gpu: int) -> set[int]:
-        """Processes on the GPU that krex does not manage. Blocking."""
-
-    def clock(self, gpu: int) -> dict[str, int] | None:
-        """The GPU's SM clock and throttle reasons now (None where unknown)."""
 
 
 class _Queue:

@@ -1,0 +1,483 @@
+"""The region scheduler and protocol (krex/regions.py) against a fake node: every transition,
+in seconds, with no daemon, segment or cgroup."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, cast
+
+import pytest
+
+from krex.errors import KrexError
+from krex.gate import Hold
+from krex.model import Gpu, Region, Tenant
+from krex.regions import Regions
+from krex.slices import Slice
+from krex.tenants import TenantGroup
+
+
+class FakeNode:
+    """Records every effect in order; steps can be made to block, fail or find problems."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[Any, ...]] = []
+        self.frozen: set[int] = set()
+        self.drain_gate: threading.Event | None = None  # the drain waits for it when set
+        self.draining = threading.Event()
+        self.freeze_fails: set[int] = set()
+        self.fail_pin: set[int] = set()
+        self.fail_drain = False
+        self.foreigners: dict[int, set[int]] = {}
+        self.procs: set[int] = set()  # tenants whose group holds a process (pools)
+        self.epoch = 0
+        self.lock = threading.Lock()
+
+    def log(self, *event: Any) -> None:
+        with self.lock:
+            self.events.append(event)
+
+    def close_gate(self, gpu: int, owner: int, deadline_s: float) -> int:
+        self.epoch += 1
+        self.log("close", gpu, owner)
+        return self.epoch
+
+    def open_gate(self, gpu: int) -> None:
+        self.log("open", gpu)
+
+    def quiesce_and_drain(self, hold: Hold, skip: set[int]) -> None:
+        self.log("drain", hold.gpu, frozenset(skip))
+        self.draining.set()
+        if self.drain_gate is not None:
+            assert self.drain_gate.wait(10)
+        if self.fail_drain:
+            raise RuntimeError("drain broke")
+        hold.quiesce_s, hold.drain_s = 0.001, 0.002
+
+    def freeze(self, tenant: Tenant) -> bool:
+        self.log("freeze", tenant.id)
+        if tenant.id in self.freeze_fails:
+            return False
+        with self.lock:
+            self.frozen.add(tenant.id)
+        return True
+
+    def thaw(self, tenant: Tenant) -> None:
+        self.log("thaw", tenant.id)
+        with self.lock:
+            self.frozen.discard(tenant.id)
+
+    def settle(self, frozen: list[Tenant]) -> list[str]:
+        return []
+
+    def pin(self, tenant: Tenant, cores: set[int]) -> None:
+        if tenant.id in self.fail_pin:
+            raise KrexError("cannot pin")
+        self.log("pin", tenant.id, frozenset(cores))
+
+    def has_processes(self, tenant: Tenant) -> bool:
+        return tenant.id in self.procs
+
+    def foreign(self, gpu: int) -> set[int]:
+        return self.foreigners.get(gpu, set())
+
+    def clock(self, gpu: int) -> dict[str, int] | None:
+        return {"sm_clock_mhz": 1980, "throttle_reasons": 0}
+
+    def names(self) -> list[str]:
+        return [e[0] for e in self.events]
+
+
+def make(n_gpus: int = 1) -> tuple[Regions, FakeNode, list[Gpu]]:
+    gpus = [
+        Gpu(
+            index=i,
+            slots=8,
+            slice=Slice(gpu=i, region_cores=frozenset({10 + i}), shared_cores=frozenset({i})),
+        )
+        for i in range(n_gpus)
+    ]
+    node = FakeNode()
+    return Regions(gpus, node), node, gpus
+
+
+def tenant(gpus: list[Gpu], tid: int, on: list[int] | None = None, timeout: float = 30.0) -> Tenant:
+    on = on or [0]
+    t = Tenant(
+        id=tid,
+        gpu=on[0],
+        gpus=on,
+        argv=["cmd"],
+        group=cast(TenantGroup, None),  # the fake node never touches a group
+        region_timeout_s=timeout,
+        t_admit=0.0,
+    )
+    for i in on:
+        gpus[i].tenants.append(t)
+    return t
+
+
+async def plain_wait(fut: asyncio.Future[Region]) -> None:
+    await asyncio.wait_for(asyncio.shield(fut), 10)
+
+
+def leaving(when: asyncio.Event) -> Callable[[asyncio.Future[Region]], Awaitable[None]]:
+    """A wait that raises once `when` is set: the requester went away."""
+
+    async def wait(fut: asyncio.Future[Region]) -> None:
+        gone = asyncio.ensure_future(when.wait())
+        both: set[asyncio.Future[Any]] = {fut, gone}
+        done, _ = await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
+        gone.cancel()
+        if fut not in done:
+            raise ConnectionError("requester left")
+
+    return wait
+
+
+def region_of(t: Tenant) -> Region | None:
+    """t.region, read afresh (mypy would keep an earlier narrowing)."""
+    return t.region
+
+
+def run(coro: Coroutine[Any, Any, None]) -> None:
+    asyncio.run(asyncio.wait_for(coro, 20))
+
+
+async def until(cond: Callable[[], bool]) -> None:
+    for _ in range(2000):
+        if cond():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition never held")
+
+
+def test_steps_run_in_protocol_order_and_exit_undoes_them() -> None:
+    """Close, drain, freeze, pin, grant; exit pins back, thaws and opens the gate."""
+
+    async def main() -> None:
+        regions, node, gpus = make()
+        owner, sib = tenant(gpus, 1), tenant(gpus, 2)
+        r = await regions.acquire(owner, plain_wait)
+        assert r.granted and r.clean and r.gpus == [0] and node.frozen == {2}
+        assert node.names() == ["close", "drain", "freeze", "pin"]
+        assert node.events[3] == ("pin", 1, frozenset({10}))  # the region cores
+        assert regions.held(0) is r and owner.region is r
+        rec = regions.release(r, why="region_end")
+        assert node.names()[4:] == ["pin", "thaw", "open"]
+        assert node.events[4] == ("pin", 1, frozenset({0}))  # back on the shared cores
+        assert rec["clean"] and not rec["revoked"] and rec["problems"] == []
+        assert rec["sm_clock_mhz"] == [1980, 1980] and rec["throttled"] is False
+        assert owner.regions == [rec] and region_of(owner) is None and regions.held(0) is None
+        assert sib.region is None and node.frozen == set()
+
+    run(main())
+
+
+def test_requests_on_one_gpu_are_granted_in_request_order() -> None:
+    """FIFO: the second and third requesters wait for the regions ahead of them."""
+
+    async def main() -> None:
+        regions, node, gpus = make()
+        a, b, c = (tenant(gpus, i) for i in (1, 2, 3))
+        order: list[int] = []
+
+        async def one(t: Tenant) -> None:
+            r = await regions.acquire(t, plain_wait)
+            order.append(t.id)
+            assert all(x.region is None or x is t for x in (a, b, c))
+            await asyncio.sleep(0.01)
+            regions.release(r, why="region_end")
+
+        tasks = [asyncio.create_task(one(t)) for t in (a, b, c)]
+        await asyncio.gather(*tasks)
+        assert order == [1, 2, 3]
+        assert node.names().count("close") == 3 and node.names().count("open") == 3
+
+    run(main())
+
+
+def test_other_threads_of_the_owner_nest_and_the_last_holder_ends_it() -> None:
+    """A second request of the owner is granted at once, into the same region."""
+
+    async def main() -> None:
+        regions, node, gpus = make()
+        owner = tenant(gpus, 1)
+        r1 = await regions.acquire(owner, plain_wait)
+        r2 = await regions.acquire(owner, plain_wait)
+        assert r1 is r2 and r1.holders == 2 and node.names().count("close") == 1
+        regions.release(r1, why="region_end")
+        assert not r1.ended and "open" not in node.names()
+        regions.release(r2, why="region_end")
+        assert r1.record is not None and node.names()[-1] == "open"
+
+    run(main())
+
+
+def test_a_region_past_its_time_out_is_revoked_and_the_next_one_granted() -> None:
+    """I4: the time-out ends the region (revoked), the waiting request is then granted."""
+
+    async def main() -> None:
+        regions, _, gpus = make()
+        a, b = tenant(gpus, 1, timeout=0.05), tenant(gpus, 2)
+        ra = await regions.acquire(a, plain_wait)
+        rb = await regions.acquire(b, plain_wait)
+        assert ra.ended and ra.revoked and a.regions[0]["revoked"]
+        assert rb.granted and not rb.ended and regions.held(0) is rb
+        assert regions.release(ra, why="region_end")["revoked"]  # a late region_end
+
+    run(main())
+
+
+def test_a_tenant_joining_while_siblings_drain_is_frozen_at_the_freeze_step() -> None:
+    """Frozen while the drain runs, its drain thread could not answer: it waits for step 4."""
+
+    async def main() -> None:
+        regions, node, gpus = make()
+        owner = tenant(gpus, 1)
+        node.drain_gate = threading.Event()
+        task = asyncio.create_task(regions.acquire(owner, plain_wait))
+        await until(node.draining.is_set)
+        joiner = tenant(gpus, 2)
+        assert regions.tenant_joined(joiner) is None  # deferred, not frozen now
+        pending = regions.setting_up(0)
+        assert pending is not None and joiner in pending.frozen and 2 not in node.frozen
+        node.drain_gate.set()
+        r = await task
+        assert 2 in node.frozen and r.clean
+        regions.release(r, why="region_end")
+        assert node.frozen == set()
+
+    run(main())
+
+
+def test_a_tenant_joining_a_granted_region_is_frozen_until_it_ends() -> None:
+    async def main() -> None:
+        regions, node, gpus = make()
+        owner = tenant(gpus, 1)
+        r = await regions.acquire(owner, plain_wait)
+        joiner = tenant(gpus, 2)
+        task = regions.tenant_joined(joiner)
+        assert task is not None
+        await task
+        assert 2 in node.frozen and joiner in r.frozen
+        assert regions.tenant_joined(joiner) is None  # listed once
+        regions.release(r, why="region_end")
+        assert 2 not in node.frozen
+
+    run(main())
+
+
+def test_a_joiner_that_does_not_freeze_makes_the_region_unclean() -> None:
+    async def main() -> None:
+        regions, node, gpus = make()
+        r = await regions.acquire(tenant(gpus, 1), plain_wait)
+        node.freeze_fails.add(2)
+        task = regions.tenant_joined(tenant(gpus, 2))
+        assert task is not None
+        await task
+        assert not r.clean and "tenant 2 admitted during the region did not freeze" in r.problems
+
+    run(main())
+
+
+def test_a_joiner_whose_region_ended_while_it_froze_is_thawed() -> None:
+    async def main() -> None:
+        regions, node, gpus = make()
+        r = await regions.acquire(tenant(gpus, 1), plain_wait)
+        joiner = tenant(gpus, 2)
+        task = regions.tenant_joined(joiner)
+        regions.release(r, why="region_end")  # before the freeze thread ran
+        assert task is not None
+        await task
+        assert 2 not in node.frozen and joiner not in r.frozen
+
+    run(main())
+
+
+def test_several_gpus_are_taken_in_index_order_and_commands_of_two_gpus_never_deadlock() -> None:
+    """Two two-GPU commands and one-GPU commands on each GPU, all at once: all are granted,
+    GPUs are closed in ascending order per region, no two regions hold a GPU at once."""
+
+    async def main() -> None:
+        regions, node, gpus = make(2)
+        both = [tenant(gpus, i, on=[0, 1]) for i in (1, 2)]
+        singles = [tenant(gpus, 3, on=[1]), tenant(gpus, 4, on=[0])]
+        holding: dict[int, int] = {}
+
+        async def one(t: Tenant) -> None:
+            r = await regions.acquire(t, plain_wait)
+            assert r.gpus == t.gpus
+            for i in r.gpus:
+                assert i not in holding, f"GPU {i} held by {holding.get(i)} and {t.id}"
+                holding[i] = t.id
+            await asyncio.sleep(0.01)
+            for i in r.gpus:
+                del holding[i]
+            regions.release(r, why="region_end")
+
+        await asyncio.gather(*(one(t) for t in [*both, *singles]))
+        for t in both:
+            closes = [e[1] for e in node.events if e[0] == "close" and e[2] == t.id]
+            assert closes == [0, 1]
+            assert t.regions[0]["gpus"] == [0, 1]
+
+    run(main())
+
+
+def test_a_sibling_on_two_gpus_is_thawed_only_by_the_last_region_that_froze_it() -> None:
+    async def main() -> None:
+        regions, node, gpus = make(2)
+        sib = tenant(gpus, 9, on=[0, 1])
+        r0 = await regions.acquire(tenant(gpus, 1, on=[0]), plain_wait)
+        r1 = await regions.acquire(tenant(gpus, 2, on=[1]), plain_wait)
+        assert sib in r0.frozen and sib in r1.frozen
+        # GPU 1's drain left out the sibling frozen by GPU 0's region.
+        drains = [e for e in node.events if e[0] == "drain"]
+        assert drains[1] == ("drain", 1, frozenset({9}))
+        regions.release(r0, why="region_end")
+        assert 9 in node.frozen
+        regions.release(r1, why="region_end")
+        assert 9 not in node.frozen
+
+    run(main())
+
+
+def test_an_owner_leaving_while_queued_leaves_no_trace() -> None:
+    async def main() -> None:
+        regions, _, gpus = make()
+        ra = await regions.acquire(tenant(gpus, 1), plain_wait)
+        gone = asyncio.Event()
+        b = tenant(gpus, 2)
+        task = asyncio.create_task(regions.acquire(b, leaving(gone)))
+        await until(lambda: regions.queued(0) == 1)
+        gone.set()
+        with pytest.raises(ConnectionError):
+            await task
+        assert regions.queued(0) == 0 and b.region is None
+        regions.release(ra, why="region_end")
+        assert regions.held(0) is None and regions.setting_up(0) is None
+
+    run(main())
+
+
+def test_an_owner_leaving_during_set_up_ends_the_region_and_reopens_the_gate() -> None:
+    async def main() -> None:
+        regions, node, gpus = make()
+        node.drain_gate = threading.Event()
+        gone = asyncio.Event()
+        owner, sib = tenant(gpus, 1), tenant(gpus, 2)
+        task = asyncio.create_task(regions.acquire(owner, leaving(gone)))
+        await until(node.draining.is_set)
+        gone.set()
+        with pytest.raises(ConnectionError):
+            await task
+        node.drain_gate.set()
+        await until(lambda: regions.setting_up(0) is None)
+        assert regions.held(0) is None and owner.region is None
+        assert node.names()[-1] == "open" and sib.id not in node.frozen
+        assert owner.regions and owner.regions[0]["duration_s"] == 0.0
+
+    run(main())
+
+
+@pytest.mark.parametrize("step", ["drain", "pin"])
+def test_a_failing_step_lets_the_gpu_go_and_the_next_request_proceeds(step: str) -> None:
+    async def main() -> None:
+        regions, node, gpus = make()
+        a, b, sib = tenant(gpus, 1), tenant(gpus, 2), tenant(gpus, 3)
+        if step == "drain":
+            node.fail_drain = True
+        else:
+            node.fail_pin.add(1)
+        with pytest.raises(ConnectionError):
+            await regions.acquire(a, plain_wait)
+        assert a.region is None and regions.held(0) is None and node.names()[-1] == "open"
+        assert sib.id not in node.frozen
+        node.fail_drain = False
+        r = await regions.acquire(b, plain_wait)
+        assert r.granted
+        regions.release(r, why="region_end")
+
+    run(main())
+
+
+def test_problems_make_a_region_unclean_with_the_reason() -> None:
+    """I2/I3: a sibling that did not freeze, a foreign process: clean = false, and why."""
+
+    async def main() -> None:
+        regions, node, gpus = make()
+        owner = tenant(gpus, 1)
+        tenant(gpus, 2)
+        node.freeze_fails.add(2)
+        node.foreigners[0] = {4242}
+        r = await regions.acquire(owner, plain_wait)
+        assert not r.clean
+        assert "tenant 2 did not freeze" in r.problems
+        assert any("4242" in p for p in r.problems)
+        assert regions.grant_reply(r, r.t_request)["clean"] is False
+        assert regions.release(r, why="region_end")["clean"] is False
+
+    run(main())
+
+
+def test_the_idle_pool_is_frozen_only_when_it_holds_workers() -> None:
+    async def main() -> None:
+        regions, node, gpus = make()
+        pool = Tenant(
+            id=50,
+            gpu=0,
+            argv=["<pool>"],
+            group=cast(TenantGroup, None),
+            region_timeout_s=30,
+            t_admit=0,
+        )
+        gpus[0].pool_tenant = pool
+        owner = tenant(gpus, 1)
+        r = await regions.acquire(owner, plain_wait)
+        assert 50 not in node.frozen
+        regions.release(r, why="region_end")
+        node.procs.add(50)
+        r = await regions.acquire(owner, plain_wait)
+        assert 50 in node.frozen
+        regions.release(r, why="region_end")
+
+    run(main())
+
+
+def test_a_tenant_leaving_ends_its_region_and_drops_its_requests() -> None:
+    async def main() -> None:
+        regions, _, gpus = make()
+        a, b, c = tenant(gpus, 1), tenant(gpus, 2), tenant(gpus, 3)
+        ra = await regions.acquire(a, plain_wait)
+        task = asyncio.create_task(regions.acquire(b, plain_wait))
+        await until(lambda: regions.queued(0) == 1)
+        b.gone = True
+        regions.tenant_left(b)
+        with pytest.raises((asyncio.CancelledError, ConnectionError)):
+            await task
+        assert b not in ra.frozen
+        c.gone = True
+        regions.tenant_left(c)
+        a.gone = True
+        regions.tenant_left(a)
+        assert ra.ended and a.regions[0]["clean"] and regions.held(0) is None
+
+    run(main())
+
+
+def test_shutdown_lets_a_set_up_finish_then_revokes_every_region() -> None:
+    async def main() -> None:
+        regions, node, gpus = make(2)
+        r0 = await regions.acquire(tenant(gpus, 1, on=[0]), plain_wait)
+        node.drain_gate, node.draining = threading.Event(), threading.Event()
+        task = asyncio.create_task(regions.acquire(tenant(gpus, 2, on=[1]), plain_wait))
+        await until(node.draining.is_set)
+        asyncio.get_running_loop().call_later(0.05, node.drain_gate.set)
+        await regions.shutdown(5.0)
+        r1 = await task
+        assert r0.ended and r0.revoked and r1.ended and r1.revoked
+        assert not regions.busy() and node.frozen == set()
+
+    run(main())

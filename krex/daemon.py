@@ -132,6 +132,7 @@ class Daemon:
         self.mps: Mps | None = None
         self._server: asyncio.AbstractServer | None = None
         self._stopping: asyncio.Event | None = None
+        self._conns: dict[asyncio.Task[Any], Conn] = {}  # open connections and their handlers
         self._ops: dict[str, Handler] = {
             "admit": self._op_admit,
             "region_begin": self._op_region_begin,
@@ -202,11 +203,15 @@ class Daemon:
             self.nvml.close()
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
+        await self._close_connections()
         self.segments.close()
 
     # Connections.
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = Conn(reader, writer, _peer(writer))
+        task = asyncio.current_task()
+        if task is not None:
+            self._conns[task] = conn
         try:
             if conn.peer.uid not in (os.getuid(), 0):
                 # The socket is 0600 already; this also holds if its mode is ever loosened.
@@ -229,8 +234,18 @@ class Daemon:
             with contextlib.suppress(ConnectionError, OSError):
                 await conn.send({"ok": False, "error": "internal error (see the log)"})
         finally:
+            self._conns.pop(task, None)  # type: ignore[arg-type]
             with contextlib.suppress(ConnectionError, OSError):
                 writer.close()
+
+    async def _close_connections(self) -> None:
+        """At shutdown: every client sees EOF and every handler ends on its own (a handler
+        cancelled by asyncio.run instead is logged as an error by asyncio's streams)."""
+        for conn in list(self._conns.values()):
+            with contextlib.suppress(ConnectionError, OSError):
+                conn.writer.close()
+        if self._conns:
+            await asyncio.wait(list(self._conns), timeout=5.0)
 
     async def _op_hello(self, msg: dict[str, Any], conn: Conn) -> None:
         await conn.send({"ok": True, "version": __version__, "pid": os.getpid()})

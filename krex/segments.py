@@ -35,6 +35,7 @@ class Segments:
         self.orphans: list[Segment] = self._adopt()
         # (segment, process slot, pid) already folded into their tenant's counters
         self._accounted: set[tuple[str, int, int]] = set()
+        self.closed = False  # at shutdown; connections that end afterwards find no segment
 
     def _gates(self, name: str, n: int, slots_per_gpu: int, root: str) -> Segment:
         try:
@@ -98,13 +99,13 @@ class Segments:
     def retire(self, tid: int) -> None:
         """Its tenant is gone: the segment stays (and is drained) until its last process exits."""
         seg = self.tenants.pop(tid, None)
-        if seg is not None:
+        if seg is not None and not self.closed:
             self.orphans.append(seg)
 
     def all(self) -> list[Segment]:
         """Every segment that holds process slots: the gates' own (older shims, tests), each
         tenant's, and those of tenants gone whose processes linger."""
-        return [self.gates, *self.tenants.values(), *self.orphans]
+        return [] if self.closed else [self.gates, *self.tenants.values(), *self.orphans]
 
     def to_drain(self, skip: Iterable[int]) -> list[Segment]:
         """The segments a region's quiesce and drain wait on: all but those of the ids in skip."""
@@ -127,7 +128,7 @@ class Segments:
                     owner.blocked += s.blocked
                 self._accounted.add(key)
             seg.reap()
-        for seg in [] if draining else list(self.orphans):
+        for seg in [] if draining or self.closed else list(self.orphans):
             if not _in_use(seg):
                 self.orphans.remove(seg)
                 seg.unlink()
@@ -148,6 +149,7 @@ class Segments:
     def close(self) -> None:
         """At shutdown: each segment is removed unless processes still use it (a successor
         adopts those)."""
+        self.closed = True
         for seg in [*self.tenants.values(), *self.orphans]:
             if not _in_use(seg):
                 seg.unlink()

@@ -53,6 +53,22 @@ static int bad_gpu(const struct krex_segment *seg, uint32_t gpu)
     return !seg || gpu >= seg->header.n_gpus;
 }
 
+/* One bounded wait on a slot's word while it still reads `seen`: KREX_E_TIMEOUT once the
+ * deadline has passed, else KREX_OK after a futex wait of at most 50 ms, and the caller looks
+ * again. The shim wakes the word when it changes; the 50 ms bound is what notices a process
+ * that died mid-call (it never wakes anyone), through the caller's liveness check. */
+static int wait_slice(uint32_t *word, uint32_t seen, uint64_t deadline)
+{
+    uint64_t now = krex_now_ns();
+    if (now >= deadline)
+        return KREX_E_TIMEOUT;
+    uint64_t slice = deadline - now;
+    if (slice > 50000000ULL)
+        slice = 50000000ULL;
+    krex_futex_wait(word, seen, slice);
+    return KREX_OK;
+}
+
 int64_t krex_gate_close(struct krex_segment *seg, uint32_t gpu, uint32_t owner,
                         uint64_t deadline_ns)
 {
@@ -106,23 +122,17 @@ int krex_quiesce(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint64_
                 break;
             if (gone(s))
                 break;
-            uint64_t now = krex_now_ns();
-            if (now >= deadline) {
-                uint32_t count = 0;
-                for (uint32_t j = i; j < seg->header.n_slots; j++)
-                    if (is_sibling(&seg->slots[j], gpu, owner) &&
-                        KREX_LOAD(&seg->slots[j].in_flight) != 0)
-                        count++;
-                if (busy)
-                    *busy = count;
-                return KREX_E_TIMEOUT;
-            }
-            /* The shim wakes this word when in_flight drops to 0 behind a closed gate; the
-             * slice bound re-checks liveness of a process that died mid-call. */
-            uint64_t slice = deadline - now;
-            if (slice > 50000000ULL)
-                slice = 50000000ULL;
-            krex_futex_wait(&s->in_flight, n, slice);
+            /* The shim wakes this word when in_flight drops to 0 behind a closed gate. */
+            if (wait_slice(&s->in_flight, n, deadline) == KREX_OK)
+                continue;
+            uint32_t count = 0;
+            for (uint32_t j = i; j < seg->header.n_slots; j++)
+                if (is_sibling(&seg->slots[j], gpu, owner) &&
+                    KREX_LOAD(&seg->slots[j].in_flight) != 0)
+                    count++;
+            if (busy)
+                *busy = count;
+            return KREX_E_TIMEOUT;
         }
     }
     if (busy)
@@ -172,23 +182,18 @@ int krex_drain_await(struct krex_segment *seg, uint32_t gpu, uint32_t owner,
                 break;
             if (gone(s))
                 break;
-            uint64_t now = krex_now_ns();
-            if (now >= deadline) {
-                uint32_t count = 0;
-                for (uint32_t j = i; j < seg->header.n_slots; j++) {
-                    struct krex_slot *t = &seg->slots[j];
-                    if (tickets[j] && is_sibling(t, gpu, owner) && !gone(t) &&
-                        !answered(KREX_LOAD(&t->drain_ack), tickets[j]))
-                        count++;
-                }
-                if (pending)
-                    *pending = count;
-                return KREX_E_TIMEOUT;
+            if (wait_slice(&s->drain_ack, ack, deadline) == KREX_OK)
+                continue;
+            uint32_t count = 0;
+            for (uint32_t j = i; j < seg->header.n_slots; j++) {
+                struct krex_slot *t = &seg->slots[j];
+                if (tickets[j] && is_sibling(t, gpu, owner) && !gone(t) &&
+                    !answered(KREX_LOAD(&t->drain_ack), tickets[j]))
+                    count++;
             }
-            uint64_t slice = deadline - now;
-            if (slice > 50000000ULL)
-                slice = 50000000ULL;
-            krex_futex_wait(&s->drain_ack, ack, slice);
+            if (pending)
+                *pending = count;
+            return KREX_E_TIMEOUT;
         }
     }
     if (pending)

@@ -209,14 +209,6 @@ int krex_slots_reap(struct krex_segment *seg)
     return freed;
 }
 
-int krex_slot_alive(const struct krex_segment *seg, uint32_t i)
-{
-    if (!seg || i >= seg->header.n_slots)
-        return 0;
-    const struct krex_slot *s = &seg->slots[i];
-    return KREX_LOAD(&s->state) == KREX_SLOT_LIVE && krex_pid_alive(s->pid, s->start_time);
-}
-
 int krex_slot_set_tenant(struct krex_segment *seg, uint32_t i, uint32_t pid, uint32_t tenant)
 {
     if (!seg || i >= seg->header.n_slots || tenant == 0)

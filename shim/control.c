@@ -1,5 +1,6 @@
 /*
- * control.c: the controller's side of the region protocol (design.md steps 1-3 and exit).
+ * control.c: the controller's side of the region protocol (docs/shim.md, "The region protocol":
+ * steps 1-3 and exit).
  *
  * Ordering argument (step 2): the shim announces (in_flight += 1, seq_cst) and then loads the
  * gate word (seq_cst); we store the gate word (seq_cst) and then load in_flight (seq_cst). In

@@ -1,5 +1,5 @@
 /*
- * krex_control.h: the control side of the region protocol (design.md steps 1-3 and exit),
+ * krex_control.h: the control side of the region protocol (docs/shim.md: steps 1-3 and exit),
  * compiled into the cffi module krex._native and driven from krex/shm.py.
  *
  * Every function takes the mapped segment; the caller maps it (posix_ipc + mmap) and checks it

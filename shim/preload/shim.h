@@ -3,7 +3,7 @@
  *
  * The hot path (krex_enter/krex_leave) is inline here: one seq_cst add to our own slot, one
  * load of our gate's word, one relaxed counter, and the matching subtract. No getenv, no
- * syscall, no lock, no scan of other slots (interception.md: what made HAMi slow).
+ * syscall, no lock, no scan of other slots (what made HAMi slow: docs/shim.md, "The hot path").
  */
 #ifndef KREX_SHIM_H
 #define KREX_SHIM_H
@@ -102,7 +102,8 @@ static inline int krex_shut_out(const struct krex_slot *s)
     return 0;
 }
 
-/* Announce, then check (design.md step 2). Returns our slot, or NULL in pass-through. */
+/* Announce, then check (docs/shim.md, region protocol step 2: why in this order). Returns our
+ * slot, or NULL in pass-through. */
 static inline struct krex_slot *krex_enter(void)
 {
     struct krex_slot *s = __atomic_load_n(&krex_self, __ATOMIC_ACQUIRE);

@@ -128,6 +128,23 @@ static inline void krex_leave(struct krex_slot *s)
         krex_futex_wake(&s->in_flight, INT32_MAX);
 }
 
+/*
+ * The body of every gated wrapper, CUDA's (preload/hooks.c) and HIP's (hip/hip_hooks.c), each
+ * generated from its hook table: look the real function up, announce and check the gate, call,
+ * withdraw. `real` is the looked-up address (of type void *), `missing` what to return without
+ * one (evaluated only then), `args` the parenthesised argument list.
+ */
+#define KREX_GATED_BODY(ret_t, pfn_t, real, missing, args)                                       \
+    {                                                                                            \
+        pfn_t krex_real_ = (pfn_t)(real);                                                        \
+        if (KREX_UNLIKELY(!krex_real_))                                                          \
+            return missing;                                                                      \
+        struct krex_slot *krex_s_ = krex_enter();                                                \
+        ret_t krex_r_ = krex_real_ args;                                                         \
+        krex_leave(krex_s_);                                                                     \
+        return krex_r_;                                                                          \
+    }
+
 /* drain.c: contexts this process used. */
 KREX_HIDDEN void krex_ctx_track(CUcontext ctx, CUdevice dev);
 KREX_HIDDEN void krex_ctx_untrack(CUcontext ctx);

@@ -4,8 +4,8 @@
  *
  * Every prototype, type and constant below, and every prototype of the hook table
  * shim/hip/hip_hooks.def (declared from it at the end), is copied from ROCm's own headers,
- * repository ROCm/rocm-systems, spelled as C sees them (`__dparm(x)` default arguments dropped, as the
- * real headers do in C):
+ * repository ROCm/rocm-systems, spelled as C sees them (`__dparm(x)` default arguments dropped,
+ * as the real headers do in C):
  *   projects/hip/include/hip/hip_runtime_api.h   at 003a5d106dc36c137c76d6c8bb51f7fa5564bdfc
  *   projects/hip/include/hip/hip_ext.h           at 1451ac86ca7fe32766c973b31b660936261290ff
  *   projects/hip/include/hip/driver_types.h      at 12b6b91ea6f2f89005ce1e9bb0ea1cdb92e04048

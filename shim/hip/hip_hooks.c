@@ -86,8 +86,10 @@ KREX_EXPORT hipError_t krex_hip_hipGetProcAddress(const char *symbol, void **pfn
 
 /* The table: the handwritten wrappers are declared above, the gated ones generated. */
 static const struct krex_hook hip_hooks[KREX_HIP_COUNT] = {
-#define KREX_HIP_GATE(name, ...) [KREX_HIP_##name] = {#name, KREX_KIND_GATE, (void *)krex_hip_##name},
-#define KREX_HIP_TRACK(name, ...) [KREX_HIP_##name] = {#name, KREX_KIND_TRACK, (void *)krex_hip_##name},
+#define KREX_HIP_GATE(name, ...)                                                                 \
+    [KREX_HIP_##name] = {#name, KREX_KIND_GATE, (void *)krex_hip_##name},
+#define KREX_HIP_TRACK(name, ...)                                                                \
+    [KREX_HIP_##name] = {#name, KREX_KIND_TRACK, (void *)krex_hip_##name},
 #define KREX_HIP_REAL(name, ...) [KREX_HIP_##name] = {#name, KREX_KIND_REAL, NULL},
 #define KREX_HIP_LOOKUP(name, ...)                                                               \
     [KREX_HIP_##name] = {#name, KREX_KIND_LOOKUP, (void *)krex_hip_##name},

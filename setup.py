@@ -3,8 +3,9 @@
 Besides the cffi module krex._native (cffi_modules), build_ext compiles the plain shared
 libraries of shim/ into the package:
 
-    krex/_lib/libkrex.so            the preload library: shim/layout.c, shim/proc.c, shim/preload/*
-    krex/_lib/sim/libcuda.so.1      the simulated CUDA driver: shim/sim/*.c
+    krex/_lib/libkrex.so            the preload library: shim/layout.c, shim/proc.c, shim/log.c,
+                                    shim/preload/*
+    krex/_lib/sim/libcuda.so.1      the simulated CUDA driver: shim/sim/*.c, shim/log.c
     krex/_lib/sim/libamdhip64.so    the simulated HIP runtime: shim/sim_hip/*.c, linked against
                                     the simulated libcuda.so.1 beside it (so built after it), and
                                     without -Bsymbolic: its internal calls to its own exported
@@ -34,19 +35,20 @@ CFLAGS = ["-std=gnu11", "-O2", "-g", "-fPIC", "-Wall", "-Wextra", "-Werror"]
 CFLAGS += ["-fvisibility=hidden", "-pthread", "-Ishim"]
 LDLIBS = ["-ldl", "-lrt", "-lpthread"]
 SHARED = ["shim/layout.c", "shim/proc.c"]  # also compiled into krex._native
+LOG = "shim/log.c"  # the log writer of the preload, HIP and simulated-driver libraries
 
 # output (relative to the package), source globs, version script, soname, extra link flags
 LIBRARIES = [
     (
         "_lib/libkrex.so",
-        [*SHARED, "shim/preload/*.c", "shim/preload/*.S"],
+        [*SHARED, LOG, "shim/preload/*.c", "shim/preload/*.S"],
         "shim/preload/exports.map",
         "libkrex.so",
         [],
     ),
     (
         "_lib/sim/libcuda.so.1",
-        ["shim/sim/*.c"],
+        [LOG, "shim/sim/*.c"],
         "shim/sim/simcuda.map",
         "libcuda.so.1",
         ["-Wl,-Bsymbolic-functions"],
@@ -68,6 +70,7 @@ LIBRARIES = [
         "_lib/libkrex-hip.so",
         [
             *SHARED,
+            LOG,
             "shim/preload/gate.c",
             "shim/preload/log.c",
             "shim/preload/region.c",

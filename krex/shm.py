@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import mmap
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,10 +180,6 @@ class Segment:
         """The tenant the gate is closed for (0: open)."""
         return int(lib.krex_gate_word(self._seg, self._gpu(gpu))) & 0xFFFFFFFF
 
-    def gate_epoch(self, gpu: int) -> int:
-        """The epoch of the last region on `gpu`."""
-        return int(lib.krex_gate_word(self._seg, self._gpu(gpu))) >> 32
-
     # Region protocol steps 2 and 3.
     def quiesce(self, gpu: int, owner: int, timeout_s: float) -> None:
         """Wait until no sibling of `owner` on `gpu` is half-way into the driver."""
@@ -273,8 +268,3 @@ class Segment:
     def overflow(self) -> int:
         """Processes that found no free slot (gated but invisible to the drain)."""
         return int(self._seg.header.overflow)
-
-
-def segment_exists(name: str) -> bool:
-    """Whether a POSIX shared-memory object of that name exists."""
-    return os.path.exists("/dev/shm/" + name.lstrip("/"))

@@ -1,5 +1,6 @@
 /*
- * control.c: the controller's side of the region protocol (design.md steps 1-3 and exit).
+ * control.c: the controller's side of the region protocol (docs/shim.md, "The region protocol":
+ * steps 1-3 and exit).
  *
  * Ordering argument (step 2): the shim announces (in_flight += 1, seq_cst) and then loads the
  * gate word (seq_cst); we store the gate word (seq_cst) and then load in_flight (seq_cst). In
@@ -51,6 +52,22 @@ static int reap_if_dead(struct krex_slot *s)
 static int bad_gpu(const struct krex_segment *seg, uint32_t gpu)
 {
     return !seg || gpu >= seg->header.n_gpus;
+}
+
+/* One bounded wait on a slot's word while it still reads `seen`: KREX_E_TIMEOUT once the
+ * deadline has passed, else KREX_OK after a futex wait of at most 50 ms, and the caller looks
+ * again. The shim wakes the word when it changes; the 50 ms bound is what notices a process
+ * that died mid-call (it never wakes anyone), through the caller's liveness check. */
+static int wait_slice(uint32_t *word, uint32_t seen, uint64_t deadline)
+{
+    uint64_t now = krex_now_ns();
+    if (now >= deadline)
+        return KREX_E_TIMEOUT;
+    uint64_t slice = deadline - now;
+    if (slice > 50000000ULL)
+        slice = 50000000ULL;
+    krex_futex_wait(word, seen, slice);
+    return KREX_OK;
 }
 
 int64_t krex_gate_close(struct krex_segment *seg, uint32_t gpu, uint32_t owner,
@@ -106,23 +123,17 @@ int krex_quiesce(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint64_
                 break;
             if (gone(s))
                 break;
-            uint64_t now = krex_now_ns();
-            if (now >= deadline) {
-                uint32_t count = 0;
-                for (uint32_t j = i; j < seg->header.n_slots; j++)
-                    if (is_sibling(&seg->slots[j], gpu, owner) &&
-                        KREX_LOAD(&seg->slots[j].in_flight) != 0)
-                        count++;
-                if (busy)
-                    *busy = count;
-                return KREX_E_TIMEOUT;
-            }
-            /* The shim wakes this word when in_flight drops to 0 behind a closed gate; the
-             * slice bound re-checks liveness of a process that died mid-call. */
-            uint64_t slice = deadline - now;
-            if (slice > 50000000ULL)
-                slice = 50000000ULL;
-            krex_futex_wait(&s->in_flight, n, slice);
+            /* The shim wakes this word when in_flight drops to 0 behind a closed gate. */
+            if (wait_slice(&s->in_flight, n, deadline) == KREX_OK)
+                continue;
+            uint32_t count = 0;
+            for (uint32_t j = i; j < seg->header.n_slots; j++)
+                if (is_sibling(&seg->slots[j], gpu, owner) &&
+                    KREX_LOAD(&seg->slots[j].in_flight) != 0)
+                    count++;
+            if (busy)
+                *busy = count;
+            return KREX_E_TIMEOUT;
         }
     }
     if (busy)
@@ -172,23 +183,18 @@ int krex_drain_await(struct krex_segment *seg, uint32_t gpu, uint32_t owner,
                 break;
             if (gone(s))
                 break;
-            uint64_t now = krex_now_ns();
-            if (now >= deadline) {
-                uint32_t count = 0;
-                for (uint32_t j = i; j < seg->header.n_slots; j++) {
-                    struct krex_slot *t = &seg->slots[j];
-                    if (tickets[j] && is_sibling(t, gpu, owner) && !gone(t) &&
-                        !answered(KREX_LOAD(&t->drain_ack), tickets[j]))
-                        count++;
-                }
-                if (pending)
-                    *pending = count;
-                return KREX_E_TIMEOUT;
+            if (wait_slice(&s->drain_ack, ack, deadline) == KREX_OK)
+                continue;
+            uint32_t count = 0;
+            for (uint32_t j = i; j < seg->header.n_slots; j++) {
+                struct krex_slot *t = &seg->slots[j];
+                if (tickets[j] && is_sibling(t, gpu, owner) && !gone(t) &&
+                    !answered(KREX_LOAD(&t->drain_ack), tickets[j]))
+                    count++;
             }
-            uint64_t slice = deadline - now;
-            if (slice > 50000000ULL)
-                slice = 50000000ULL;
-            krex_futex_wait(&s->drain_ack, ack, slice);
+            if (pending)
+                *pending = count;
+            return KREX_E_TIMEOUT;
         }
     }
     if (pending)
@@ -202,14 +208,6 @@ int krex_slots_reap(struct krex_segment *seg)
     for (uint32_t i = 0; seg && i < seg->header.n_slots; i++)
         freed += reap_if_dead(&seg->slots[i]);
     return freed;
-}
-
-int krex_slot_alive(const struct krex_segment *seg, uint32_t i)
-{
-    if (!seg || i >= seg->header.n_slots)
-        return 0;
-    const struct krex_slot *s = &seg->slots[i];
-    return KREX_LOAD(&s->state) == KREX_SLOT_LIVE && krex_pid_alive(s->pid, s->start_time);
 }
 
 int krex_slot_set_tenant(struct krex_segment *seg, uint32_t i, uint32_t pid, uint32_t tenant)

@@ -1,5 +1,5 @@
 /*
- * krex_control.h: the control side of the region protocol (design.md steps 1-3 and exit),
+ * krex_control.h: the control side of the region protocol (docs/shim.md: steps 1-3 and exit),
  * compiled into the cffi module krex._native and driven from krex/shm.py.
  *
  * Every function takes the mapped segment; the caller maps it (posix_ipc + mmap) and checks it
@@ -50,8 +50,6 @@ int krex_drain_await(struct krex_segment *seg, uint32_t gpu, uint32_t owner,
 
 /* Free the slots of dead processes; returns how many were freed. */
 int krex_slots_reap(struct krex_segment *seg);
-/* Whether the process that owns slot `i` is alive (pid exists with the recorded start time). */
-int krex_slot_alive(const struct krex_segment *seg, uint32_t i);
 /* Re-assign live slot `i` of process `pid` to `tenant` (a pool worker starting or finishing a
  * command): its gate checks and the drain then treat it as that tenant's. KREX_E_ARG if the
  * slot is not `pid`'s live slot or tenant is 0. */

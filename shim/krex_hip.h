@@ -2,9 +2,10 @@
  * krex_hip.h: the HIP runtime types and entry points KREX needs, declared here so that neither
  * the simulated HIP runtime (shim/sim_hip/) nor its tests need ROCm to build.
  *
- * Every prototype, type and constant below is copied from ROCm's own headers, repository
- * ROCm/rocm-systems, spelled as C sees them (`__dparm(x)` default arguments dropped, as the
- * real headers do in C):
+ * Every prototype, type and constant below, and every prototype of the hook table
+ * shim/hip/hip_hooks.def (declared from it at the end), is copied from ROCm's own headers,
+ * repository ROCm/rocm-systems, spelled as C sees them (`__dparm(x)` default arguments dropped,
+ * as the real headers do in C):
  *   projects/hip/include/hip/hip_runtime_api.h   at 003a5d106dc36c137c76d6c8bb51f7fa5564bdfc
  *   projects/hip/include/hip/hip_ext.h           at 1451ac86ca7fe32766c973b31b660936261290ff
  *   projects/hip/include/hip/driver_types.h      at 12b6b91ea6f2f89005ce1e9bb0ea1cdb92e04048
@@ -243,16 +244,12 @@ hipError_t hipInit(unsigned int flags);
 hipError_t hipDriverGetVersion(int *driverVersion);
 hipError_t hipRuntimeGetVersion(int *runtimeVersion);
 hipError_t hipGetDeviceCount(int *count);
-hipError_t hipSetDevice(int deviceId);
 hipError_t hipGetDevice(int *deviceId);
-hipError_t hipDeviceSynchronize(void);
 hipError_t hipDeviceReset(void);
 hipError_t hipGetLastError(void);
 hipError_t hipPeekAtLastError(void);
 const char *hipGetErrorName(hipError_t hip_error);
 const char *hipGetErrorString(hipError_t hipError);
-hipError_t hipGetProcAddress(const char *symbol, void **pfn, int hipVersion, uint64_t flags,
-                             hipDriverProcAddressQueryResult *symbolStatus);
 
 /* ---- Streams and events. ---- */
 
@@ -267,8 +264,6 @@ hipError_t hipEventDestroy(hipEvent_t event);
 hipError_t hipEventSynchronize(hipEvent_t event);
 hipError_t hipEventQuery(hipEvent_t event);
 hipError_t hipEventElapsedTime(float *ms, hipEvent_t start, hipEvent_t stop);
-hipError_t hipEventRecord(hipEvent_t event, hipStream_t stream);
-hipError_t hipEventRecord_spt(hipEvent_t event, hipStream_t stream);
 
 /* ---- Memory. ---- */
 
@@ -283,44 +278,6 @@ hipError_t hipModuleLoadData(hipModule_t *module, const void *image);
 hipError_t hipModuleUnload(hipModule_t module);
 hipError_t hipModuleGetFunction(hipFunction_t *function, hipModule_t module, const char *kname);
 
-/* ---- Launches (work-submitting). ---- */
-
-hipError_t hipLaunchKernel(const void *function_address, dim3 numBlocks, dim3 dimBlocks,
-                           void **args, size_t sharedMemBytes, hipStream_t stream);
-hipError_t hipLaunchKernel_spt(const void *function_address, dim3 numBlocks, dim3 dimBlocks,
-                               void **args, size_t sharedMemBytes, hipStream_t stream);
-hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned int gridDimX, unsigned int gridDimY,
-                                 unsigned int gridDimZ, unsigned int blockDimX,
-                                 unsigned int blockDimY, unsigned int blockDimZ,
-                                 unsigned int sharedMemBytes, hipStream_t stream,
-                                 void **kernelParams, void **extra);
-hipError_t hipExtLaunchKernel(const void *function_address, dim3 numBlocks, dim3 dimBlocks,
-                              void **args, size_t sharedMemBytes, hipStream_t stream,
-                              hipEvent_t startEvent, hipEvent_t stopEvent, int flags);
-hipError_t hipExtModuleLaunchKernel(hipFunction_t f, uint32_t globalWorkSizeX,
-                                    uint32_t globalWorkSizeY, uint32_t globalWorkSizeZ,
-                                    uint32_t localWorkSizeX, uint32_t localWorkSizeY,
-                                    uint32_t localWorkSizeZ, size_t sharedMemBytes,
-                                    hipStream_t hStream, void **kernelParams, void **extra,
-                                    hipEvent_t startEvent, hipEvent_t stopEvent, uint32_t flags);
-hipError_t hipLaunchCooperativeKernel(const void *f, dim3 gridDim, dim3 blockDimX,
-                                      void **kernelParams, unsigned int sharedMemBytes,
-                                      hipStream_t stream);
-hipError_t hipLaunchCooperativeKernel_spt(const void *f, dim3 gridDim, dim3 blockDim,
-                                          void **kernelParams, uint32_t sharedMemBytes,
-                                          hipStream_t hStream);
-hipError_t hipLaunchCooperativeKernelMultiDevice(hipLaunchParams *launchParamsList, int numDevices,
-                                                 unsigned int flags);
-hipError_t hipModuleLaunchCooperativeKernel(hipFunction_t f, unsigned int gridDimX,
-                                            unsigned int gridDimY, unsigned int gridDimZ,
-                                            unsigned int blockDimX, unsigned int blockDimY,
-                                            unsigned int blockDimZ, unsigned int sharedMemBytes,
-                                            hipStream_t stream, void **kernelParams);
-hipError_t hipModuleLaunchCooperativeKernelMultiDevice(hipFunctionLaunchParams *launchParamsList,
-                                                       unsigned int numDevices, unsigned int flags);
-hipError_t hipLaunchHostFunc(hipStream_t stream, hipHostFn_t fn, void *userData);
-hipError_t hipLaunchHostFunc_spt(hipStream_t stream, hipHostFn_t fn, void *userData);
-
 /* ---- Graphs. ---- */
 
 hipError_t hipGraphCreate(hipGraph_t *pGraph, unsigned int flags);
@@ -331,86 +288,21 @@ hipError_t hipGraphAddKernelNode(hipGraphNode_t *pGraphNode, hipGraph_t graph,
 hipError_t hipGraphInstantiate(hipGraphExec_t *pGraphExec, hipGraph_t graph,
                                hipGraphNode_t *pErrorNode, char *pLogBuffer, size_t bufferSize);
 hipError_t hipGraphExecDestroy(hipGraphExec_t graphExec);
-hipError_t hipGraphLaunch(hipGraphExec_t graphExec, hipStream_t stream);
-hipError_t hipGraphLaunch_spt(hipGraphExec_t graphExec, hipStream_t stream);
 
-/* ---- Copies (work-submitting). ---- */
+/* ---- The hooked entry points, declared from their one list: the hook table
+ * shim/hip/hip_hooks.def (every work-submitting function, gated; hipSetDevice, tracked;
+ * hipGetProcAddress; hipDeviceSynchronize, for the drain). ---- */
 
-hipError_t hipMemcpy(void *dst, const void *src, size_t sizeBytes, hipMemcpyKind kind);
-hipError_t hipMemcpy_spt(void *dst, const void *src, size_t sizeBytes, hipMemcpyKind kind);
-hipError_t hipMemcpyAsync(void *dst, const void *src, size_t sizeBytes, hipMemcpyKind kind,
-                          hipStream_t stream);
-hipError_t hipMemcpyAsync_spt(void *dst, const void *src, size_t sizeBytes, hipMemcpyKind kind,
-                              hipStream_t stream);
-hipError_t hipMemcpyWithStream(void *dst, const void *src, size_t sizeBytes, hipMemcpyKind kind,
-                               hipStream_t stream);
-hipError_t hipMemcpyHtoD(hipDeviceptr_t dst, const void *src, size_t sizeBytes);
-hipError_t hipMemcpyDtoH(void *dst, hipDeviceptr_t src, size_t sizeBytes);
-hipError_t hipMemcpyDtoD(hipDeviceptr_t dst, hipDeviceptr_t src, size_t sizeBytes);
-hipError_t hipMemcpyHtoDAsync(hipDeviceptr_t dst, const void *src, size_t sizeBytes,
-                              hipStream_t stream);
-hipError_t hipMemcpyDtoHAsync(void *dst, hipDeviceptr_t src, size_t sizeBytes, hipStream_t stream);
-hipError_t hipMemcpyDtoDAsync(hipDeviceptr_t dst, hipDeviceptr_t src, size_t sizeBytes,
-                              hipStream_t stream);
-hipError_t hipMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
-                       size_t height, hipMemcpyKind kind);
-hipError_t hipMemcpy2D_spt(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
-                           size_t height, hipMemcpyKind kind);
-hipError_t hipMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
-                            size_t height, hipMemcpyKind kind, hipStream_t stream);
-hipError_t hipMemcpy2DAsync_spt(void *dst, size_t dpitch, const void *src, size_t spitch,
-                                size_t width, size_t height, hipMemcpyKind kind,
-                                hipStream_t stream);
-hipError_t hipMemcpy3D(const struct hipMemcpy3DParms *p);
-hipError_t hipMemcpy3D_spt(const struct hipMemcpy3DParms *p);
-hipError_t hipMemcpy3DAsync(const struct hipMemcpy3DParms *p, hipStream_t stream);
-hipError_t hipMemcpy3DAsync_spt(const hipMemcpy3DParms *p, hipStream_t stream);
-hipError_t hipMemcpyPeer(void *dst, int dstDeviceId, const void *src, int srcDeviceId,
-                         size_t sizeBytes);
-hipError_t hipMemcpyPeerAsync(void *dst, int dstDeviceId, const void *src, int srcDevice,
-                              size_t sizeBytes, hipStream_t stream);
-hipError_t hipMemcpyToSymbol(const void *symbol, const void *src, size_t sizeBytes, size_t offset,
-                             hipMemcpyKind kind);
-hipError_t hipMemcpyToSymbol_spt(const void *symbol, const void *src, size_t sizeBytes,
-                                 size_t offset, hipMemcpyKind kind);
-hipError_t hipMemcpyToSymbolAsync(const void *symbol, const void *src, size_t sizeBytes,
-                                  size_t offset, hipMemcpyKind kind, hipStream_t stream);
-hipError_t hipMemcpyToSymbolAsync_spt(const void *symbol, const void *src, size_t sizeBytes,
-                                      size_t offset, hipMemcpyKind kind, hipStream_t stream);
-hipError_t hipMemcpyFromSymbol(void *dst, const void *symbol, size_t sizeBytes, size_t offset,
-                               hipMemcpyKind kind);
-hipError_t hipMemcpyFromSymbol_spt(void *dst, const void *symbol, size_t sizeBytes, size_t offset,
-                                   hipMemcpyKind kind);
-hipError_t hipMemcpyFromSymbolAsync(void *dst, const void *symbol, size_t sizeBytes, size_t offset,
-                                    hipMemcpyKind kind, hipStream_t stream);
-hipError_t hipMemcpyFromSymbolAsync_spt(void *dst, const void *symbol, size_t sizeBytes,
-                                        size_t offset, hipMemcpyKind kind, hipStream_t stream);
-
-/* ---- Sets (work-submitting). ---- */
-
-hipError_t hipMemset(void *dst, int value, size_t sizeBytes);
-hipError_t hipMemset_spt(void *dst, int value, size_t sizeBytes);
-hipError_t hipMemsetAsync(void *dst, int value, size_t sizeBytes, hipStream_t stream);
-hipError_t hipMemsetAsync_spt(void *dst, int value, size_t sizeBytes, hipStream_t stream);
-hipError_t hipMemsetD8(hipDeviceptr_t dest, unsigned char value, size_t count);
-hipError_t hipMemsetD8Async(hipDeviceptr_t dest, unsigned char value, size_t count,
-                            hipStream_t stream);
-hipError_t hipMemsetD16(hipDeviceptr_t dest, unsigned short value, size_t count);
-hipError_t hipMemsetD16Async(hipDeviceptr_t dest, unsigned short value, size_t count,
-                             hipStream_t stream);
-hipError_t hipMemsetD32(hipDeviceptr_t dest, int value, size_t count);
-hipError_t hipMemsetD32Async(hipDeviceptr_t dst, int value, size_t count, hipStream_t stream);
-hipError_t hipMemset2D(void *dst, size_t pitch, int value, size_t width, size_t height);
-hipError_t hipMemset2D_spt(void *dst, size_t pitch, int value, size_t width, size_t height);
-hipError_t hipMemset2DAsync(void *dst, size_t pitch, int value, size_t width, size_t height,
-                            hipStream_t stream);
-hipError_t hipMemset2DAsync_spt(void *dst, size_t pitch, int value, size_t width, size_t height,
-                                hipStream_t stream);
-hipError_t hipMemset3D(hipPitchedPtr pitchedDevPtr, int value, hipExtent extent);
-hipError_t hipMemset3D_spt(hipPitchedPtr pitchedDevPtr, int value, hipExtent extent);
-hipError_t hipMemset3DAsync(hipPitchedPtr pitchedDevPtr, int value, hipExtent extent,
-                            hipStream_t stream);
-hipError_t hipMemset3DAsync_spt(hipPitchedPtr pitchedDevPtr, int value, hipExtent extent,
-                                hipStream_t stream);
+#define KREX_HIP_DECL_(name, params, args) hipError_t name params;
+#define KREX_HIP_GATE(name, ...) KREX_HIP_DECL_(name, __VA_ARGS__)
+#define KREX_HIP_TRACK(name, ...) KREX_HIP_DECL_(name, __VA_ARGS__)
+#define KREX_HIP_REAL(name, ...) KREX_HIP_DECL_(name, __VA_ARGS__)
+#define KREX_HIP_LOOKUP(name, ...) KREX_HIP_DECL_(name, __VA_ARGS__)
+#include "hip/hip_hooks.def"
+#undef KREX_HIP_GATE
+#undef KREX_HIP_TRACK
+#undef KREX_HIP_REAL
+#undef KREX_HIP_LOOKUP
+#undef KREX_HIP_DECL_
 
 #endif /* KREX_HIP_H */

@@ -38,24 +38,32 @@ uint64_t krex_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
-uint64_t krex_proc_start_time(uint32_t pid)
+/* Fields 3 (state) and 22 (start time) of /proc/<pid>/stat, from one read: -1 if there is no
+ * such process (or nothing after the command name), else 0 with *state the state letter and
+ * *start_time the start time (0 if the line has no readable field 22). */
+static int read_stat(uint32_t pid, char *state, uint64_t *start_time)
 {
     char path[64];
     char buf[1024];
+    *state = '\0';
+    *start_time = 0;
     snprintf(path, sizeof path, "/proc/%u/stat", pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return 0;
+        return -1;
     ssize_t n = read(fd, buf, sizeof buf - 1);
     close(fd);
     if (n <= 0)
-        return 0;
+        return -1;
     buf[n] = '\0';
     /* The command name (field 2) may hold spaces and parentheses: count from the last ')'. */
     char *p = strrchr(buf, ')');
     if (!p)
-        return 0;
+        return -1;
     p++;
+    if (*p == '\0')
+        return -1;
+    *state = p[1];
     /* p now points before field 3; field 22 is 19 fields further. */
     for (int field = 3; field < 22; field++) {
         p = strchr(p + 1, ' ');
@@ -63,9 +71,17 @@ uint64_t krex_proc_start_time(uint32_t pid)
             return 0;
     }
     unsigned long long v = 0;
-    if (sscanf(p + 1, "%llu", &v) != 1)
-        return 0;
-    return (uint64_t)v;
+    if (sscanf(p + 1, "%llu", &v) == 1)
+        *start_time = (uint64_t)v;
+    return 0;
+}
+
+uint64_t krex_proc_start_time(uint32_t pid)
+{
+    char state;
+    uint64_t start_time;
+    read_stat(pid, &state, &start_time);
+    return start_time;
 }
 
 int krex_pid_alive(uint32_t pid, uint64_t start_time)
@@ -74,20 +90,12 @@ int krex_pid_alive(uint32_t pid, uint64_t start_time)
         return 0;
     if (kill((pid_t)pid, 0) != 0 && errno == ESRCH)
         return 0;
+    char state;
+    uint64_t started;
+    if (read_stat(pid, &state, &started) != 0)
+        return 0;
     /* A zombie still has its stat entry; it will never submit again, so treat it as dead. */
-    char path[64];
-    char buf[512];
-    snprintf(path, sizeof path, "/proc/%u/stat", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+    if (state == 'Z' || state == 'X')
         return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
-    char *p = strrchr(buf, ')');
-    if (!p || p[1] == '\0' || p[2] == 'Z' || p[2] == 'X')
-        return 0;
-    return krex_proc_start_time(pid) == start_time;
+    return started == start_time;
 }

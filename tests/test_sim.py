@@ -23,7 +23,8 @@ SIM = ROOT / "shim" / "sim"
 
 
 def _lib_cmd(out: Path) -> list[str]:
-    sources = sorted(str(p.relative_to(ROOT)) for p in SIM.glob("*.c"))
+    # As setup.py builds it: shim/sim/*.c and the log writer it shares with the shim.
+    sources = ["shim/log.c", *sorted(str(p.relative_to(ROOT)) for p in SIM.glob("*.c"))]
     return [
         "gcc",
         "-std=gnu11",

@@ -1,5 +1,6 @@
 /*
- * hip_drain.c: the HIP part of the drain (design.md step 3; the thread is drain_thread.c's).
+ * hip_drain.c: the HIP part of the drain (docs/shim.md, region protocol step 3; the thread is
+ * drain_thread.c's).
  *
  * HIP has no context to synchronise from another thread: the thread makes each device the
  * process used current (hipSetDevice is per thread) and synchronises it (hipDeviceSynchronize

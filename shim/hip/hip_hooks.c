@@ -14,17 +14,8 @@
 
 #include "hip_shim.h"
 
-static const char *const hip_names[KREX_HIP_COUNT] = {
-#define KREX_HIP_GATE(name, ...) [KREX_HIP_##name] = #name,
-#define KREX_HIP_TRACK(name, ...) [KREX_HIP_##name] = #name,
-#define KREX_HIP_REAL(name, ...) [KREX_HIP_##name] = #name,
-#define KREX_HIP_LOOKUP(name, ...) [KREX_HIP_##name] = #name,
-#include "hip_hooks.def"
-#undef KREX_HIP_GATE
-#undef KREX_HIP_TRACK
-#undef KREX_HIP_REAL
-#undef KREX_HIP_LOOKUP
-};
+/* The table (below the wrappers it points to): name, kind and wrapper of every entry. */
+static const struct krex_hook hip_hooks[KREX_HIP_COUNT];
 
 static void *hip_real[KREX_HIP_COUNT];
 static pthread_once_t resolve_once = PTHREAD_ONCE_INIT;
@@ -41,7 +32,7 @@ static void resolve(void)
         return;
     }
     for (int i = 0; i < KREX_HIP_COUNT; i++)
-        __atomic_store_n(&hip_real[i], dlsym(h, hip_names[i]), __ATOMIC_RELEASE);
+        __atomic_store_n(&hip_real[i], dlsym(h, hip_hooks[i].name), __ATOMIC_RELEASE);
 }
 
 void *krex_hip_real_get(enum krex_hip_hook_id id)
@@ -58,22 +49,15 @@ static hipError_t missing(enum krex_hip_hook_id id)
 {
     static int warned;
     if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-        krex_warn("%s is not in the loaded libamdhip64", hip_names[id]);
+        krex_warn("%s is not in the loaded libamdhip64", hip_hooks[id].name);
     return hipErrorNotInitialized;
 }
 
 /* Gated wrappers: announce, check the gate, call, withdraw (the CUDA shim's hot path). */
 #define KREX_HIP_GATE_(name, params, args)                                                       \
-    KREX_EXPORT hipError_t krex_hip_##name params                                                \
-    {                                                                                            \
-        krex_pfn_##name krex_real_ = (krex_pfn_##name)krex_hip_real_get(KREX_HIP_##name);        \
-        if (KREX_UNLIKELY(!krex_real_))                                                          \
-            return missing(KREX_HIP_##name);                                                     \
-        struct krex_slot *krex_s_ = krex_enter();                                                \
-        hipError_t krex_r_ = krex_real_ args;                                                    \
-        krex_leave(krex_s_);                                                                     \
-        return krex_r_;                                                                          \
-    }
+    KREX_EXPORT hipError_t krex_hip_##name params KREX_GATED_BODY(                               \
+        hipError_t, krex_pfn_##name, krex_hip_real_get(KREX_HIP_##name),                         \
+        missing(KREX_HIP_##name), args)
 #define KREX_HIP_GATE(name, ...) KREX_HIP_GATE_(name, __VA_ARGS__)
 #define KREX_HIP_TRACK(name, ...)
 #define KREX_HIP_REAL(name, ...)
@@ -100,23 +84,28 @@ KREX_EXPORT hipError_t krex_hip_hipGetProcAddress(const char *symbol, void **pfn
                                                   uint64_t flags,
                                                   hipDriverProcAddressQueryResult *symbolStatus);
 
-/* The wrapper address handed out for a real function, or NULL. */
-static void *wrapper_of(const void *real)
-{
-    static void *const wrappers[KREX_HIP_COUNT] = {
-#define KREX_HIP_GATE(name, ...) [KREX_HIP_##name] = (void *)krex_hip_##name,
-#define KREX_HIP_TRACK(name, ...) [KREX_HIP_##name] = (void *)krex_hip_##name,
-#define KREX_HIP_REAL(name, ...)
-#define KREX_HIP_LOOKUP(name, ...) [KREX_HIP_##name] = (void *)krex_hip_##name,
+/* The table: the handwritten wrappers are declared above, the gated ones generated. */
+static const struct krex_hook hip_hooks[KREX_HIP_COUNT] = {
+#define KREX_HIP_GATE(name, ...)                                                                 \
+    [KREX_HIP_##name] = {#name, KREX_KIND_GATE, (void *)krex_hip_##name},
+#define KREX_HIP_TRACK(name, ...)                                                                \
+    [KREX_HIP_##name] = {#name, KREX_KIND_TRACK, (void *)krex_hip_##name},
+#define KREX_HIP_REAL(name, ...) [KREX_HIP_##name] = {#name, KREX_KIND_REAL, NULL},
+#define KREX_HIP_LOOKUP(name, ...)                                                               \
+    [KREX_HIP_##name] = {#name, KREX_KIND_LOOKUP, (void *)krex_hip_##name},
 #include "hip_hooks.def"
 #undef KREX_HIP_GATE
 #undef KREX_HIP_TRACK
 #undef KREX_HIP_REAL
 #undef KREX_HIP_LOOKUP
-    };
+};
+
+/* The wrapper address handed out for a real function, or NULL. */
+static void *wrapper_of(const void *real)
+{
     for (int i = 0; i < KREX_HIP_COUNT; i++)
-        if (wrappers[i] && krex_hip_real_get((enum krex_hip_hook_id)i) == real)
-            return wrappers[i];
+        if (hip_hooks[i].wrapper && krex_hip_real_get((enum krex_hip_hook_id)i) == real)
+            return hip_hooks[i].wrapper;
     return NULL;
 }
 
@@ -139,17 +128,3 @@ KREX_EXPORT hipError_t krex_hip_hipGetProcAddress(const char *symbol, void **pfn
     }
     return r;
 }
-
-/* Every hooked name's prototype in hip_hooks.def is the one krex_hip.h declares. */
-#define KREX_HIP_CHECK_(name)                                                                    \
-    _Static_assert(__builtin_types_compatible_p(__typeof__(&name), krex_pfn_##name),             \
-                   #name " in hip_hooks.def differs from krex_hip.h");
-#define KREX_HIP_GATE(name, ...) KREX_HIP_CHECK_(name)
-#define KREX_HIP_TRACK(name, ...) KREX_HIP_CHECK_(name)
-#define KREX_HIP_REAL(name, ...) KREX_HIP_CHECK_(name)
-#define KREX_HIP_LOOKUP(name, ...) KREX_HIP_CHECK_(name)
-#include "hip_hooks.def"
-#undef KREX_HIP_GATE
-#undef KREX_HIP_TRACK
-#undef KREX_HIP_REAL
-#undef KREX_HIP_LOOKUP

@@ -1,7 +1,7 @@
 /*
- * drain.c: the CUDA contexts this process used, and the CUDA part of the drain (design.md
- * step 3): the drain thread (drain_thread.c) synchronises every context the process used (the
- * gate already stops new work).
+ * drain.c: the CUDA contexts this process used, and the CUDA part of the drain (docs/shim.md,
+ * region protocol step 3): the drain thread (drain_thread.c) synchronises every context the
+ * process used (the gate already stops new work).
  */
 #define _GNU_SOURCE
 #include <pthread.h>

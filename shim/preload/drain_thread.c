@@ -1,5 +1,6 @@
 /*
- * drain_thread.c: the drain thread (design.md step 3), the same for every vendor.
+ * drain_thread.c: the drain thread (docs/shim.md, region protocol step 3), the same for every
+ * vendor.
  *
  * It sleeps on its slot's drain_req futex (a count of requests). When the count moves it calls
  * the vendor's krex_drain_sync (drain.c: every CUDA context the process used; hip/hip_drain.c:

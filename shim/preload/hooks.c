@@ -10,16 +10,9 @@
 
 /* Generated gated wrappers: exported under the exact driver name. */
 #define KREX_GATE_(name, params, args)                                                           \
-    KREX_EXPORT CUresult name params                                                             \
-    {                                                                                            \
-        krex_pfn_##name krex_real_ = (krex_pfn_##name)krex_real_get(KREX_H_##name);              \
-        if (KREX_UNLIKELY(!krex_real_))                                                          \
-            return krex_missing(KREX_H_##name);                                                  \
-        struct krex_slot *krex_s_ = krex_enter();                                                \
-        CUresult krex_r_ = krex_real_ args;                                                      \
-        krex_leave(krex_s_);                                                                     \
-        return krex_r_;                                                                          \
-    }
+    KREX_EXPORT CUresult name params KREX_GATED_BODY(CUresult, krex_pfn_##name,                  \
+                                                     krex_real_get(KREX_H_##name),               \
+                                                     krex_missing(KREX_H_##name), args)
 #define KREX_GATE(name, ...) KREX_GATE_(name, __VA_ARGS__)
 #define KREX_TRACK(name, ...)
 #define KREX_REAL(name, ...)

@@ -1,38 +1,15 @@
-/* log.c: the shim's only output: warnings, and a debug log switched on by KREX_DEBUG=1. */
+/* log.c: the shim's only output: warnings, and a debug log switched on by KREX_DEBUG=1 (the
+ * writer is shim/log.c, shared with the simulated driver). */
 #include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <unistd.h>
 
+#include "krex_log.h"
 #include "shim.h"
 
+#define LOG_HEAD "krex["
+#define LOG_TAIL "]: "
+
 static int debug_state = -1; /* -1 unknown, 0 off, 1 on: KREX_DEBUG is read once */
-
-static void emit(const char *fmt, va_list ap)
-{
-    char buf[512];
-    int n = snprintf(buf, sizeof buf, "krex[%d]: ", (int)getpid());
-    if (n < 0)
-        return;
-    int m = vsnprintf(buf + n, sizeof buf - (size_t)n - 1, fmt, ap);
-    if (m < 0)
-        return;
-    size_t len = (size_t)n + (size_t)m;
-    if (len > sizeof buf - 2)
-        len = sizeof buf - 2;
-    buf[len++] = '\n';
-    /* One write(2): lines from several processes never interleave mid-line. */
-    ssize_t w = write(STDERR_FILENO, buf, len);
-    (void)w;
-}
-
-void krex_warn(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    emit(fmt, ap);
-    va_end(ap);
-}
 
 void krex_debug(const char *fmt, ...)
 {
@@ -46,6 +23,14 @@ void krex_debug(const char *fmt, ...)
         return;
     va_list ap;
     va_start(ap, fmt);
-    emit(fmt, ap);
+    krex_log_write(LOG_HEAD, LOG_TAIL, fmt, ap);
+    va_end(ap);
+}
+
+void krex_warn(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    krex_log_write(LOG_HEAD, LOG_TAIL, fmt, ap);
     va_end(ap);
 }

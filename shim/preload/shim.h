@@ -3,7 +3,7 @@
  *
  * The hot path (krex_enter/krex_leave) is inline here: one seq_cst add to our own slot, one
  * load of our gate's word, one relaxed counter, and the matching subtract. No getenv, no
- * syscall, no lock, no scan of other slots (interception.md: what made HAMi slow).
+ * syscall, no lock, no scan of other slots (what made HAMi slow: docs/shim.md, "The hot path").
  */
 #ifndef KREX_SHIM_H
 #define KREX_SHIM_H
@@ -102,7 +102,8 @@ static inline int krex_shut_out(const struct krex_slot *s)
     return 0;
 }
 
-/* Announce, then check (design.md step 2). Returns our slot, or NULL in pass-through. */
+/* Announce, then check (docs/shim.md, region protocol step 2: why in this order). Returns our
+ * slot, or NULL in pass-through. */
 static inline struct krex_slot *krex_enter(void)
 {
     struct krex_slot *s = __atomic_load_n(&krex_self, __ATOMIC_ACQUIRE);
@@ -126,6 +127,23 @@ static inline void krex_leave(struct krex_slot *s)
     if (KREX_SUB(&s->in_flight, 1) == 0 && krex_shut_out(s))
         krex_futex_wake(&s->in_flight, INT32_MAX);
 }
+
+/*
+ * The body of every gated wrapper, CUDA's (preload/hooks.c) and HIP's (hip/hip_hooks.c), each
+ * generated from its hook table: look the real function up, announce and check the gate, call,
+ * withdraw. `real` is the looked-up address (of type void *), `missing` what to return without
+ * one (evaluated only then), `args` the parenthesised argument list.
+ */
+#define KREX_GATED_BODY(ret_t, pfn_t, real, missing, args)                                       \
+    {                                                                                            \
+        pfn_t krex_real_ = (pfn_t)(real);                                                        \
+        if (KREX_UNLIKELY(!krex_real_))                                                          \
+            return missing;                                                                      \
+        struct krex_slot *krex_s_ = krex_enter();                                                \
+        ret_t krex_r_ = krex_real_ args;                                                         \
+        krex_leave(krex_s_);                                                                     \
+        return krex_r_;                                                                          \
+    }
 
 /* drain.c: contexts this process used. */
 KREX_HIDDEN void krex_ctx_track(CUcontext ctx, CUdevice dev);

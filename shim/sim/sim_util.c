@@ -1,5 +1,6 @@
 /*
- * sim_util.c: configuration, logging, clocks and robust locks of the simulated GPU.
+ * sim_util.c: configuration, logging (its front: sim_warn, sim_debug), clocks and robust locks
+ * of the simulated GPU.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -9,35 +10,20 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "krex_log.h"
 #include "sim.h"
 
 struct sim_config sim_cfg;
 
-#define SIM_LOG_PREFIX "krex-sim (simulated GPU): "
-
-static void sim_vlog(const char *fmt, va_list ap)
-{
-    /* One write per line, so that lines of concurrent processes never interleave. */
-    char line[1024];
-    int n = snprintf(line, sizeof line, SIM_LOG_PREFIX "[pid %d] ", (int)getpid());
-    if (n < 0 || (size_t)n >= sizeof line)
-        return;
-    int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
-    if (m < 0)
-        return;
-    size_t len = (size_t)n + (size_t)m;
-    if (len > sizeof line - 2)
-        len = sizeof line - 2;
-    line[len++] = '\n';
-    ssize_t w = write(STDERR_FILENO, line, len);
-    (void)w;
-}
+/* The writer is shim/log.c, shared with the preload library; the prefix is the simulator's. */
+#define LOG_HEAD "krex-sim (simulated GPU): [pid "
+#define LOG_TAIL "] "
 
 void sim_warn(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    sim_vlog(fmt, ap);
+    krex_log_write(LOG_HEAD, LOG_TAIL, fmt, ap);
     va_end(ap);
 }
 
@@ -47,7 +33,7 @@ void sim_debug(const char *fmt, ...)
         return;
     va_list ap;
     va_start(ap, fmt);
-    sim_vlog(fmt, ap);
+    krex_log_write(LOG_HEAD, LOG_TAIL, fmt, ap);
     va_end(ap);
 }
 

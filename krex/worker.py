@@ -12,7 +12,6 @@ the command changed, and tells the daemon whether it can be used again (docs/poo
 from __future__ import annotations
 
 import argparse
-import array
 import atexit
 import contextlib
 import ctypes
@@ -20,7 +19,6 @@ import gc
 import importlib
 import importlib.machinery
 import io
-import json
 import linecache
 import logging
 import os
@@ -28,7 +26,6 @@ import random
 import runpy
 import signal
 import socket
-import struct
 import sys
 import threading
 import traceback
@@ -38,10 +35,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from krex import wire
+from krex.errors import ProtocolError
 from krex.pool import Invocation
 
 JOB_ACCEPT_S = 30.0  # a leased worker waits this long for its client
-MAX_JOB_BYTES = 16 * 1024 * 1024
 _RUNNER_FILES = {os.path.abspath(__file__), runpy.__file__, "<frozen runpy>"}
 _NATIVE_SUFFIXES = tuple(importlib.machinery.EXTENSION_SUFFIXES)
 # Native modules a command may leave loaded without retiring its worker: Triton compiles one
@@ -52,48 +50,6 @@ _LEFT_LOADED = frozenset({"__triton_launcher"})
 _MAX_LEFT_LOADED = 1000
 # torch's default seed in a fresh process (c10's default_rng_seed_val).
 _TORCH_DEFAULT_SEED = 67280421310721
-
-
-def send_msg(sock: socket.socket, msg: dict[str, Any], fds: list[int] | None = None) -> None:
-    """One length-prefixed JSON message, with file descriptors riding on its first bytes."""
-    data = json.dumps(msg).encode()
-    frame = struct.pack("!I", len(data)) + data
-    if fds:
-        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
-        sent = sock.sendmsg([frame], anc)
-        if sent < len(frame):  # sendall(b"") would still send, and fail once the peer is done
-            sock.sendall(frame[sent:])
-    else:
-        sock.sendall(frame)
-
-
-def recv_msg(sock: socket.socket, max_fds: int = 0) -> tuple[dict[str, Any] | None, list[int]]:
-    """The next message and the descriptors that came with it; (None, []) at EOF."""
-    fds: list[int] = []
-    head = b""
-    while len(head) < 4:
-        if max_fds and not fds and not head:
-            data, anc, _, _ = sock.recvmsg(4, socket.CMSG_LEN(max_fds * 4))
-            for level, kind, blob in anc:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    fds += array.array("i", blob[: len(blob) - len(blob) % 4]).tolist()
-        else:
-            data = sock.recv(4 - len(head))
-        if not data:
-            for fd in fds:
-                os.close(fd)
-            return None, []
-        head += data
-    (size,) = struct.unpack("!I", head)
-    if size > MAX_JOB_BYTES:
-        raise ValueError(f"message of {size} bytes")
-    body = b""
-    while len(body) < size:
-        chunk = sock.recv(min(1 << 20, size - len(body)))
-        if not chunk:
-            raise ConnectionError("connection closed in the middle of a message")
-        body += chunk
-    return json.loads(body), fds
 
 
 @dataclass
@@ -259,7 +215,7 @@ class Worker:
         ctl = daemon.makefile("rwb")
 
         def tell(msg: dict[str, Any]) -> None:
-            ctl.write(json.dumps({"v": 1, **msg}).encode() + b"\n")
+            ctl.write(wire.encode(msg))
             ctl.flush()
 
         tell(
@@ -271,10 +227,10 @@ class Worker:
             }
         )
         while True:
-            line = ctl.readline()
+            line = ctl.readline(wire.MAX_LINE + 1)
             if not line:
                 return 0  # the daemon is gone or let us go
-            msg = json.loads(line)
+            msg = wire.decode(line, request=False)  # the daemon's messages carry no version
             if msg.get("op") == "exit":
                 return 0
             if msg.get("op") != "job":
@@ -294,8 +250,8 @@ class Worker:
         with conn:
             conn.settimeout(None)
             try:
-                msg, fds = recv_msg(conn, max_fds=3)
-            except (OSError, ValueError) as e:
+                msg, fds = wire.recv_frame(conn, max_fds=3)
+            except (OSError, ProtocolError) as e:
                 return f"a bad job message: {e}"
             if msg is None or msg.get("token") != job.get("token") or len(fds) != 3:
                 for fd in fds:
@@ -310,7 +266,7 @@ class Worker:
             status, retire = self.run_command(inv, str(msg["cwd"]), env, fds, watcher)
             ended.set()
             with contextlib.suppress(OSError):
-                send_msg(conn, {"status": status})
+                wire.send_frame(conn, {"status": status})
                 conn.shutdown(socket.SHUT_RDWR)
             watcher.join(5.0)
         return retire or self.reset()
@@ -510,8 +466,8 @@ def _watch_client(conn: socket.socket, ended: threading.Event) -> None:
     """Signals the client forwards reach the command; a vanished client ends it (and us)."""
     while True:
         try:
-            msg, _ = recv_msg(conn)
-        except (OSError, ValueError):
+            msg, _ = wire.recv_frame(conn)
+        except (OSError, ProtocolError):
             msg = None
         if ended.is_set():
             return
@@ -520,7 +476,7 @@ def _watch_client(conn: socket.socket, ended: threading.Event) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
             return
         n = msg.get("signal")
-        if isinstance(n, int) and not isinstance(n, bool):
+        if wire.is_int(n):
             main = threading.main_thread().ident
             with contextlib.suppress(OSError, ValueError):
                 # To the main thread, so that a blocking call there is interrupted and a Python

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_controller import HOLDER, KREX, Counter, Daemon, krex_run, run_argv, running
+from helpers import HOLDER, KREX, Counter, Daemon, krex_run, run_argv, running
 
 # A sibling that leaves a long kernel on the simulated GPU and then waits: its drain thread
 # cannot finish the drain until the kernel does.

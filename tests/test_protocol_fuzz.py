@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import HOLDER, Daemon, krex_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_controller import HOLDER, Daemon, krex_run
 
 from krex import wire
 

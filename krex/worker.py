@@ -38,6 +38,7 @@ from typing import Any
 from krex import wire
 from krex.errors import ProtocolError
 from krex.pool import Invocation
+from krex.procs import children
 
 JOB_ACCEPT_S = 30.0  # a leased worker waits this long for its client
 _RUNNER_FILES = {os.path.abspath(__file__), runpy.__file__, "<frozen runpy>"}
@@ -405,7 +406,7 @@ class Worker:
         left = [t.name for t in threading.enumerate() if t.ident not in b.threads and t.is_alive()]
         if left and why is None:
             why = f"the command left {len(left)} thread(s) running ({left[0]})"
-        if why is None and _children():
+        if why is None and children():
             why = "the command left child processes running"
         device = _device_bytes()
         grown = None if device is None or b.device_bytes is None else device - b.device_bytes
@@ -428,16 +429,6 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
-
-
-def _children() -> list[int]:
-    kids = []
-    with contextlib.suppress(OSError):
-        for tid in os.listdir(f"/proc/{os.getpid()}/task"):
-            with contextlib.suppress(OSError):
-                text = open(f"/proc/{os.getpid()}/task/{tid}/children").read()  # noqa: SIM115
-                kids += [int(p) for p in text.split()]
-    return kids
 
 
 def _stdio(unbuffered: bool) -> tuple[io.TextIOWrapper, io.TextIOWrapper, io.TextIOWrapper]:

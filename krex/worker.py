@@ -145,30 +145,7 @@ class Worker:
     def warm_up(self, preload: list[str]) -> None:
         for name in preload:
             importlib.import_module(name)
-        # A context on the GPU (the primary one, which the CUDA runtime and frameworks share):
-        # through ctypes, so that the shim registers this process and the daemon sees its slot.
-        cu = ctypes.CDLL("libcuda.so.1")
-        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-        for rc in (
-            cu.cuInit(0),
-            cu.cuDeviceGet(ctypes.byref(dev), 0),
-            cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev),
-            cu.cuCtxSetCurrent(ctx),
-        ):
-            if rc != 0:
-                raise RuntimeError(f"cannot create a context on the GPU (CUresult {rc})")
-        self._cu, self._ctx = cu, ctx
-        # A call the shim gates (a 4-byte memset), so that the shim registers this process's
-        # slot before the daemon looks for it.
-        ptr = ctypes.c_uint64()
-        for rc in (
-            cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(4)),
-            cu.cuMemsetD8_v2(ptr, ctypes.c_ubyte(0), ctypes.c_size_t(4)),
-            cu.cuCtxSynchronize(),
-            cu.cuMemFree_v2(ptr),
-        ):
-            if rc != 0:
-                raise RuntimeError(f"the first driver calls failed (CUresult {rc})")
+        self._ctx = _hold_context()
         torch = _torch()
         if torch is not None and torch.cuda.is_available():
             # The allocator, cuBLAS's handle and workspace: what a command's first op pays.
@@ -413,6 +390,69 @@ class Worker:
         if why is None and grown is not None and grown > 0:
             why = f"device memory above the warm baseline (+{grown} bytes)"
         return why
+
+
+def _hold_context() -> Any:
+    """Retain the GPU's primary context (the one the CUDA runtime and frameworks share), make it
+    current, and make one call the shim gates (a 4-byte memset), so that the shim registers
+    this process's slot before the daemon looks for it. Returns the context, kept for the
+    worker's life.
+
+    Through cuda-python's driver bindings (the `cuda` extra) where installed, on a real GPU;
+    else through ctypes. The ctypes path is the fallback for two cases: no cuda-python (it is
+    optional), and the simulated GPU, whose libcuda.so.1 (shim/sim/) the tests run against
+    without cuda-python (not a test dependency), so that only the path they exercise runs there.
+    Either way the calls go through the preloaded shim like any tenant's.
+    """
+    if not os.environ.get("KREX_SIM_SHM"):  # set by the daemon for tenants of the simulated GPU
+        try:
+            driver = importlib.import_module("cuda.bindings.driver")
+        except ImportError:
+            pass
+        else:
+            return _hold_context_cuda_python(driver)
+    return _hold_context_ctypes()
+
+
+def _hold_context_cuda_python(cu: Any) -> Any:
+    def ok(ret: Any, what: str) -> Any:
+        err = ret[0]
+        if err != cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"{what} failed ({err.name})")
+        return ret[1] if len(ret) == 2 else None
+
+    ok(cu.cuInit(0), "cuInit")
+    dev = ok(cu.cuDeviceGet(0), "cuDeviceGet")
+    ctx = ok(cu.cuDevicePrimaryCtxRetain(dev), "cannot create a context on the GPU: retaining it")
+    ok(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    ptr = ok(cu.cuMemAlloc(4), "the first driver calls: cuMemAlloc")
+    ok(cu.cuMemsetD8(ptr, 0, 4), "the first driver calls: cuMemsetD8")
+    ok(cu.cuCtxSynchronize(), "the first driver calls: cuCtxSynchronize")
+    ok(cu.cuMemFree(ptr), "the first driver calls: cuMemFree")
+    return ctx
+
+
+def _hold_context_ctypes() -> Any:
+    cu = ctypes.CDLL("libcuda.so.1")
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    for rc in (
+        cu.cuInit(0),
+        cu.cuDeviceGet(ctypes.byref(dev), 0),
+        cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev),
+        cu.cuCtxSetCurrent(ctx),
+    ):
+        if rc != 0:
+            raise RuntimeError(f"cannot create a context on the GPU (CUresult {rc})")
+    ptr = ctypes.c_uint64()
+    for rc in (
+        cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(4)),
+        cu.cuMemsetD8_v2(ptr, ctypes.c_ubyte(0), ctypes.c_size_t(4)),
+        cu.cuCtxSynchronize(),
+        cu.cuMemFree_v2(ptr),
+    ):
+        if rc != 0:
+            raise RuntimeError(f"the first driver calls failed (CUresult {rc})")
+    return ctx
 
 
 def _set_warning_filters(filters: list[Any]) -> None:

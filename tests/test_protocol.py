@@ -1,4 +1,6 @@
-"""Property tests of the region protocol on the simulated GPU (design.md I1, and liveness).
+"""Property tests of the region protocol on the simulated GPU: no other tenant's submission
+reaches the driver while a region is granted, and liveness (docs/architecture.md, "The region
+protocol").
 
 Several tenant processes, several threads each, submit kernels, copies and sets while the test,
 playing the controller, closes and opens the gate for random owners. The simulated driver keeps

@@ -5,8 +5,9 @@ process of the tenant then imports `krex/_auto/sitecustomize.py`, which calls `i
 named callable is wrapped in `krex.region()` as soon as its module is imported (at once if it
 already is). A wrapped call is one region from its first line to its return, so it covers all
 of a timing call: do_bench's first call, its estimate, warm-up, L2 flushes and final sync
-(docs/measurement.md). Where the installed torch has Inductor's `set_gpu_benchmark_lock_context`
-(pytorch PR #184905), every Inductor GPU benchmark is put in a region through it as well.
+(docs/user-guide.md, "Auto-regions"). Where the installed torch has Inductor's
+`set_gpu_benchmark_lock_context` (pytorch PR #184905), every Inductor GPU benchmark is put in a
+region through it as well.
 """
 
 from __future__ import annotations

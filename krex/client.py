@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from krex import wire
 from krex.config import default_socket, load
-from krex.errors import KrexError
+from krex.errors import KrexError, ProtocolError
 from krex.pool import Invocation, plan
 
 EXIT_KREX = 125
@@ -51,7 +52,7 @@ class Connection:
         self.file = self.sock.makefile("rwb")
 
     def send(self, msg: dict[str, Any]) -> None:
-        self.file.write(json.dumps({"v": 1, **msg}).encode() + b"\n")
+        self.file.write(wire.encode(msg))
         self.file.flush()
 
     def recv(self, timeout_s: float | None = 10.0) -> dict[str, Any]:
@@ -62,7 +63,10 @@ class Connection:
             raise ClientError(f"the daemon at {self.path} did not answer in time") from e
         if not line:
             raise ClientError(f"the daemon at {self.path} closed the connection")
-        msg = json.loads(line)
+        try:
+            msg = wire.decode(line, request=False, limit=None)  # a report lists every region
+        except ProtocolError as e:
+            raise ClientError(f"the daemon at {self.path} sent a bad reply: {e}") from e
         if not msg.get("ok"):
             raise ClientError(str(msg.get("error", "the daemon refused")))
         return dict(msg)
@@ -185,8 +189,6 @@ def _stdio_fds() -> list[int]:
 def _run_warm(lease: dict[str, Any], inv: Invocation, env: dict[str, str]) -> int | None:
     """Hand the command to its warm worker and wait; its exit status, or None when the
     worker vanished (the daemon then knows how it ended)."""
-    from krex.worker import recv_msg, send_msg
-
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(30)
     sock.connect(lease["socket"])
@@ -197,23 +199,23 @@ def _run_warm(lease: dict[str, Any], inv: Invocation, env: dict[str, str]) -> in
         "cwd": os.getcwd(),
         "env": env,
     }
-    send_msg(sock, job, _stdio_fds())
+    wire.send_frame(sock, job, _stdio_fds())
 
     def forward(n: int, _frame: object) -> None:
         with contextlib.suppress(OSError):
-            send_msg(sock, {"signal": n})
+            wire.send_frame(sock, {"signal": n})
 
     # The worker is in no terminal's process group: Ctrl-C reaches it through us.
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, *FORWARDED)}
     try:
-        msg, _ = recv_msg(sock)
-    except (OSError, ValueError):
+        msg, _ = wire.recv_frame(sock)
+    except (OSError, ProtocolError):
         msg = None
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
         sock.close()
-    if msg is None or not isinstance(msg.get("status"), int):
+    if msg is None or not wire.is_int(msg.get("status")):
         return None
     return int(msg["status"])
 
@@ -343,7 +345,7 @@ def _finish(
         done = conn.recv()
         report.update(done["report"])
         rc = done.get("worker_status")
-        if worker_lost and isinstance(rc, int):
+        if worker_lost and wire.is_int(rc):
             # How the worker ended is how the command ended (os._exit, a signal, a crash).
             code = rc if rc >= 0 else 128 - rc
     except (ClientError, OSError) as e:

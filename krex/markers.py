@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import json
 import os
 import shutil
 import signal
@@ -24,7 +23,8 @@ from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from krex.errors import KrexError
+from krex import wire
+from krex.errors import KrexError, ProtocolError
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -32,7 +32,6 @@ R = TypeVar("R")
 CONNECT_RETRY_S = 5.0  # how long to retry connecting while the daemon comes up
 DEFAULT_WAIT_S = 600.0  # KREX_REGION_WAIT_S when unset: the bound on waiting for a grant
 END_REPLY_S = 60.0  # the bound on the reply to region_end (the daemon thaws and reopens)
-MAX_LINE = 64 * 1024  # protocol.md: at most 64 KiB a line
 WRAPPED_MARK = "__krex_region__"  # set on wrappers, so nothing gets wrapped twice
 
 # The daemon is not listening yet (no socket file, or nobody accepting): worth retrying.
@@ -78,6 +77,8 @@ class _ThreadState(threading.local):
     def __init__(self) -> None:
         self.depth = 0
         self.conn: socket.socket | None = None
+        self.grant: dict[str, Any] = {}  # the region_begin reply: its wait, drain, freeze times
+        self.t_grant = 0.0  # time.monotonic() at the grant
 
 
 _state = _ThreadState()
@@ -103,7 +104,8 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 def last_region() -> dict[str, Any] | None:
     """The record of the region this process finished last (any thread), or None.
 
-    Its keys are the daemon's: `wait_s`, `drain_s`, `freeze_s`, `duration_s`, `clean`, `revoked`.
+    Its keys are the daemon's: `wait_s`, `drain_s`, `freeze_s`, `duration_s`, `clean`, `revoked`,
+    `problems` (every record has these), and on real GPUs the clock keys.
     """
     with _lock:
         return None if _last is None else dict(_last)
@@ -124,7 +126,8 @@ class Region:
         if state.depth:
             state.depth += 1
             return
-        conn = _begin(tenant)
+        conn, state.grant = _begin(tenant)
+        state.t_grant = time.monotonic()
         with _lock:
             _open.add(conn)
         state.conn = conn
@@ -150,7 +153,7 @@ class Region:
         with _lock:
             _open.discard(conn)
         try:
-            record = _end(conn)
+            record = _end(conn, state.grant, time.monotonic() - state.t_grant)
         except RegionError as error:
             if exc is None:
                 raise
@@ -224,7 +227,7 @@ def _exchange(conn: socket.socket, request: dict[str, Any], limit_s: float) -> d
     buf = b""
     try:
         conn.settimeout(limit_s)
-        conn.sendall(json.dumps(request, separators=(",", ":")).encode() + b"\n")
+        conn.sendall(wire.encode(request))
         while b"\n" not in buf:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -234,8 +237,10 @@ def _exchange(conn: socket.socket, request: dict[str, Any], limit_s: float) -> d
             if not chunk:
                 raise _Lost(f"the krex daemon closed the connection without answering {op}")
             buf += chunk
-            if len(buf) > MAX_LINE:
-                raise RegionError(f"the krex daemon's reply to {op} is longer than 64 KiB")
+            if len(buf) > wire.MAX_LINE:
+                raise RegionError(
+                    f"the krex daemon's reply to {op} is longer than {wire.MAX_LINE // 1024} KiB"
+                )
     except TimeoutError:
         what = "granted no region" if op == "region_begin" else f"did not answer {op}"
         hint = " (KREX_REGION_WAIT_S)" if op == "region_begin" else ""
@@ -243,40 +248,60 @@ def _exchange(conn: socket.socket, request: dict[str, Any], limit_s: float) -> d
     except OSError as exc:
         raise _Lost(f"lost the connection to the krex daemon during {op}: {exc}") from None
     try:
-        reply = json.loads(buf.split(b"\n", 1)[0])
-    except ValueError:
-        reply = None
-    if not isinstance(reply, dict):
-        raise RegionError(f"the krex daemon's reply to {op} is not a JSON object")
+        reply = wire.decode(buf.split(b"\n", 1)[0], request=False)
+    except ProtocolError:
+        raise RegionError(f"the krex daemon's reply to {op} is not a JSON object") from None
     if reply.get("ok") is not True:
         raise RegionError(f"the krex daemon refused {op}: {reply.get('error', 'no reason given')}")
     return reply
 
 
-def _begin(tenant: _Tenant) -> socket.socket:
+def _begin(tenant: _Tenant) -> tuple[socket.socket, dict[str, Any]]:
+    """The region's own connection, and the grant."""
     conn = _connect(tenant.path)
-    request = {"v": 1, "op": "region_begin", "tenant": tenant.tenant, "pid": os.getpid()}
+    request = {"op": "region_begin", "tenant": tenant.tenant, "pid": os.getpid()}
     try:
-        _exchange(conn, request, tenant.wait_s)
+        grant = _exchange(conn, request, tenant.wait_s)
     except BaseException:
         conn.close()  # EOF tells the daemon to give the grant up (or never give it)
         raise
-    return conn
+    return conn, grant
 
 
-def _end(conn: socket.socket) -> dict[str, Any]:
+def _end(conn: socket.socket, grant: dict[str, Any], held_s: float) -> dict[str, Any]:
+    """End the region; its record, with every key of a normal one (_complete)."""
     try:
-        reply = _exchange(conn, {"v": 1, "op": "region_end"}, END_REPLY_S)
+        reply = _exchange(conn, {"op": "region_end"}, END_REPLY_S)
     except _Lost as lost:
-        # The daemon died or restarted under the region, which ended it then (design.md I4).
-        # The measurement is done and may be fine: say so and mark it, as for a revoked region,
-        # rather than fail the program at its very end.
+        # The daemon died or restarted under the region, which ended it then (a dead daemon
+        # ends every region: docs/architecture.md, the region protocol). The measurement is
+        # done and may be fine: say so and mark it, as for a revoked region, rather than fail
+        # the program at its very end. The grant's times are known; the duration is ours.
         print(f"krex: {lost}: the region is recorded as revoked", file=sys.stderr)
-        return {"clean": False, "revoked": True, "error": str(lost)}
+        known: dict[str, Any] = {
+            k: grant[k] for k in ("wait_s", "drain_s", "freeze_s") if k in grant
+        }
+        return _complete({**known, "duration_s": held_s, "revoked": True, "problems": [str(lost)]})
     finally:
         conn.close()
     record = reply.get("region")
-    return dict(record) if isinstance(record, dict) else {}
+    return _complete(record if isinstance(record, dict) else {})
+
+
+def _complete(record: dict[str, Any]) -> dict[str, Any]:
+    """`record` with every key of the daemon's region record (docs/user-guide.md, "The
+    report"), which harnesses index without checking: one the daemon could not send (it was
+    lost) or sent short gets the missing ones, and is unclean."""
+    base: dict[str, Any] = {
+        "wait_s": 0.0,
+        "drain_s": 0.0,
+        "freeze_s": 0.0,
+        "duration_s": 0.0,
+        "clean": False,
+        "revoked": False,
+        "problems": [],
+    }
+    return {**base, **record}
 
 
 def _why_not_runnable(command: str) -> str:

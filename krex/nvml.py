@@ -1,7 +1,8 @@
 """The GPU's SM clock and throttle reasons around a region, where NVML gives them.
 
-NVML (the nvidia-ml-py package, module `pynvml`) is optional: without it, or without a GPU, or
-on the simulated GPU, `Nvml.open()` returns None and regions carry no clock fields.
+NVML (the nvidia-ml-py package, module `pynvml`, in the `cuda` extra) is optional: without it,
+or without a GPU, or on the simulated GPU, `Nvml.open()` returns None and regions carry no
+clock fields.
 """
 
 from __future__ import annotations

@@ -34,11 +34,13 @@ def encode_reply(msg: dict[str, Any]) -> bytes:
     return json.dumps(msg, separators=(",", ":")).encode() + b"\n"
 
 
-def decode(line: bytes, *, request: bool = True) -> dict[str, Any]:
-    """The object on one line. ProtocolError for anything else; a request must carry this
-    protocol's version as a JSON integer (`true` is not 1)."""
-    if len(line) > MAX_LINE:
-        raise ProtocolError(f"message longer than {MAX_LINE} bytes")
+def decode(line: bytes, *, request: bool = True, limit: int | None = MAX_LINE) -> dict[str, Any]:
+    """The object on one line (or in one frame). ProtocolError for anything else, or for more
+    than `limit` bytes (None: no bound; the daemon's reply to `finished` lists every region of
+    the command, so the client cannot hold replies to a line's bound). A request must carry
+    this protocol's version as a JSON integer (`true` is not 1)."""
+    if limit is not None and len(line) > limit:
+        raise ProtocolError(f"message longer than {limit} bytes")
     try:
         msg = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -112,4 +114,4 @@ def recv_frame(sock: socket.socket, max_fds: int = 0) -> tuple[dict[str, Any] | 
         if not chunk:
             raise ConnectionError("connection closed in the middle of a message")
         body += chunk
-    return decode(body, request=False), fds
+    return decode(body, request=False, limit=MAX_FRAME), fds

@@ -12,7 +12,6 @@ the command changed, and tells the daemon whether it can be used again (docs/poo
 from __future__ import annotations
 
 import argparse
-import array
 import atexit
 import contextlib
 import ctypes
@@ -20,7 +19,6 @@ import gc
 import importlib
 import importlib.machinery
 import io
-import json
 import linecache
 import logging
 import os
@@ -28,7 +26,6 @@ import random
 import runpy
 import signal
 import socket
-import struct
 import sys
 import threading
 import traceback
@@ -38,10 +35,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from krex import wire
+from krex.errors import ProtocolError
 from krex.pool import Invocation
+from krex.procs import children
 
 JOB_ACCEPT_S = 30.0  # a leased worker waits this long for its client
-MAX_JOB_BYTES = 16 * 1024 * 1024
 _RUNNER_FILES = {os.path.abspath(__file__), runpy.__file__, "<frozen runpy>"}
 _NATIVE_SUFFIXES = tuple(importlib.machinery.EXTENSION_SUFFIXES)
 # Native modules a command may leave loaded without retiring its worker: Triton compiles one
@@ -52,48 +51,6 @@ _LEFT_LOADED = frozenset({"__triton_launcher"})
 _MAX_LEFT_LOADED = 1000
 # torch's default seed in a fresh process (c10's default_rng_seed_val).
 _TORCH_DEFAULT_SEED = 67280421310721
-
-
-def send_msg(sock: socket.socket, msg: dict[str, Any], fds: list[int] | None = None) -> None:
-    """One length-prefixed JSON message, with file descriptors riding on its first bytes."""
-    data = json.dumps(msg).encode()
-    frame = struct.pack("!I", len(data)) + data
-    if fds:
-        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
-        sent = sock.sendmsg([frame], anc)
-        if sent < len(frame):  # sendall(b"") would still send, and fail once the peer is done
-            sock.sendall(frame[sent:])
-    else:
-        sock.sendall(frame)
-
-
-def recv_msg(sock: socket.socket, max_fds: int = 0) -> tuple[dict[str, Any] | None, list[int]]:
-    """The next message and the descriptors that came with it; (None, []) at EOF."""
-    fds: list[int] = []
-    head = b""
-    while len(head) < 4:
-        if max_fds and not fds and not head:
-            data, anc, _, _ = sock.recvmsg(4, socket.CMSG_LEN(max_fds * 4))
-            for level, kind, blob in anc:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    fds += array.array("i", blob[: len(blob) - len(blob) % 4]).tolist()
-        else:
-            data = sock.recv(4 - len(head))
-        if not data:
-            for fd in fds:
-                os.close(fd)
-            return None, []
-        head += data
-    (size,) = struct.unpack("!I", head)
-    if size > MAX_JOB_BYTES:
-        raise ValueError(f"message of {size} bytes")
-    body = b""
-    while len(body) < size:
-        chunk = sock.recv(min(1 << 20, size - len(body)))
-        if not chunk:
-            raise ConnectionError("connection closed in the middle of a message")
-        body += chunk
-    return json.loads(body), fds
 
 
 @dataclass
@@ -188,30 +145,7 @@ class Worker:
     def warm_up(self, preload: list[str]) -> None:
         for name in preload:
             importlib.import_module(name)
-        # A context on the GPU (the primary one, which the CUDA runtime and frameworks share):
-        # through ctypes, so that the shim registers this process and the daemon sees its slot.
-        cu = ctypes.CDLL("libcuda.so.1")
-        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-        for rc in (
-            cu.cuInit(0),
-            cu.cuDeviceGet(ctypes.byref(dev), 0),
-            cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev),
-            cu.cuCtxSetCurrent(ctx),
-        ):
-            if rc != 0:
-                raise RuntimeError(f"cannot create a context on the GPU (CUresult {rc})")
-        self._cu, self._ctx = cu, ctx
-        # A call the shim gates (a 4-byte memset), so that the shim registers this process's
-        # slot before the daemon looks for it.
-        ptr = ctypes.c_uint64()
-        for rc in (
-            cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(4)),
-            cu.cuMemsetD8_v2(ptr, ctypes.c_ubyte(0), ctypes.c_size_t(4)),
-            cu.cuCtxSynchronize(),
-            cu.cuMemFree_v2(ptr),
-        ):
-            if rc != 0:
-                raise RuntimeError(f"the first driver calls failed (CUresult {rc})")
+        self._ctx = _hold_context()
         torch = _torch()
         if torch is not None and torch.cuda.is_available():
             # The allocator, cuBLAS's handle and workspace: what a command's first op pays.
@@ -259,7 +193,7 @@ class Worker:
         ctl = daemon.makefile("rwb")
 
         def tell(msg: dict[str, Any]) -> None:
-            ctl.write(json.dumps({"v": 1, **msg}).encode() + b"\n")
+            ctl.write(wire.encode(msg))
             ctl.flush()
 
         tell(
@@ -271,10 +205,10 @@ class Worker:
             }
         )
         while True:
-            line = ctl.readline()
+            line = ctl.readline(wire.MAX_LINE + 1)
             if not line:
                 return 0  # the daemon is gone or let us go
-            msg = json.loads(line)
+            msg = wire.decode(line, request=False)  # the daemon's messages carry no version
             if msg.get("op") == "exit":
                 return 0
             if msg.get("op") != "job":
@@ -294,8 +228,8 @@ class Worker:
         with conn:
             conn.settimeout(None)
             try:
-                msg, fds = recv_msg(conn, max_fds=3)
-            except (OSError, ValueError) as e:
+                msg, fds = wire.recv_frame(conn, max_fds=3)
+            except (OSError, ProtocolError) as e:
                 return f"a bad job message: {e}"
             if msg is None or msg.get("token") != job.get("token") or len(fds) != 3:
                 for fd in fds:
@@ -310,7 +244,7 @@ class Worker:
             status, retire = self.run_command(inv, str(msg["cwd"]), env, fds, watcher)
             ended.set()
             with contextlib.suppress(OSError):
-                send_msg(conn, {"status": status})
+                wire.send_frame(conn, {"status": status})
                 conn.shutdown(socket.SHUT_RDWR)
             watcher.join(5.0)
         return retire or self.reset()
@@ -449,13 +383,76 @@ class Worker:
         left = [t.name for t in threading.enumerate() if t.ident not in b.threads and t.is_alive()]
         if left and why is None:
             why = f"the command left {len(left)} thread(s) running ({left[0]})"
-        if why is None and _children():
+        if why is None and children():
             why = "the command left child processes running"
         device = _device_bytes()
         grown = None if device is None or b.device_bytes is None else device - b.device_bytes
         if why is None and grown is not None and grown > 0:
             why = f"device memory above the warm baseline (+{grown} bytes)"
         return why
+
+
+def _hold_context() -> Any:
+    """Retain the GPU's primary context (the one the CUDA runtime and frameworks share), make it
+    current, and make one call the shim gates (a 4-byte memset), so that the shim registers
+    this process's slot before the daemon looks for it. Returns the context, kept for the
+    worker's life.
+
+    Through cuda-python's driver bindings (the `cuda` extra) where installed, on a real GPU;
+    else through ctypes. The ctypes path is the fallback for two cases: no cuda-python (it is
+    optional), and the simulated GPU, whose libcuda.so.1 (shim/sim/) the tests run against
+    without cuda-python (not a test dependency), so that only the path they exercise runs there.
+    Either way the calls go through the preloaded shim like any tenant's.
+    """
+    if not os.environ.get("KREX_SIM_SHM"):  # set by the daemon for tenants of the simulated GPU
+        try:
+            driver = importlib.import_module("cuda.bindings.driver")
+        except ImportError:
+            pass
+        else:
+            return _hold_context_cuda_python(driver)
+    return _hold_context_ctypes()
+
+
+def _hold_context_cuda_python(cu: Any) -> Any:
+    def ok(ret: Any, what: str) -> Any:
+        err = ret[0]
+        if err != cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"{what} failed ({err.name})")
+        return ret[1] if len(ret) == 2 else None
+
+    ok(cu.cuInit(0), "cuInit")
+    dev = ok(cu.cuDeviceGet(0), "cuDeviceGet")
+    ctx = ok(cu.cuDevicePrimaryCtxRetain(dev), "cannot create a context on the GPU: retaining it")
+    ok(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    ptr = ok(cu.cuMemAlloc(4), "the first driver calls: cuMemAlloc")
+    ok(cu.cuMemsetD8(ptr, 0, 4), "the first driver calls: cuMemsetD8")
+    ok(cu.cuCtxSynchronize(), "the first driver calls: cuCtxSynchronize")
+    ok(cu.cuMemFree(ptr), "the first driver calls: cuMemFree")
+    return ctx
+
+
+def _hold_context_ctypes() -> Any:
+    cu = ctypes.CDLL("libcuda.so.1")
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    for rc in (
+        cu.cuInit(0),
+        cu.cuDeviceGet(ctypes.byref(dev), 0),
+        cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev),
+        cu.cuCtxSetCurrent(ctx),
+    ):
+        if rc != 0:
+            raise RuntimeError(f"cannot create a context on the GPU (CUresult {rc})")
+    ptr = ctypes.c_uint64()
+    for rc in (
+        cu.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(4)),
+        cu.cuMemsetD8_v2(ptr, ctypes.c_ubyte(0), ctypes.c_size_t(4)),
+        cu.cuCtxSynchronize(),
+        cu.cuMemFree_v2(ptr),
+    ):
+        if rc != 0:
+            raise RuntimeError(f"the first driver calls failed (CUresult {rc})")
+    return ctx
 
 
 def _set_warning_filters(filters: list[Any]) -> None:
@@ -472,16 +469,6 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
-
-
-def _children() -> list[int]:
-    kids = []
-    with contextlib.suppress(OSError):
-        for tid in os.listdir(f"/proc/{os.getpid()}/task"):
-            with contextlib.suppress(OSError):
-                text = open(f"/proc/{os.getpid()}/task/{tid}/children").read()  # noqa: SIM115
-                kids += [int(p) for p in text.split()]
-    return kids
 
 
 def _stdio(unbuffered: bool) -> tuple[io.TextIOWrapper, io.TextIOWrapper, io.TextIOWrapper]:
@@ -510,8 +497,8 @@ def _watch_client(conn: socket.socket, ended: threading.Event) -> None:
     """Signals the client forwards reach the command; a vanished client ends it (and us)."""
     while True:
         try:
-            msg, _ = recv_msg(conn)
-        except (OSError, ValueError):
+            msg, _ = wire.recv_frame(conn)
+        except (OSError, ProtocolError):
             msg = None
         if ended.is_set():
             return
@@ -520,7 +507,7 @@ def _watch_client(conn: socket.socket, ended: threading.Event) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
             return
         n = msg.get("signal")
-        if isinstance(n, int) and not isinstance(n, bool):
+        if wire.is_int(n):
             main = threading.main_thread().ident
             with contextlib.suppress(OSError, ValueError):
                 # To the main thread, so that a blocking call there is interrupted and a Python

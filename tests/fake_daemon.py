@@ -13,7 +13,6 @@ what it received, `(op, tenant, pid)`, with `"eof"` for a connection that closed
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import socket
@@ -22,6 +21,9 @@ import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from krex import wire
+from krex.errors import ProtocolError
 
 Received = tuple[str, int | None, int | None]
 
@@ -109,10 +111,10 @@ class FakeDaemon:
         with client, client.makefile("rwb") as stream:
             for line in stream:
                 try:
-                    request = json.loads(line)
+                    request = wire.decode(line)  # as the daemon: the version checked
                     op = request["op"]
-                except (ValueError, KeyError, TypeError):
-                    self._reply(stream, {"ok": False, "error": "malformed request"})
+                except (ProtocolError, KeyError) as e:
+                    self._reply(stream, {"ok": False, "error": f"malformed request: {e}"})
                     continue
                 if op == "hello":
                     self._record(op, None, None)
@@ -132,8 +134,10 @@ class FakeDaemon:
                     self._reply(stream, {"ok": True, **grant, **_COSTS, "clean": True})
                 elif op == "region_end" and tenant is not None:
                     self._record(op, tenant, pid)
-                    record = {"wait_s": self.grant_delay_s, **_COSTS}
-                    record.update(duration_s=time.monotonic() - began, clean=True, revoked=False)
+                    record: dict[str, Any] = {"wait_s": self.grant_delay_s, **_COSTS}
+                    record.update(
+                        duration_s=time.monotonic() - began, clean=True, revoked=False, problems=[]
+                    )
                     self._reply(stream, {"ok": True, "region": record})
                     return
                 else:
@@ -150,7 +154,7 @@ class FakeDaemon:
     @staticmethod
     def _reply(stream: Any, reply: dict[str, Any]) -> None:
         try:
-            stream.write(json.dumps(reply).encode() + b"\n")
+            stream.write(wire.encode_reply(reply))
             stream.flush()
         except OSError:
             pass  # the client went away; its EOF ends the conversation

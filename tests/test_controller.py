@@ -6,7 +6,6 @@ the freezer this machine has (cgroup v1 in CI).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -14,7 +13,6 @@ import statistics
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,83 +20,24 @@ from typing import Any
 
 import pytest
 from conftest import Native
+from helpers import (
+    HOLDER,
+    KREX,
+    Counter,
+    Daemon,
+    assert_frozen_for_the_region,
+    krex_run,
+    run_argv,
+    running,
+)
 
-KREX = [sys.executable, "-m", "krex.cli"]
 TRUTH_NS = (100_000, 1_000_000, 10_000_000)  # 0.1, 1 and 10 ms
-
-
-class Daemon:
-    def __init__(self, socket: Path, *extra: str) -> None:
-        self.socket = socket
-        self.extra = extra
-        self.log = socket.parent / "daemon.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [*KREX, "daemon", "--sim", "--socket", str(self.socket), *self.extra],
-                stdout=log,
-                stderr=log,
-            )
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.status(check=False) is not None:
-                return
-            assert self.proc.poll() is None, self.log.read_text()
-            time.sleep(0.05)
-        raise AssertionError("daemon did not start: " + self.log.read_text())
-
-    def status(self, check: bool = True) -> dict[str, Any] | None:
-        p = subprocess.run(
-            [*KREX, "status", "--json", "--socket", str(self.socket)],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        if p.returncode != 0:
-            assert not check, p.stderr
-            return None
-        return dict(json.loads(p.stdout))
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(timeout=30)
-
-
-@contextlib.contextmanager
-def running(d: Daemon) -> Iterator[Daemon]:
-    """d started, and stopped afterwards: it must exit 0."""
-    d.start()
-    try:
-        yield d
-    finally:
-        d.stop()
-        assert d.proc is not None and d.proc.returncode == 0, d.log.read_text()
 
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
     with running(Daemon(tmp_path / "krex.sock")) as d:
         yield d
-
-
-def run_argv(d: Daemon) -> list[str]:
-    """`krex run` on the simulated GPU through d."""
-    return [*KREX, "run", "--sim", "--socket", str(d.socket)]
-
-
-def krex_run(
-    d: Daemon,
-    *argv: str,
-    report: Path | None = None,
-    **popen: Any,
-) -> subprocess.Popen[str]:
-    cmd = run_argv(d)
-    if report is not None:
-        cmd += ["--report", str(report)]
-    return subprocess.Popen([*cmd, "--", *argv], text=True, **popen)
 
 
 def bench_argv(native: Native, regions: bool) -> list[str]:
@@ -158,73 +97,6 @@ def test_eight_commands_share_a_gpu_and_regions_measure_the_truth(
     _, _, unprotected = batch(False, 8)
     inflation = [r["median_ms"] / r["kernel_ms"] - 1 for out in unprotected for r in results(out)]
     assert statistics.median(inflation) >= 0.30, inflation
-
-
-BURNER = textwrap.dedent("""
-    import sys, time
-    n = 0
-    while True:
-        n += 1
-        if n % 20000 == 0:
-            print(n, flush=True)
-""")
-
-
-class Counter:
-    """A CPU-burning tenant whose progress we can read (it prints its loop count)."""
-
-    def __init__(self, d: Daemon) -> None:
-        self.proc = krex_run(d, sys.executable, "-c", BURNER, stdout=subprocess.PIPE)
-        self.last = 0
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        self.wait_moving()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.last = int(line)
-
-    def value(self) -> int:
-        return self.last
-
-    def wait_moving(self, within_s: float = 10.0) -> float:
-        """Seconds until the count moves (fails if it does not within `within_s`)."""
-        t0 = time.monotonic()
-        start = self.value()
-        while time.monotonic() - t0 < within_s:
-            time.sleep(0.01)
-            if self.value() != start:
-                return time.monotonic() - t0
-        raise AssertionError("the sibling does not make progress")
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait(timeout=30)
-
-
-HOLDER = textwrap.dedent("""
-    import os, sys, time, krex
-    with krex.region():
-        print("in region", os.getpid(), flush=True)
-        time.sleep(float(sys.argv[1]))
-    print("out", flush=True)
-""")
-
-
-def assert_frozen_for_the_region(d: Daemon, sib: Counter, hold_s: float) -> None:
-    """A region held `hold_s` seconds: `sib` makes no progress inside it, moves again after,
-    and the region's owner finishes (exit 0)."""
-    holder = krex_run(d, sys.executable, "-c", HOLDER, str(hold_s), stdout=subprocess.PIPE)
-    assert holder.stdout is not None
-    assert holder.stdout.readline().startswith("in region")
-    time.sleep(0.1)
-    frozen_at = sib.value()
-    time.sleep(hold_s * 0.6)
-    assert sib.value() == frozen_at, "the sibling ran during the region"
-    assert holder.stdout.readline().strip() == "out"
-    assert holder.wait(timeout=30) == 0, "the owner did not finish"
-    sib.wait_moving(within_s=2.0)
 
 
 def test_a_sibling_makes_no_progress_while_a_region_is_held(daemon: Daemon) -> None:
@@ -455,7 +327,7 @@ def test_regions_are_granted_in_request_order_so_nobody_starves(
         ("[gpus]\nslots = 'many'\n", "gpus.slots has the wrong type"),
         ("[freezer]\nbackend = 'ice'\n", "freezer.backend must be one of"),
         ("[slices.0]\nregion = '0'\nshared = '0-999'\n", "slices"),
-        ("[timeouts]\ndrain_s = -1\n", "timeouts.drain_s must be > 0"),
+        ("[timeouts]\ndrain_s = -1\n", "timeouts.drain_s must be a finite number of seconds > 0"),
         ("not toml at all [", "not valid TOML"),
     ],
 )

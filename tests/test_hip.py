@@ -16,10 +16,9 @@ from typing import Any
 
 import pytest
 from conftest import Node
+from helpers import KREX, Daemon, Witness, cycle_gate, running
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_controller import KREX, Daemon, running
-from test_protocol import Witness, cycle_gate
 
 from krex.gate import exclusive
 from krex.paths import hip_audit_library, hip_shim_library, sim_hip_available

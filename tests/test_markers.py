@@ -160,6 +160,19 @@ def test_last_region_is_the_daemons_record(inside: FakeDaemon) -> None:
     assert record["duration_s"] >= 0.01
     assert (record["drain_s"], record["freeze_s"]) == (0.001, 0.002)
     assert (record["clean"], record["revoked"]) == (True, False)
+    assert record["problems"] == []
+
+
+def test_a_short_record_gets_the_missing_keys(inside: FakeDaemon) -> None:
+    """A record without some of the daemon's keys (an older or lost daemon) is completed, and
+    unclean when it does not say clean."""
+    assert markers._complete({"revoked": True}) == {
+        "wait_s": 0.0, "drain_s": 0.0, "freeze_s": 0.0, "duration_s": 0.0,
+        "clean": False, "revoked": True, "problems": [],
+    }  # fmt: skip
+    first, second = markers._complete({}), markers._complete({})
+    first["problems"].append("x")
+    assert second["problems"] == []
 
 
 def test_a_daemon_lost_inside_a_region_is_a_revoked_record(
@@ -180,6 +193,12 @@ def test_a_daemon_lost_inside_a_region_is_a_revoked_record(
     record = last_region()
     assert record is not None
     assert (record["revoked"], record["clean"]) == (True, False)
+    # The keys of a normal record, so that a harness indexing them does not fail here.
+    assert set(record) == {
+        "wait_s", "drain_s", "freeze_s", "duration_s", "clean", "revoked", "problems"
+    }  # fmt: skip
+    assert (record["drain_s"], record["freeze_s"]) == (0.001, 0.002)  # the grant's
+    assert len(record["problems"]) == 1 and "the krex daemon" in record["problems"][0]
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("krex: "), lines
     assert lines[0].endswith("the region is recorded as revoked")

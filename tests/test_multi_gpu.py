@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 from conftest import Node
+from helpers import BURNER, HOLDER, Counter, Daemon, run_argv, running
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_controller import BURNER, HOLDER, Counter, Daemon, run_argv, running
 
 from krex.gate import exclusive
 from krex.shm import Segment

@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from test_controller import HOLDER, KREX, Daemon, krex_run
+from helpers import HOLDER, KREX, Daemon, krex_run
 
 from krex.config import from_toml, load
 from krex.metrics import NAMES

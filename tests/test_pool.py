@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_controller import KREX, Counter, Daemon, assert_frozen_for_the_region
+from helpers import KREX, Counter, Daemon, assert_frozen_for_the_region
 
 from krex.pool import plan
 

@@ -1,4 +1,6 @@
-"""Property tests of the region protocol on the simulated GPU (design.md I1, and liveness).
+"""Property tests of the region protocol on the simulated GPU: no other tenant's submission
+reaches the driver while a region is granted, and liveness (docs/architecture.md, "The region
+protocol").
 
 Several tenant processes, several threads each, submit kernels, copies and sets while the test,
 playing the controller, closes and opens the gate for random owners. The simulated driver keeps
@@ -9,98 +11,24 @@ closed gate moves again once it opens, and if dead processes never hold a region
 
 from __future__ import annotations
 
-import mmap
 import os
 import signal
-import struct
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
-from conftest import Node, unique
+from conftest import Node
+from helpers import Witness, cycle_gate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from krex.gate import exclusive
-from krex.shm import Segment
 
 TENANTS = (1, 2, 3)
 THREADS = 4
 PER_THREAD = 2_200  # 3 tenants x 4 threads x 2,200 = 26,400 submissions per example
 EXAMPLES = 4  # >= 100,000 submissions over the test
 KERNEL_NS = 50_000  # long enough that regions come and go while the submitters run
-
-
-class Witness:
-    """The simulated driver's view: `granted` is written by us, the counts by the driver."""
-
-    def __init__(self) -> None:
-        self.path = Path("/dev/shm") / unique("krex-witness").lstrip("/")
-        self.path.write_bytes(bytes(64))
-        self._f = self.path.open("r+b")
-        self._mm = mmap.mmap(self._f.fileno(), 64)
-
-    def grant(self, owner: int) -> None:
-        self._mm[0:4] = struct.pack("<I", owner)
-
-    @property
-    def submissions(self) -> int:
-        return int(struct.unpack_from("<Q", self._mm, 8)[0])
-
-    @property
-    def violations(self) -> int:
-        return int(struct.unpack_from("<Q", self._mm, 16)[0])
-
-    def close(self) -> None:
-        self._mm.close()
-        self._f.close()
-        self.path.unlink()
-
-
-def progress(seg: Segment, pids: set[int]) -> dict[int, int]:
-    return {s.pid: s.intercepted for s in seg.slots() if s.pid in pids and s.alive}
-
-
-def cycle_gate(
-    node: Node,
-    procs: list[subprocess.Popen[str]],
-    schedule: list[tuple[int, int, int]],
-    witness: Witness,
-) -> int:
-    """Play the controller while procs run: close the gate for each (owner, hold ms, gap ms) of
-    the schedule in turn, telling the witness who owns the GPU; after each region, every
-    process still running must move again. Returns how many regions there were."""
-    pids = {p.pid for p in procs}
-    deadline = time.monotonic() + 120
-    i = 0
-    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        owner, hold_ms, gap_ms = schedule[i % len(schedule)]
-        i += 1
-        with exclusive(node.seg, 0, owner=owner, quiesce_timeout_s=10, drain_timeout_s=10) as hold:
-            assert hold.clean, hold.problems
-            witness.grant(owner)
-            time.sleep(hold_ms / 1000)
-            witness.grant(0)
-            before = progress(node.seg, pids)
-        # No waiter is left blocked: every process still running moves again after open.
-        moved_by = time.monotonic() + 5
-        stuck: list[int] = []
-        while time.monotonic() < moved_by:
-            now = progress(node.seg, pids)
-            stuck = [
-                pid
-                for pid, n in before.items()
-                if pid in now
-                and now[pid] == n
-                and next(p for p in procs if p.pid == pid).poll() is None
-            ]
-            if not stuck:
-                break
-            time.sleep(0.002)
-        assert not stuck, f"processes {stuck} did not move after the gate opened"
-        time.sleep(gap_ms / 1000)
-    return i
 
 
 regions = st.lists(

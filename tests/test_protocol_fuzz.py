@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import HOLDER, Daemon, krex_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_controller import HOLDER, Daemon, krex_run
+
+from krex import wire
 
 OPS = ["hello", "status", "admit", "started", "lease", "finished", "region_begin",
        "region_end", "worker_ready", "done"]  # fmt: skip
@@ -88,7 +90,7 @@ def exchange(d: Daemon, lines: list[bytes], close_write: bool = True) -> list[di
 
 def assert_healthy(d: Daemon) -> None:
     assert d.proc is not None and d.proc.poll() is None, d.log.read_text()[-3000:]
-    assert exchange(d, [b'{"v":1,"op":"hello"}\n'])[0]["ok"] is True
+    assert exchange(d, [wire.encode({"op": "hello"})])[0]["ok"] is True
     st_ = d.status()
     assert st_ is not None
     g = st_["gpus"][0]
@@ -135,19 +137,17 @@ def test_nobody_can_freeze_a_process_that_is_not_their_command(daemon: Daemon) -
     assert shell.stdout is not None
     victim = int(shell.stdout.readline())
     try:
-        admit = {"v": 1, "op": "admit", "argv": ["x"], "sim": True}
+        admit = {"op": "admit", "argv": ["x"], "sim": True}
         replies = exchange(
-            daemon,
-            [json.dumps(admit).encode() + b"\n",
-             json.dumps({"v": 1, "op": "started", "pid": victim}).encode() + b"\n"],
-        )  # fmt: skip
+            daemon, [wire.encode(admit), wire.encode({"op": "started", "pid": victim})]
+        )
         assert replies[0]["ok"] and not replies[1]["ok"], replies
         assert "not this client's command" in replies[1]["error"]
         for path in Path("/sys/fs/cgroup").glob("**/cgroup.procs"):
             if "krex" in str(path):
                 assert str(victim) not in path.read_text().split(), path
         forged = exchange(
-            daemon, [b'{"v":1,"op":"worker_ready","worker":1,"secret":"x","pid":1}\n']
+            daemon, [wire.encode({"op": "worker_ready", "worker": 1, "secret": "x", "pid": 1})]
         )
         assert not forged[0]["ok"] and forged[0]["error"] == "unknown worker"
     finally:
@@ -164,8 +164,8 @@ def test_a_tenant_beside_the_fuzzing_sees_nothing(daemon: Daemon, tmp_path: Path
     assert holder.stdout.readline().startswith("in region")
     tenant = daemon.status()["gpus"][0]["region"]["tenant"]  # type: ignore[index]
     # Someone else asks for a region as that tenant, and sends garbage meanwhile.
-    stolen = exchange(daemon, [json.dumps({"v": 1, "op": "region_begin", "tenant": tenant,
-                                           "pid": os.getpid()}).encode() + b"\n"])  # fmt: skip
+    begin = {"op": "region_begin", "tenant": tenant, "pid": os.getpid()}
+    stolen = exchange(daemon, [wire.encode(begin)])
     assert not stolen[0]["ok"] and "is not one of tenant" in stolen[0]["error"]
     for junk in (b"\x00\xff\n", b"[]\n", b'{"v":1}\n', b'{"v":1,"op":"admit","argv":[1]}\n'):
         assert not exchange(daemon, [junk])[0]["ok"]

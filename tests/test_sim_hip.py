@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import ROOT, Node
-from test_protocol import Witness
+from helpers import Witness
 
 from krex.paths import sim_library_dir
 

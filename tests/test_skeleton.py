@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
 import shutil
@@ -11,6 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
 
 import krex
 from krex import paths
@@ -41,7 +48,15 @@ def test_version_option_prints_package_version() -> None:
     result = krex_cli("--version")
     assert result.returncode == 0, result.stderr
     assert krex.__version__ in result.stdout
-    assert krex.__version__ == "0.1.0"
+
+
+def test_the_version_is_pep_440_and_the_projects() -> None:
+    """krex.__version__ is a valid PEP 440 version, the one pyproject.toml declares and the
+    installed metadata carries (not a pinned string: a release bumps it in one place less)."""
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert str(Version(krex.__version__)) == krex.__version__  # canonical, not just parseable
+    assert krex.__version__ == declared
+    assert importlib.metadata.version("krex") == declared
 
 
 def test_console_script_is_installed() -> None:

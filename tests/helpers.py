@@ -1,0 +1,232 @@
+"""Helpers shared by the test files (imported as `helpers`, as conftest is): a daemon of the
+test's own on the simulated GPU, `krex run` through it, tenants that hold a region or burn CPU,
+and the simulated driver's witness with a gate cycler playing the controller."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from conftest import Node, unique
+
+from krex.gate import exclusive
+from krex.shm import Segment
+
+KREX = [sys.executable, "-m", "krex.cli"]
+
+
+class Daemon:
+    def __init__(self, socket: Path, *extra: str) -> None:
+        self.socket = socket
+        self.extra = extra
+        self.log = socket.parent / "daemon.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [*KREX, "daemon", "--sim", "--socket", str(self.socket), *self.extra],
+                stdout=log,
+                stderr=log,
+            )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.status(check=False) is not None:
+                return
+            assert self.proc.poll() is None, self.log.read_text()
+            time.sleep(0.05)
+        raise AssertionError("daemon did not start: " + self.log.read_text())
+
+    def status(self, check: bool = True) -> dict[str, Any] | None:
+        p = subprocess.run(
+            [*KREX, "status", "--json", "--socket", str(self.socket)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if p.returncode != 0:
+            assert not check, p.stderr
+            return None
+        return dict(json.loads(p.stdout))
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def running(d: Daemon) -> Iterator[Daemon]:
+    """d started, and stopped afterwards: it must exit 0."""
+    d.start()
+    try:
+        yield d
+    finally:
+        d.stop()
+        assert d.proc is not None and d.proc.returncode == 0, d.log.read_text()
+
+
+def run_argv(d: Daemon) -> list[str]:
+    """`krex run` on the simulated GPU through d."""
+    return [*KREX, "run", "--sim", "--socket", str(d.socket)]
+
+
+def krex_run(
+    d: Daemon,
+    *argv: str,
+    report: Path | None = None,
+    **popen: Any,
+) -> subprocess.Popen[str]:
+    cmd = run_argv(d)
+    if report is not None:
+        cmd += ["--report", str(report)]
+    return subprocess.Popen([*cmd, "--", *argv], text=True, **popen)
+
+
+BURNER = textwrap.dedent("""
+    import sys, time
+    n = 0
+    while True:
+        n += 1
+        if n % 20000 == 0:
+            print(n, flush=True)
+""")
+
+
+class Counter:
+    """A CPU-burning tenant whose progress we can read (it prints its loop count)."""
+
+    def __init__(self, d: Daemon) -> None:
+        self.proc = krex_run(d, sys.executable, "-c", BURNER, stdout=subprocess.PIPE)
+        self.last = 0
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.wait_moving()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.last = int(line)
+
+    def value(self) -> int:
+        return self.last
+
+    def wait_moving(self, within_s: float = 10.0) -> float:
+        """Seconds until the count moves (fails if it does not within `within_s`)."""
+        t0 = time.monotonic()
+        start = self.value()
+        while time.monotonic() - t0 < within_s:
+            time.sleep(0.01)
+            if self.value() != start:
+                return time.monotonic() - t0
+        raise AssertionError("the sibling does not make progress")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+HOLDER = textwrap.dedent("""
+    import os, sys, time, krex
+    with krex.region():
+        print("in region", os.getpid(), flush=True)
+        time.sleep(float(sys.argv[1]))
+    print("out", flush=True)
+""")
+
+
+def assert_frozen_for_the_region(d: Daemon, sib: Counter, hold_s: float) -> None:
+    """A region held `hold_s` seconds: `sib` makes no progress inside it, moves again after,
+    and the region's owner finishes (exit 0)."""
+    holder = krex_run(d, sys.executable, "-c", HOLDER, str(hold_s), stdout=subprocess.PIPE)
+    assert holder.stdout is not None
+    assert holder.stdout.readline().startswith("in region")
+    time.sleep(0.1)
+    frozen_at = sib.value()
+    time.sleep(hold_s * 0.6)
+    assert sib.value() == frozen_at, "the sibling ran during the region"
+    assert holder.stdout.readline().strip() == "out"
+    assert holder.wait(timeout=30) == 0, "the owner did not finish"
+    sib.wait_moving(within_s=2.0)
+
+
+class Witness:
+    """The simulated driver's view: `granted` is written by us, the counts by the driver."""
+
+    def __init__(self) -> None:
+        self.path = Path("/dev/shm") / unique("krex-witness").lstrip("/")
+        self.path.write_bytes(bytes(64))
+        self._f = self.path.open("r+b")
+        self._mm = mmap.mmap(self._f.fileno(), 64)
+
+    def grant(self, owner: int) -> None:
+        self._mm[0:4] = struct.pack("<I", owner)
+
+    @property
+    def submissions(self) -> int:
+        return int(struct.unpack_from("<Q", self._mm, 8)[0])
+
+    @property
+    def violations(self) -> int:
+        return int(struct.unpack_from("<Q", self._mm, 16)[0])
+
+    def close(self) -> None:
+        self._mm.close()
+        self._f.close()
+        self.path.unlink()
+
+
+def progress(seg: Segment, pids: set[int]) -> dict[int, int]:
+    return {s.pid: s.intercepted for s in seg.slots() if s.pid in pids and s.alive}
+
+
+def cycle_gate(
+    node: Node,
+    procs: list[subprocess.Popen[str]],
+    schedule: list[tuple[int, int, int]],
+    witness: Witness,
+) -> int:
+    """Play the controller while procs run: close the gate for each (owner, hold ms, gap ms) of
+    the schedule in turn, telling the witness who owns the GPU; after each region, every
+    process still running must move again. Returns how many regions there were."""
+    pids = {p.pid for p in procs}
+    deadline = time.monotonic() + 120
+    i = 0
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        owner, hold_ms, gap_ms = schedule[i % len(schedule)]
+        i += 1
+        with exclusive(node.seg, 0, owner=owner, quiesce_timeout_s=10, drain_timeout_s=10) as hold:
+            assert hold.clean, hold.problems
+            witness.grant(owner)
+            time.sleep(hold_ms / 1000)
+            witness.grant(0)
+            before = progress(node.seg, pids)
+        # No waiter is left blocked: every process still running moves again after open.
+        moved_by = time.monotonic() + 5
+        stuck: list[int] = []
+        while time.monotonic() < moved_by:
+            now = progress(node.seg, pids)
+            stuck = [
+                pid
+                for pid, n in before.items()
+                if pid in now
+                and now[pid] == n
+                and next(p for p in procs if p.pid == pid).poll() is None
+            ]
+            if not stuck:
+                break
+            time.sleep(0.002)
+        assert not stuck, f"processes {stuck} did not move after the gate opened"
+        time.sleep(gap_ms / 1000)
+    return i

@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from krex import __version__, wire
 from krex.config import Config, ConfigError
 from krex.errors import KrexError, ProtocolError
@@ -44,6 +42,7 @@ from krex.paths import (
     sim_library_dir,
 )
 from krex.pool import preinit
+from krex.procs import parent
 from krex.regions import Regions
 from krex.segments import Segments
 from krex.shm import SegmentError
@@ -446,7 +445,7 @@ class Daemon:
         pid = msg.get("pid")
         if not wire.is_int(pid) or pid <= 0:
             raise ProtocolError("pid must be a positive integer")
-        if t.pids or _parent(pid) != conn.peer.pid:
+        if t.pids or parent(pid) != conn.peer.pid:
             # Only the command `krex run` itself forked, once: never someone else's process
             # into a group that will be frozen.
             raise ProtocolError(f"process {pid} is not this client's command")
@@ -631,14 +630,6 @@ def _peer(writer: asyncio.StreamWriter) -> Peer:
     sock = writer.get_extra_info("socket")
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return Peer(*struct.unpack("3i", creds))
-
-
-def _parent(pid: int) -> int | None:
-    """The parent of process pid (None if it does not exist)."""
-    try:
-        return int(psutil.Process(pid).ppid())
-    except psutil.Error:
-        return None
 
 
 def _names(gpus: list[int]) -> str:

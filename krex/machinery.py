@@ -11,13 +11,12 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
-import psutil
-
 from krex import simnode
 from krex.config import Config
 from krex.gate import Hold, quiesce_and_drain
 from krex.model import Gpu, Tenant
 from krex.nvml import Nvml
+from krex.procs import running
 from krex.segments import Segments
 from krex.tenants import TenantsError
 
@@ -144,16 +143,7 @@ class NodeMachinery:
         for t in [*g.tenants, *([g.pool_tenant] if g.pool_tenant else [])]:
             with contextlib.suppress(TenantsError):
                 ours.update(t.group.pids())
-        return {p for p in users - ours if _running(p)}
+        return {p for p in users - ours if running(p)}
 
     def clock(self, gpu: int) -> dict[str, int] | None:
         return self.nvml.sample(gpu) if self.nvml is not None else None
-
-
-def _running(pid: int) -> bool:
-    """Whether process pid exists in our namespace and is not a zombie (a zombie has no GPU
-    context any more)."""
-    try:
-        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
-    except psutil.Error:
-        return False

@@ -133,7 +133,7 @@ class Regions:
         """One holder of region r is done; the region ends with its last holder."""
         if r.ended:
             # Already finished (revoked, or the tenant left): report what it was.
-            return r.record or {"revoked": True}
+            return r.record or self._record(r, time.monotonic())
         r.holders -= 1
         if r.holders > 0:
             return self._record(r, time.monotonic())
@@ -353,7 +353,7 @@ class Regions:
         """Exit, on every GPU the region holds: undo the pin, thaw the siblings, open the
         gates, wake the next requests."""
         if r.ended:
-            return r.record or {"revoked": True}
+            return r.record or self._record(r, time.monotonic())
         r.ended = True
         t, t_end = r.tenant, time.monotonic()
         if r.timer is not None:

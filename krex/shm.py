@@ -160,7 +160,7 @@ class Segment:
             raise ValueError(f"GPU {gpu} is not in this segment (it has {self.n_gpus})")
         return gpu
 
-    # Gate (design.md step 1 and exit).
+    # Gate (the region protocol's step 1 and exit: docs/architecture.md).
     def gate_close(self, gpu: int, owner: int, deadline_s: float | None = None) -> int:
         """Close `gpu`'s gate to every tenant but `owner`; returns the region's epoch.
 

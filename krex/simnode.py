@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from krex.paths import sim_library_dir
+from krex.procs import tgid
 
 # shim/sim/krexsim.h: where the simulated node publishes who holds its two locks.
 HOLDER_OFFSETS = (32, 36)  # KREXSIM_MODEL_HOLDER_OFFSET, KREXSIM_CTX_HOLDER_OFFSET: pids
@@ -54,19 +55,7 @@ def lock_holders(sim_shm: str) -> set[int]:
     pids = {int.from_bytes(head[o : o + 4], "little") for o in HOLDER_OFFSETS}
     for o in LOCK_OFFSETS:
         tid = int.from_bytes(head[o : o + 4], "little") & 0x3FFFFFFF  # robust mutex: owner tid
-        if tid and (pid := _tgid(tid)) is not None:
+        if tid and (pid := tgid(tid)) is not None:
             pids.add(pid)
     pids.discard(0)
     return pids
-
-
-def _tgid(tid: int) -> int | None:
-    """The process a thread id belongs to. psutil has no thread-to-process look-up; the
-    kernel's /proc/<tid>/status names it (Tgid)."""
-    try:
-        for line in Path(f"/proc/{tid}/status").read_text().splitlines():
-            if line.startswith("Tgid:"):
-                return int(line.split()[1])
-    except (OSError, ValueError):
-        return None
-    return None

@@ -349,3 +349,21 @@ def test_a_daemon_stopped_while_a_region_is_set_up_exits_cleanly(tmp_path: Path)
         for p in procs:
             p.kill()
             p.wait(timeout=30)
+
+
+def test_a_daemon_stopped_while_a_command_is_admitted_logs_no_error(tmp_path: Path) -> None:
+    """A normal SIGTERM with a command admitted: the daemon ends its connection itself (it
+    used to leave the handler to be cancelled, and asyncio logged an ERROR traceback)."""
+    d = Daemon(tmp_path / "krex.sock")
+    d.start()
+    cmd = krex_run(d, "sleep", "30")
+    try:
+        _until(d, lambda g: g["used"] == 1, timeout_s=10)
+        d.stop()
+        log = d.log.read_text()
+        assert d.proc is not None and d.proc.returncode == 0, log[-2000:]
+        assert " ERROR " not in log and "Traceback" not in log, log[-2000:]
+    finally:
+        d.stop()
+        cmd.kill()
+        cmd.wait(timeout=30)

@@ -175,9 +175,9 @@ SUBMIT = (str(THREADS), str(PER_THREAD), "50000")
 def test_no_hip_sibling_submission_reaches_the_runtime_inside_a_region(
     node: Node, schedule: list[tuple[int, int, int]]
 ) -> None:
-    """design.md I1 for HIP: HIP tenants submit kernels, copies and sets from several threads
-    while the test closes and opens the gate for random owners; the simulated driver's witness
-    sees no submission of another tenant while a region is granted."""
+    """Invariant I1 (docs/architecture.md) for HIP: HIP tenants submit kernels, copies and sets
+    from several threads while the test closes and opens the gate for random owners; the
+    simulated driver's witness sees no submission of another tenant while a region is granted."""
     witness = Witness()
     procs = []
     try:

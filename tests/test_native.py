@@ -107,7 +107,7 @@ def test_hook_table_is_what_the_library_exports() -> None:
 
 
 def test_shim_hygiene() -> None:
-    """No bare dlsym( calls and no constructors in the shim (interception.md)."""
+    """No bare dlsym( calls and no constructors in the shim (docs/shim.md)."""
     for src in sorted((SHIM / "preload").glob("*.c")):
         code = re.sub(r"/\*.*?\*/", "", src.read_text(), flags=re.S)
         code = re.sub(r'"(\\.|[^"\\])*"', '""', code)  # string literals may say anything

@@ -174,3 +174,11 @@ def test_a_tenant_beside_the_fuzzing_sees_nothing(daemon: Daemon, tmp_path: Path
     r = json.loads(report.read_text())
     assert [reg["clean"] for reg in r["regions"]] == [True]
     assert_healthy(daemon)
+
+
+@pytest.mark.parametrize("version", ["true", "1.0", "false", '"1"', "2", "null"])
+def test_a_version_that_is_not_the_integer_1_is_refused(daemon: Daemon, version: str) -> None:
+    """JSON's true is not protocol version 1 (nor is 1.0): one error reply naming the version."""
+    (reply,) = exchange(daemon, [f'{{"v": {version}, "op": "hello"}}\n'.encode()])
+    assert reply["ok"] is False and "protocol version" in reply["error"], reply
+    assert_healthy(daemon)

@@ -89,7 +89,7 @@ def test_a_region_on_gpu_0_never_touches_a_tenant_of_gpu_1(node4: Daemon, native
     s0, s1 = Pinned(node4, "0"), Pinned(node4, "1")
     try:
         cores1 = affinity(s1.pid())
-        holder = on(node4, "0", sys.executable, "-c", HOLDER, "1.0", stdout=subprocess.PIPE)
+        holder = on(node4, "0", sys.executable, "-c", HOLDER, "2.0", stdout=subprocess.PIPE)
         assert holder.stdout is not None
         assert holder.stdout.readline().startswith("in region")
         at0, at1 = s0.settled(), s1.value()
@@ -129,7 +129,7 @@ def test_a_two_gpu_command_holds_both_gates_in_its_regions(node4: Daemon, tmp_pa
     report = tmp_path / "two.json"
     try:
         # The least loaded two GPUs: 3 is empty, then 0 (ties go to the lower index).
-        holder = [sys.executable, "-c", TWO_GPU_HOLDER, "1.0"]
+        holder = [sys.executable, "-c", TWO_GPU_HOLDER, "2.5"]  # outlives the checks below
         two = subprocess.Popen(
             [*run_argv(node4), "--gpus", "2", "--report", str(report), "--", *holder],
             text=True,

@@ -509,7 +509,7 @@ class Daemon:
         t_request = time.monotonic()
         region: Region = await self.regions.acquire(t, conn.until)
         try:
-            await conn.send({"ok": True, **self.regions.grant_reply(region, t_request)})
+            await conn.send({"ok": True, **_grant_reply(region, t_request)})
             end = await conn.read()
         except BaseException:
             self.regions.release(region, why="owner gone")
@@ -630,6 +630,18 @@ def _peer(writer: asyncio.StreamWriter) -> Peer:
     sock = writer.get_extra_info("socket")
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return Peer(*struct.unpack("3i", creds))
+
+
+def _grant_reply(r: Region, t_request: float) -> dict[str, Any]:
+    """What a granted `region_begin` is answered with (docs/protocol.md)."""
+    return {
+        "epoch": r.epochs.get(r.tenant.gpus[0], 0),
+        "wait_s": time.monotonic() - t_request,
+        "drain_s": r.drain_s,
+        "freeze_s": r.freeze_s,
+        "clean": r.clean,
+        **({"gpus": list(r.gpus)} if len(r.tenant.gpus) > 1 else {}),
+    }
 
 
 def _names(gpus: list[int]) -> str:

@@ -119,16 +119,6 @@ class Regions:
             raise ProtocolError("the region ended before it was granted")
         return mine
 
-    def grant_reply(self, r: Region, t_request: float) -> dict[str, Any]:
-        return {
-            "epoch": r.epochs.get(r.tenant.gpus[0], 0),
-            "wait_s": time.monotonic() - t_request,
-            "drain_s": r.drain_s,
-            "freeze_s": r.freeze_s,
-            "clean": r.clean,
-            **({"gpus": list(r.gpus)} if len(r.tenant.gpus) > 1 else {}),
-        }
-
     def release(self, r: Region, why: str) -> dict[str, Any]:
         """One holder of region r is done; the region ends with its last holder."""
         if r.ended:
@@ -144,7 +134,7 @@ class Regions:
         """t has a new process: where another tenant holds (or is taking) one of t's GPUs, t
         is listed frozen at once, so that whatever ends that region thaws it, and frozen in a
         worker thread (the task returned); while the region drains, at its freeze step."""
-        joined = [r for r in self._live_on(t.gpus) if r.tenant is not t and t not in r.frozen]
+        joined = [r for r in self._live(t.gpus) if r.tenant is not t and t not in r.frozen]
         for r in joined:
             r.frozen.append(t)
         now = [r for r in joined if not r.draining]
@@ -397,31 +387,25 @@ class Regions:
             rec["gpus"] = list(r.gpus)
         # The SM clock and throttle reasons at each GPU's grant and now: a throttled region is
         # flagged (docs/architecture.md, "What a region record says").
-        samples = [(r.clocks.get(i), self.m.clock(i)) for i in r.gpus if r.clocks.get(i)]
-        if samples and all(end for _, end in samples):
+        samples = [(a, b) for i in r.gpus if (a := r.clocks.get(i)) and (b := self.m.clock(i))]
+        if samples:
             reasons = 0
             for start, end in samples:
-                assert start is not None and end is not None
                 reasons |= start["throttle_reasons"] | end["throttle_reasons"]
-            first, last = samples[0]
-            assert first is not None and last is not None
-            rec["sm_clock_mhz"] = [first["sm_clock_mhz"], last["sm_clock_mhz"]]
+            rec["sm_clock_mhz"] = [samples[0][0]["sm_clock_mhz"], samples[0][1]["sm_clock_mhz"]]
             rec["throttle_reasons"] = reasons
             rec["throttled"] = throttled(reasons)
         return rec
 
     # Helpers.
-    def _live(self) -> list[Region]:
-        return [r for q in self._q for r in (q.region, q.pending) if r is not None and not r.ended]
-
-    def _live_on(self, gpus: list[int]) -> list[Region]:
-        seen: list[Region] = []
-        for i in gpus:
-            q = self._q[i]
-            r = q.region or q.pending
-            if r is not None and not r.ended and r not in seen:
-                seen.append(r)
-        return seen
+    def _live(self, gpus: list[int] | None = None) -> list[Region]:
+        """Regions not ended that hold or are taking a GPU (of `gpus`), each once."""
+        found: list[Region] = []
+        for i in range(len(self._q)) if gpus is None else gpus:
+            for r in (self._q[i].region, self._q[i].pending):
+                if r is not None and not r.ended and r not in found:
+                    found.append(r)
+        return found
 
     def _thaw(self, t: Tenant) -> None:
         """Thaw t unless a live region still lists it frozen (it may be a sibling on two GPUs,

@@ -48,6 +48,20 @@ def now_ns() -> int:
     return int(lib.krex_now_ns())
 
 
+_MEM_FIELDS = (
+    "mem_bytes",
+    "mem_peak",
+    "mem_want",
+    "mem_since_ns",
+    "mem_wait_ns",
+    "mem_waits",
+    "mem_grant",
+    "mem_release",
+    "mem_oom_alone",
+    "mem_oom_shared",
+)
+
+
 @dataclass(frozen=True)
 class SlotView:
     """One process slot, each field read atomically."""
@@ -65,6 +79,17 @@ class SlotView:
     drain_req: int
     drain_ack: int
     alive: bool
+    # Device memory (layout 1.2, docs/memory.md).
+    mem_bytes: int = 0
+    mem_peak: int = 0
+    mem_want: int = 0  # bytes of the allocation it waits for; 0: not waiting
+    mem_since_ns: int = 0
+    mem_wait_ns: int = 0
+    mem_waits: int = 0
+    mem_grant: int = 0
+    mem_release: int = 0
+    mem_oom_alone: int = 0
+    mem_oom_shared: int = 0
 
 
 @dataclass
@@ -241,6 +266,7 @@ class Segment:
             drain_req=int(v.drain_req),
             drain_ack=int(v.drain_ack),
             alive=bool(v.alive),
+            **{f: int(getattr(v, f)) for f in _MEM_FIELDS},
         )
 
     def slots(self) -> list[SlotView]:
@@ -255,6 +281,20 @@ class Segment:
         """Re-assign process `pid`'s live slot `index` to `tenant` (a pool worker's command)."""
         if int(lib.krex_slot_set_tenant(self._seg, index, pid, tenant)) != lib.KREX_OK:
             raise KrexError(f"slot {index} is not a live slot of process {pid}")
+
+    def mem_grant(self, index: int) -> None:
+        """Let slot `index`'s memory waiter retry its allocation."""
+        self._check_index(index)
+        lib.krex_mem_grant(self._seg, index)
+
+    def mem_release(self, index: int) -> None:
+        """End slot `index`'s memory wait with the driver's out-of-memory error, once."""
+        self._check_index(index)
+        lib.krex_mem_release(self._seg, index)
+
+    def _check_index(self, index: int) -> None:
+        if not 0 <= index < self.n_slots:
+            raise IndexError(f"slot {index} out of range 0..{self.n_slots - 1}")
 
     def slots_of(self, pid: int) -> list[SlotView]:
         """The slots a process (by pid) holds or held."""

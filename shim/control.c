@@ -239,5 +239,39 @@ int krex_slot_read(const struct krex_segment *seg, uint32_t i, struct krex_slot_
     out->intercepted = KREX_LOAD(&s->intercepted);
     out->blocked = KREX_LOAD(&s->blocked);
     out->unmatched = KREX_LOAD(&s->unmatched);
+    out->mem_bytes = KREX_LOAD(&s->mem_bytes);
+    out->mem_peak = KREX_LOAD(&s->mem_peak);
+    out->mem_want = KREX_LOAD(&s->mem_want);
+    out->mem_since_ns = KREX_LOAD(&s->mem_since_ns);
+    out->mem_wait_ns = KREX_LOAD(&s->mem_wait_ns);
+    out->mem_waits = KREX_LOAD(&s->mem_waits);
+    out->mem_grant = KREX_LOAD(&s->mem_grant);
+    out->mem_release = KREX_LOAD(&s->mem_release);
+    out->mem_oom_alone = KREX_LOAD(&s->mem_oom_alone);
+    out->mem_oom_shared = KREX_LOAD(&s->mem_oom_shared);
+    out->reserved2 = 0;
     return KREX_OK;
+}
+
+/* The waiter sleeps on mem_grant (release bumps it too, so one futex word wakes it for both). */
+static int mem_poke(struct krex_segment *seg, uint32_t i, int release)
+{
+    if (!seg || i >= seg->header.n_slots)
+        return KREX_E_ARG;
+    struct krex_slot *s = &seg->slots[i];
+    if (release)
+        __atomic_add_fetch(&s->mem_release, 1U, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&s->mem_grant, 1U, __ATOMIC_SEQ_CST);
+    krex_futex_wake(&s->mem_grant, INT32_MAX);
+    return KREX_OK;
+}
+
+int krex_mem_grant(struct krex_segment *seg, uint32_t i)
+{
+    return mem_poke(seg, i, 0);
+}
+
+int krex_mem_release(struct krex_segment *seg, uint32_t i)
+{
+    return mem_poke(seg, i, 1);
 }

@@ -71,8 +71,26 @@ struct krex_slot_view {
     uint64_t intercepted;
     uint64_t blocked;
     uint64_t unmatched;
+    /* Device memory (1.2, docs/memory.md). */
+    uint64_t mem_bytes;
+    uint64_t mem_peak;
+    uint64_t mem_want;
+    uint64_t mem_since_ns;
+    uint64_t mem_wait_ns;
+    uint32_t mem_waits;
+    uint32_t mem_grant;
+    uint32_t mem_release;
+    uint32_t mem_oom_alone;
+    uint32_t mem_oom_shared;
+    uint32_t reserved2;
 };
 int krex_slot_read(const struct krex_segment *seg, uint32_t i, struct krex_slot_view *out);
+
+/* Memory arbitration (docs/memory.md): let the memory waiter of slot `i` retry its allocation
+ * (mem_grant += 1, wake), or end its wait with the driver's out-of-memory error once
+ * (mem_release += 1, wake). KREX_E_ARG for a bad index. */
+int krex_mem_grant(struct krex_segment *seg, uint32_t i);
+int krex_mem_release(struct krex_segment *seg, uint32_t i);
 
 /* /proc/<pid>/stat start time (field 22), or 0 if the process does not exist. */
 uint64_t krex_proc_start_time(uint32_t pid);

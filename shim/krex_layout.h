@@ -9,6 +9,7 @@
  *
  * Segment = header | gates[KREX_MAX_GPUS] | slots[n_slots].
  * 1.1: krex_slot.gpus (the GPU mask of a command that holds several GPUs).
+ * 1.2: krex_slot's device-memory fields (mem_*), carved out of cache line 1 (docs/memory.md).
  * Any change of a size or offset bumps KREX_LAYOUT_MAJOR; fields carved out of reserved space
  * bump KREX_LAYOUT_MINOR.
  */
@@ -19,7 +20,7 @@
 
 #define KREX_SHM_MAGIC 0x5845524BU /* "KREX" read as little-endian bytes */
 #define KREX_LAYOUT_MAJOR 1U
-#define KREX_LAYOUT_MINOR 1U
+#define KREX_LAYOUT_MINOR 2U
 #define KREX_MAX_GPUS 16U
 #define KREX_MAX_SLOTS 4096U
 #define KREX_CACHELINE 64U
@@ -88,10 +89,23 @@ struct krex_slot {
     uint64_t unmatched;    /* gated look-ups whose pointer matched no known export */
     uint32_t gpus;         /* 1.1: bit i = works on GPU i (a command of several); 0 = just gpu */
     uint32_t reserved0;
-    /* Cache line 1: written by the controller. */
+    /* Cache line 1: drain requests and device memory (1.2). drain_req, mem_grant and
+     * mem_release are written by the controller, the rest by the owning process. Allocations
+     * are rare next to launches, so the two writers sharing this line costs nothing measurable. */
     uint32_t drain_req;    /* futex word: drain requests so far (each adds 1; see krex_control.h) */
-    uint32_t reserved1;
-    uint64_t reserved2[7];
+    uint32_t mem_grant;    /* futex word: the controller adds 1 to let this process's memory
+                              waiter retry its allocation */
+    uint64_t mem_bytes;    /* device bytes the process holds now (allocations less frees) */
+    uint64_t mem_peak;     /* the most mem_bytes ever was */
+    uint64_t mem_want;     /* bytes of the allocation it is waiting for; 0: not waiting */
+    uint64_t mem_since_ns; /* CLOCK_MONOTONIC when that wait began (the waiters' order) */
+    uint64_t mem_wait_ns;  /* ns spent waiting for memory, all waits ended so far */
+    uint32_t mem_waits;    /* allocations that waited */
+    uint32_t mem_release;  /* the controller adds 1: the current wait ends with the driver's
+                              out-of-memory error once (a caching allocator frees and retries) */
+    uint32_t mem_oom_alone;  /* out-of-memory errors returned that would have happened alone */
+    uint32_t mem_oom_shared; /* out-of-memory errors returned only because others held memory
+                                (released by the controller, or the wait ran out) */
 };
 
 struct krex_segment {

@@ -68,7 +68,16 @@ int main(void)
     AT(krex_slot, gpus, 56);
     AT(krex_slot, reserved0, 60);
     AT(krex_slot, drain_req, 64);
-    AT(krex_slot, reserved2, 72);
+    AT(krex_slot, mem_grant, 68);
+    AT(krex_slot, mem_bytes, 72);
+    AT(krex_slot, mem_peak, 80);
+    AT(krex_slot, mem_want, 88);
+    AT(krex_slot, mem_since_ns, 96);
+    AT(krex_slot, mem_wait_ns, 104);
+    AT(krex_slot, mem_waits, 112);
+    AT(krex_slot, mem_release, 116);
+    AT(krex_slot, mem_oom_alone, 120);
+    AT(krex_slot, mem_oom_shared, 124);
 
     SIZE(krex_segment, 128 + 16 * 64);
     AT(krex_segment, gates, 128);

@@ -137,6 +137,13 @@ def bench_report(out_dir: Path) -> None:
     help="Revoke any region of this command that lasts longer than S seconds.",
 )
 @click.option(
+    "--mem",
+    "mem_text",
+    metavar="SIZE",
+    help="Device memory CMD needs at most (e.g. 24G): admitted only where it fits beside the "
+    "others (docs/memory.md).",
+)
+@click.option(
     "--no-pool", is_flag=True, help="Never run in a warm pool worker: start CMD as its own process."
 )
 @click.option("--sim", is_flag=True, help="Run on the simulated GPU (a daemon of its own).")
@@ -157,6 +164,7 @@ def run(
     report: Path | None,
     auto_regions: str | None,
     region_timeout: float | None,
+    mem_text: str | None,
     no_pool: bool,
     sim: bool,
     socket_path: str | None,
@@ -185,6 +193,16 @@ def run(
                 f"--gpus {gpus} but --gpu names {len(ids)} GPU(s)", param_hint="'--gpus'"
             )
         gpu = ids[0] if len(ids) == 1 else ids
+    mem = 0
+    if mem_text is not None:
+        from krex.config import parse_size
+
+        try:
+            mem = parse_size(mem_text)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="'--mem'") from None
+        if mem == 0:
+            raise click.BadParameter("must be more than 0", param_hint="'--mem'")
     sys.exit(
         client.run(
             client.RunOptions(
@@ -194,6 +212,7 @@ def run(
                 report=report,
                 auto_regions=auto_regions,
                 region_timeout_s=region_timeout,
+                mem_bytes=mem,
                 sim=sim,
                 socket=socket_path,
                 queue_timeout_s=queue_timeout,

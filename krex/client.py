@@ -139,6 +139,7 @@ class RunOptions:
     report: Path | None = None
     auto_regions: str | None = None
     region_timeout_s: float | None = None
+    mem_bytes: int = 0  # declared device memory (krex run --mem), 0: none
     sim: bool = False
     socket: str | None = None
     queue_timeout_s: float = 3600.0
@@ -247,6 +248,7 @@ def run(opts: RunOptions) -> int:
                 "sim": opts.sim,
                 "auto_regions": opts.auto_regions,
                 "region_timeout_s": opts.region_timeout_s,
+                **({"mem_bytes": opts.mem_bytes} if opts.mem_bytes else {}),
             }
         )
         deadline = time.monotonic() + opts.queue_timeout_s

@@ -38,6 +38,12 @@ preload = ["torch", "triton"]   # imported by each worker where installed (defau
                                 # on real GPUs, none on simulated ones)
 max_uses = 100     # commands a worker runs before it is replaced
 
+[memory]           # device memory (docs/memory.md)
+headroom_gib = 4.0 # kept free for contexts and libraries' workspaces when admitting (default:
+                   # 0.5 per slot on real GPUs, 0 on simulated ones)
+wait_s = 600.0     # longest an allocation waits for memory before it fails as it would have
+deadlock_s = 5.0   # no memory freed this long with waiters: the youngest waiter is released
+
 [metrics]
 port = 0           # Prometheus endpoint (0: off; needs prometheus-client)
 address = "127.0.0.1"
@@ -69,6 +75,24 @@ VENDORS = ("auto", "nvidia", "amd")
 
 class ConfigError(KrexError):
     """A configuration file or value that cannot be used."""
+
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'24G', '512M', '1.5T', '1073741824' -> bytes (K/M/G/T are powers of 1024; 'iB' and 'B'
+    suffixes are accepted). ValueError for anything else."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = t[-1:] if t[-1:] in _SIZE_UNITS and t[-1:] else ""
+    number = t[: len(t) - len(unit)].strip()
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size (e.g. 24G, 512M, 1073741824)") from None
+    if not (value >= 0 and value != float("inf")):
+        raise ValueError(f"{text!r} is not a size (e.g. 24G, 512M, 1073741824)")
+    return int(value * _SIZE_UNITS[unit])
 
 
 def runtime_dir() -> Path:
@@ -115,6 +139,9 @@ class Config:
     pool_workers: int | None = None
     pool_preload: tuple[str, ...] | None = None
     pool_max_uses: int = 100
+    memory_headroom_gib: float | None = None
+    memory_wait_s: float = 600.0
+    memory_deadlock_s: float = 5.0
     metrics_port: int = 0
     metrics_address: str = "127.0.0.1"
     log_format: str = "text"
@@ -137,6 +164,13 @@ class Config:
             return self.pool_workers
         return 0 if self.sim else self.slots
 
+    def headroom_bytes(self) -> int:
+        """Device memory admission keeps free per GPU: configured, else half a GiB per slot
+        on real GPUs (a context and a library's workspace each), none on simulated ones."""
+        if self.memory_headroom_gib is not None:
+            return int(self.memory_headroom_gib * (1 << 30))
+        return 0 if self.sim else self.slots * (1 << 29)
+
     def preload(self) -> tuple[str, ...]:
         """Modules each worker imports (those not installed are skipped by the daemon)."""
         if self.pool_preload is not None:
@@ -157,6 +191,7 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     "mps": {"enabled": bool},
     "pool": {"workers": int, "preload": list, "max_uses": int},
     "metrics": {"port": int, "address": str},
+    "memory": {"headroom_gib": (int, float), "wait_s": (int, float), "deadlock_s": (int, float)},
 }
 # Each TOML key's Config field (the file's names are the operators'; the fields say what they are).
 _FIELDS: dict[tuple[str, str], str] = {
@@ -176,6 +211,9 @@ _FIELDS: dict[tuple[str, str], str] = {
     ("pool", "workers"): "pool_workers",
     ("pool", "preload"): "pool_preload",
     ("pool", "max_uses"): "pool_max_uses",
+    ("memory", "headroom_gib"): "memory_headroom_gib",
+    ("memory", "wait_s"): "memory_wait_s",
+    ("memory", "deadlock_s"): "memory_deadlock_s",
     ("metrics", "port"): "metrics_port",
     ("metrics", "address"): "metrics_address",
 }
@@ -257,6 +295,17 @@ def validate(cfg: Config) -> None:
             raise ConfigError(
                 f"{cfg.source}: timeouts.{key} must be > 0 and finite (seconds), got {value!r}"
             )
+    for key in ("wait_s", "deadlock_s"):
+        value = getattr(cfg, _FIELDS["memory", key])
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(
+                f"{cfg.source}: memory.{key} must be > 0 and finite (seconds), got {value!r}"
+            )
+    headroom = cfg.memory_headroom_gib
+    if headroom is not None and not (math.isfinite(headroom) and headroom >= 0):
+        raise ConfigError(
+            f"{cfg.source}: memory.headroom_gib must be >= 0 and finite, got {headroom!r}"
+        )
     if cfg.pool_workers is not None and not 0 <= cfg.pool_workers <= 256:
         raise ConfigError(f"{cfg.source}: pool.workers must be 0..256, got {cfg.pool_workers}")
     if cfg.pool_max_uses < 1:

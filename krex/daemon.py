@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from krex import __version__, wire
-from krex.config import Config, ConfigError
+from krex.config import Config, ConfigError, parse_size
 from krex.errors import KrexError, ProtocolError
 from krex.machinery import NodeMachinery
+from krex.memory import GIB, Memory
 from krex.metrics import Metrics, MetricsError
-from krex.model import Gpu, Region, Tenant
+from krex.model import AdmissionTicket, Gpu, Region, Tenant
 from krex.mps import Mps
 from krex.node import node_plan, resolve_vendor
 from krex.nvml import Nvml
@@ -53,6 +54,8 @@ from krex.workers import Pool
 log = logging.getLogger("krex.daemon")
 
 _TENANT_SLOTS = 64  # process slots in a tenant's own segment
+SIM_MEM = 143771 << 20  # the simulated GPU's default memory (shim/sim/sim.h: an H200's)
+_MEMORY_TICK_S = (0.02, 0.2)  # how often the memory arbiter looks: someone waits, nobody does
 _PRUNE_EVERY = 10  # reaper passes (seconds) between prunes of groups left by a predecessor
 
 
@@ -97,6 +100,16 @@ class Conn:
 Handler = Callable[[dict[str, Any], Conn], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class AdmitRequest:
+    """An `admit`, checked."""
+
+    argv: list[str]
+    timeout: float  # the command's region time-out
+    auto: str | None  # auto-regions
+    mem: int  # declared device memory in bytes (krex run --mem), 0: none
+
+
 class Daemon:
     """The controller of one node (or of one simulated node)."""
 
@@ -128,6 +141,15 @@ class Daemon:
         )
         self.preload = [m for m in cfg.preload() if importlib.util.find_spec(m) is not None]
         self.pool = Pool(self)
+        self.memory = Memory(
+            self.gpus,
+            self.segments.live_slots,
+            [self._capacity(i) for i in range(n)],
+            headroom=cfg.headroom_bytes(),
+            deadlock_s=cfg.memory_deadlock_s,
+            learned=self.socket.parent / f"{self.socket.name}.peaks.json",
+            owner_of=self._region_owner,
+        )
         self.mps: Mps | None = None
         self._server: asyncio.AbstractServer | None = None
         self._stopping: asyncio.Event | None = None
@@ -144,6 +166,20 @@ class Daemon:
                 self.metrics.serve(cfg.metrics_port, cfg.metrics_address)
             except MetricsError as e:
                 raise ConfigError(f"{cfg.source}: metrics: {e}") from e
+
+    def _capacity(self, gpu: int) -> int:
+        """GPU memory in bytes: NVML's total; on the simulated GPU, KREX_SIM_MEM_BYTES (what
+        the simulated driver reads) or its default; 0 where unknown."""
+        if self.cfg.sim:
+            with contextlib.suppress(ValueError):
+                return parse_size(os.environ.get("KREX_SIM_MEM_BYTES", "") or "0") or SIM_MEM
+            return SIM_MEM
+        info = self.nvml.memory(gpu) if self.nvml is not None else None
+        return info[0] if info else 0
+
+    def _region_owner(self, gpu: int) -> Tenant | None:
+        r = self.regions.held(gpu) or self.regions.setting_up(gpu)
+        return r.tenant if r is not None else None
 
     def stopping(self) -> bool:
         return self._stopping is not None and self._stopping.is_set()
@@ -174,12 +210,13 @@ class Daemon:
             self.freezer.value,
             self.segments.gates.name,
         )
-        reaper = asyncio.create_task(self._reap_loop())
+        loops = [asyncio.create_task(self._reap_loop()), asyncio.create_task(self._memory_loop())]
         try:
             self.pool.start()
             await self._stopping.wait()
         finally:
-            reaper.cancel()
+            for task in loops:
+                task.cancel()
             await self._shutdown()
 
     async def _shutdown(self) -> None:
@@ -277,36 +314,51 @@ class Daemon:
         load = sorted(self.gpus, key=lambda g: (g.load(), g.index))
         return sorted(load[: count or 1], key=lambda g: g.index)
 
-    async def _take_slot(self, g: Gpu, conn: Conn) -> None:
-        """Reserve one of g's slots (g.reserved), after waiting in its queue if all are taken."""
-        if len(g.tenants) + g.reserved < g.slots and not g.admission:
-            g.reserved += 1
+    def _room(self, g: Gpu, argv: list[str], mem: int) -> bool:
+        """Whether g has a free slot and, as far as memory goes, room for this command."""
+        free = len(g.tenants) + g.reserved < g.slots
+        return free and self.memory.fits(g, argv, mem, reserved=g.reserved_mem)
+
+    def _reserve(self, g: Gpu, argv: list[str], mem: int) -> None:
+        g.reserved += 1
+        g.reserved_mem += self.memory.need(argv, mem)
+
+    def _unreserve(self, g: Gpu, argv: list[str], mem: int) -> None:
+        g.reserved -= 1
+        g.reserved_mem -= self.memory.need(argv, mem)
+
+    async def _take_slot(self, g: Gpu, req: AdmitRequest, conn: Conn) -> None:
+        """Reserve one of g's slots (g.reserved), after waiting in its queue if all are taken
+        or the memory the command is expected to need is not there (docs/memory.md)."""
+        if not g.admission and self._room(g, req.argv, req.mem):
+            self._reserve(g, req.argv, req.mem)
             return
-        ticket: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        ticket = AdmissionTicket(granted=fut, argv=req.argv, mem_declared=req.mem)
         g.admission.append(ticket)
         await conn.send({"ok": True, "queued": len(g.admission), "gpu": g.index})
         try:
-            await conn.until(ticket)  # _admit_next reserves the slot for us
+            await conn.until(fut)  # _admit_next reserves the slot for us
         except BaseException:
             if ticket in g.admission:
                 g.admission.remove(ticket)
-            elif ticket.done() and not ticket.cancelled():
+            elif fut.done() and not fut.cancelled():
                 # We were handed a slot but are leaving: pass it on.
-                g.reserved -= 1
+                self._unreserve(g, req.argv, req.mem)
                 self._admit_next(g)
             raise
 
     def _admit_next(self, g: Gpu) -> None:
-        """Hand free slots of g to the commands waiting for one (each reserved at once, so that
-        nobody arriving meanwhile takes it)."""
-        while g.admission and len(g.tenants) + g.reserved < g.slots:
+        """Hand free slots of g to the commands waiting for one, in order (each reserved at
+        once, so that nobody arriving meanwhile takes it)."""
+        while g.admission and self._room(g, g.admission[0].argv, g.admission[0].mem_declared):
             ticket = g.admission.popleft()
-            if not ticket.done():
-                g.reserved += 1
-                ticket.set_result(None)
+            if not ticket.granted.done():
+                self._reserve(g, ticket.argv, ticket.mem_declared)
+                ticket.granted.set_result(None)
 
-    def _admission_request(self, msg: dict[str, Any]) -> tuple[list[str], float, str | None]:
-        """argv, region time-out and auto-regions of an `admit`, checked."""
+    def _admission_request(self, msg: dict[str, Any]) -> AdmitRequest:
+        """What an `admit` asks for, checked."""
         argv = msg.get("argv")
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
             raise ProtocolError("argv must be a non-empty list of strings")
@@ -323,6 +375,11 @@ class Daemon:
         auto = msg.get("auto_regions")
         if auto is not None and not isinstance(auto, str):
             raise ProtocolError("auto_regions must be a string")
+        mem = msg.get("mem_bytes", 0)
+        if mem is None:
+            mem = 0
+        if not wire.is_int(mem) or mem < 0:
+            raise ProtocolError("mem_bytes must be a non-negative integer")
         if not self.segments.linked():
             # Running tenants keep their mapping and carry on; a new one would find no segment
             # and run ungated, so none is let in.
@@ -330,15 +387,21 @@ class Daemon:
                 f"the shared segment {self.segments.gates.name} was removed under the daemon: "
                 "running commands finish, new ones cannot be gated; restart the daemon"
             )
-        return argv, float(timeout), auto
+        return AdmitRequest(argv, float(timeout), auto, mem)
 
     async def _op_admit(self, msg: dict[str, Any], conn: Conn) -> None:
-        argv, timeout, auto = self._admission_request(msg)
+        req = self._admission_request(msg)
         gpus = self._pick_gpus(msg.get("gpu"), msg.get("gpus"))
-        t = await self._admit(gpus, argv, timeout, conn)
+        for g in gpus:
+            if self.memory.too_large(req.mem, g.index):
+                have = self.memory.state[g.index].capacity / GIB
+                raise ProtocolError(
+                    f"--mem {req.mem / GIB:.1f} GiB is more than GPU {g.index} has ({have:.1f} GiB)"
+                )
+        t = await self._admit(gpus, req, conn)
         try:
             reply: dict[str, Any] = {"ok": True, "tenant": t.id, "gpu": t.gpu, "gpus": t.gpus}
-            reply["env"] = self.tenant_env(t, auto)
+            reply["env"] = self.tenant_env(t, req.auto)
             if len(gpus) == 1 and (gpus[0].pool or self.pool.size()):
                 # What a client needs to decide whether its command can run warm (pool.py).
                 reply["pool"] = {
@@ -350,14 +413,14 @@ class Daemon:
         finally:
             self._release(t)
 
-    async def _admit(self, gpus: list[Gpu], argv: list[str], timeout: float, conn: Conn) -> Tenant:
+    async def _admit(self, gpus: list[Gpu], req: AdmitRequest, conn: Conn) -> Tenant:
         """A slot on each of gpus (taken in index order: a command of several GPUs never holds
         a slot while it waits for one that the holder of another slot waits for), then a
         tenant with its group and slot segment."""
         held: list[Gpu] = []
         try:
             for g in gpus:
-                await self._take_slot(g, conn)
+                await self._take_slot(g, req, conn)
                 held.append(g)
             tid = self.segments.take_id()
             try:
@@ -367,24 +430,25 @@ class Daemon:
                 raise ProtocolError(f"cannot set up the tenant: {e}") from e
         except BaseException:
             for g in held:
-                g.reserved -= 1
+                self._unreserve(g, req.argv, req.mem)
                 self._admit_next(g)
             raise
         t = Tenant(
             id=tid,
             gpu=gpus[0].index,
             gpus=[x.index for x in gpus],
-            argv=argv,
+            argv=req.argv,
             group=group,
-            region_timeout_s=timeout,
+            region_timeout_s=req.timeout,
             t_admit=time.monotonic(),
+            mem_declared=req.mem,
         )
         self.tenants[tid] = t
         for x in gpus:
-            x.reserved -= 1
+            self._unreserve(x, req.argv, req.mem)
             x.tenants.append(t)
             self.metrics.admitted(x.index)
-        log.info("admitted tenant %d on GPU %s: %s", tid, _names(t.gpus), " ".join(argv)[:200])
+        log.info("admitted tenant %d on GPU %s: %s", tid, _names(t.gpus), " ".join(t.argv)[:200])
         return t
 
     def tenant_env(self, t: Tenant, auto: str | None) -> dict[str, str]:
@@ -409,8 +473,11 @@ class Daemon:
         # Its GPUs only, as devices 0, 1, ... (the simulated drivers read this too: the
         # simulated HIP runs on the simulated CUDA).
         env["CUDA_VISIBLE_DEVICES"] = visible
+        env["KREX_MEM_WAIT_S"] = f"{self.cfg.memory_wait_s:g}"
         if self.cfg.sim:
             env["LD_LIBRARY_PATH"] = str(sim_library_dir())
+            if os.environ.get("KREX_SIM_MEM_BYTES"):
+                env["KREX_SIM_MEM_BYTES"] = os.environ["KREX_SIM_MEM_BYTES"]
             env["KREX_SIM_SHM"] = sim_segment(self.segments.gates.name)
             env["KREX_SIM_GPUS"] = str(len(self.gpus))
         else:
@@ -529,14 +596,16 @@ class Daemon:
 
     def _report(self, t: Tenant) -> dict[str, Any]:
         self._account()
-        intercepted, blocked = self.segments.counters(t.id)
+        total = self.segments.totals(t)
+        self.memory.learn(t, total.mem_peak)
         return {
             "tenant": t.id,
             "gpu": t.gpu,
-            "intercepted": t.intercepted + intercepted,
-            "blocked": t.blocked + blocked,
+            "intercepted": total.intercepted,
+            "blocked": total.blocked,
             "regions": list(t.regions),
             "freezer": self.freezer.value,
+            "memory": _memory_report(total),
         }
 
     async def _reap_loop(self) -> None:
@@ -559,6 +628,22 @@ class Daemon:
                 keep |= {g.pool_tenant.id for g in self.gpus if g.pool_tenant is not None}
                 with contextlib.suppress(TenantsError):
                     prune(self.root, keep)
+
+    async def _memory_loop(self) -> None:
+        """The memory arbiter (krex/memory.py): fast while anyone waits; when a GPU's waiters
+        are gone, or memory came back, its queued commands are looked at again."""
+        while True:
+            try:
+                anyone = self.memory.tick(time.monotonic_ns())
+            except Exception:  # never let the arbiter die: log it, try again next tick
+                log.exception("memory arbiter")
+                anyone = False
+            for g in self.gpus:
+                if g.admission:
+                    self._admit_next(g)
+                if anyone and self.memory.waiting(g.index):
+                    self.pool.trim(g)
+            await asyncio.sleep(_MEMORY_TICK_S[0] if anyone else _MEMORY_TICK_S[1])
 
     # Status.
     def status(self) -> dict[str, Any]:
@@ -588,6 +673,7 @@ class Daemon:
             "foreign": sorted(self.machinery.foreign(g.index)),
             "recent": self.metrics.recent[g.index].summary(),
             "pool": self.pool.status(g),
+            "memory": self.memory.status(g.index),
             "region_cores": sorted(g.slice.region_cores),
             "shared_cores": sorted(g.slice.shared_cores),
             "region": None
@@ -641,6 +727,19 @@ def _grant_reply(r: Region, t_request: float) -> dict[str, Any]:
         "freeze_s": r.freeze_s,
         "clean": r.clean,
         **({"gpus": list(r.gpus)} if len(r.tenant.gpus) > 1 else {}),
+    }
+
+
+def _memory_report(t: Tenant) -> dict[str, Any]:
+    """A report's `memory` (docs/memory.md): peak, waits, and out-of-memory errors the
+    command saw, split into those it would have had alone and those only sharing caused."""
+    return {
+        "peak_bytes": t.mem_peak,
+        "declared_bytes": t.mem_declared or None,
+        "wait_s": t.mem_wait_ns / 1e9,
+        "waits": t.mem_waits,
+        "oom_alone": t.mem_oom_alone,
+        "oom_shared": t.mem_oom_shared,
     }
 
 

@@ -36,6 +36,14 @@ class Tenant:
     blocked: int = 0
     gone: bool = False
     worker: PoolWorker | None = None  # the warm worker running its command
+    # Device memory (docs/memory.md): the declared budget (krex run --mem, 0: none), and what
+    # its processes that are gone did (folded from their process slots).
+    mem_declared: int = 0
+    mem_peak: int = 0
+    mem_wait_ns: int = 0
+    mem_waits: int = 0
+    mem_oom_alone: int = 0
+    mem_oom_shared: int = 0
 
     def __post_init__(self) -> None:
         self.gpus = sorted(self.gpus) if self.gpus else [self.gpu]
@@ -107,6 +115,15 @@ class PoolWorker:
 
 
 @dataclass(eq=False)
+class AdmissionTicket:
+    """A command waiting for one of a GPU's admission slots."""
+
+    granted: asyncio.Future[None]
+    argv: list[str]
+    mem_declared: int  # bytes (krex run --mem), 0: none
+
+
+@dataclass(eq=False)
 class Gpu:
     """One GPU of the node: its admission slots and queue, its CPU slice and its pool."""
 
@@ -114,8 +131,9 @@ class Gpu:
     slots: int  # commands admitted at once (admission slots, not process slots)
     slice: Slice
     tenants: list[Tenant] = field(default_factory=list)
-    admission: deque[asyncio.Future[None]] = field(default_factory=deque)
+    admission: deque[AdmissionTicket] = field(default_factory=deque)
     reserved: int = 0  # admission slots promised to commands being admitted
+    reserved_mem: int = 0  # the memory those commands are expected to need
     pool: list[PoolWorker] = field(default_factory=list)
     pool_tenant: Tenant | None = None  # the group idle workers wait in (frozen in regions)
     pool_failures: int = 0  # workers in a row that died before they were ready

@@ -52,6 +52,27 @@ class Nvml:
         except Exception:
             return None
 
+    def memory(self, gpu: int) -> tuple[int, int] | None:
+        """(total, used) device memory of GPU `gpu` in bytes (NVML's figure, contexts
+        included), or None."""
+        lib = self._lib
+        try:
+            info = lib.nvmlDeviceGetMemoryInfo(lib.nvmlDeviceGetHandleByIndex(gpu))
+            return int(info.total), int(info.used)
+        except Exception:
+            return None
+
+    def process_memory(self, gpu: int) -> dict[int, int] | None:
+        """Device bytes per compute process on GPU `gpu` (NVML's per-process figure: the
+        cross-check of what the shim counted), or None."""
+        lib = self._lib
+        try:
+            h = lib.nvmlDeviceGetHandleByIndex(gpu)
+            procs = lib.nvmlDeviceGetComputeRunningProcesses(h)
+        except Exception:
+            return None
+        return {int(p.pid): int(p.usedGpuMemory or 0) for p in procs}
+
     def processes(self, gpu: int) -> set[int] | None:
         """Pids of the compute processes on GPU `gpu` (an NVML index), or None."""
         lib = self._lib

@@ -9,13 +9,14 @@ or that a crashed predecessor left: they are still drained until their last proc
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from krex.model import Tenant
-from krex.shm import Segment, SegmentError
+from krex.shm import Segment, SegmentError, SlotView
 from krex.tenants import recover
 
 log = logging.getLogger("krex.daemon")
@@ -107,6 +108,12 @@ class Segments:
         tenant's, and those of tenants gone whose processes linger."""
         return [] if self.closed else [self.gates, *self.tenants.values(), *self.orphans]
 
+    def live_slots(self) -> Iterator[tuple[Segment, SlotView]]:
+        """Every process slot that is not free, with its segment."""
+        for seg in self.all():
+            for s in seg.slots():
+                yield seg, s
+
     def to_drain(self, skip: Iterable[int]) -> list[Segment]:
         """The segments a region's quiesce and drain wait on: all but those of the ids in skip."""
         left_out = set(skip)
@@ -124,8 +131,7 @@ class Segments:
                     continue
                 owner = tenants.get(s.tenant)
                 if owner is not None:
-                    owner.intercepted += s.intercepted
-                    owner.blocked += s.blocked
+                    _fold(owner, s)
                 self._accounted.add(key)
             seg.reap()
         for seg in [] if draining or self.closed else list(self.orphans):
@@ -136,10 +142,14 @@ class Segments:
         if len(self._accounted) > _MAX_ACCOUNTED:
             self._accounted.clear()
 
-    def counters(self, tid: int) -> tuple[int, int]:
-        """Intercepted and blocked calls of the tenant's live processes."""
-        live = [s for seg in self.all() for s in seg.slots() if s.tenant == tid and s.alive]
-        return sum(s.intercepted for s in live), sum(s.blocked for s in live)
+    def totals(self, t: Tenant) -> Tenant:
+        """t's counters with those of its live processes added (a copy; t is unchanged)."""
+        total = dataclasses.replace(t)
+        for seg in self.all():
+            for s in seg.slots():
+                if s.tenant == t.id and s.alive:
+                    _fold(total, s)
+        return total
 
     def linked(self) -> bool:
         """Whether the gates' segment is still the one under its name (not removed by hand,
@@ -157,6 +167,17 @@ class Segments:
         if not _in_use(self.gates):
             self.gates.unlink()
         self.gates.close()
+
+
+def _fold(t: Tenant, s: SlotView) -> None:
+    """Add a process slot's counters to its tenant's."""
+    t.intercepted += s.intercepted
+    t.blocked += s.blocked
+    t.mem_peak = max(t.mem_peak, s.mem_peak)
+    t.mem_wait_ns += s.mem_wait_ns
+    t.mem_waits += s.mem_waits
+    t.mem_oom_alone += s.mem_oom_alone
+    t.mem_oom_shared += s.mem_oom_shared
 
 
 def _in_use(seg: Segment) -> bool:

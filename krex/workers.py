@@ -41,6 +41,7 @@ class Pool:
         self.d = daemon
         self.workers: dict[int, PoolWorker] = {}
         self.next_worker = 1
+        self._trimmed_ns: dict[int, int] = {}  # per GPU: when an idle worker was last trimmed
 
     def size(self) -> int:
         """Warm workers per GPU. None on AMD GPUs: a worker's warm-up is CUDA's (docs/hip.md)."""
@@ -220,6 +221,21 @@ class Pool:
             seg.set_slot_tenant(w.slot, w.proc.pid, g.pool_tenant.id)
         self.d.regions.tenant_joined(g.pool_tenant)
 
+    def trim(self, g: Gpu) -> None:
+        """Memory is short on g (someone waits): retire one idle worker, at most one per
+        memory.deadlock_s, so that its context's memory goes back to the GPU. It is replaced
+        once nobody waits (_gone)."""
+        now = time.monotonic_ns()
+        if now - self._trimmed_ns.get(g.index, 0) < self.d.cfg.memory_deadlock_s * 1e9:
+            return
+        w = next((w for w in g.pool if w.state == "idle" and w.writer is not None), None)
+        if w is None or w.writer is None:
+            return
+        self._trimmed_ns[g.index] = now
+        log.info("pool worker %d retires: GPU %d is short of memory", w.id, g.index)
+        w.state = "retiring"
+        w.writer.write(wire.encode({"op": "exit"}))
+
     def _done(self, w: PoolWorker, retire: object) -> None:
         self.give_back(w)
         w.uses += 1
@@ -255,7 +271,14 @@ class Pool:
             return
         delay = _RESTART_DELAY_S if g.pool_failures >= 3 else 0.0
         loop = asyncio.get_running_loop()
-        loop.call_later(delay, lambda: loop.create_task(self._spawn(g)))
+        loop.call_later(delay, lambda: loop.create_task(self._replace(g)))
+
+    async def _replace(self, g: Gpu) -> None:
+        """A replacement worker, once nobody on g waits for memory (a new worker's context
+        would take memory a waiter needs)."""
+        while self.d.memory.waiting(g.index) and not self.d.stopping():
+            await asyncio.sleep(1.0)
+        await self._spawn(g)
 
     async def exit_status(self, w: PoolWorker) -> int:
         """The exit status of a worker whose command's client saw it vanish."""

@@ -1,0 +1,223 @@
+"""Device memory under krex: who waits for memory, who is served next, and who may be admitted
+(docs/memory.md).
+
+The shim makes an allocation that failed for lack of memory wait instead of failing, when it
+could have succeeded with the GPU to itself (shim/preload, docs/shim.md). This module is the
+daemon's side:
+- Order: per GPU, the waiters of a region's owner first, then every other waiter in the order
+  its wait began. Only the head of that order is let retry (every tick), so memory freed goes to
+  it; the others wait behind it.
+- Deadlocks: when waiters exist and nothing was freed on the GPU for `deadlock_s`, the youngest
+  waiter that holds memory is released: its allocation fails once with the driver's error. A
+  caching allocator (PyTorch, CuPy) then frees its cache and retries, which waits again, behind
+  the others. One release per `deadlock_s`, youngest first.
+- Admission: a GPU with waiters admits nobody; otherwise a command is admitted when the memory
+  it is expected to need (`--mem`, else the peak learned from earlier runs of the same argv)
+  fits beside what the GPU's tenants hold or are expected to need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from krex.model import Gpu, Tenant
+from krex.shm import SlotView
+
+log = logging.getLogger("krex.daemon")
+
+GIB = 1 << 30
+_LEARNED_MAX = 10_000  # argv keys kept in the learned-peaks file
+
+
+def argv_key(argv: Sequence[str]) -> str:
+    """What 'the same command' means for learned peaks: the same argv."""
+    return hashlib.sha256("\0".join(argv).encode()).hexdigest()[:32]
+
+
+class Pokable(Protocol):
+    """Where a process slot lives: what lets its memory waiter retry, or fails its wait."""
+
+    def mem_grant(self, index: int) -> None: ...
+
+    def mem_release(self, index: int) -> None: ...
+
+
+Slots = Callable[[], Iterable[tuple[Pokable, SlotView]]]
+
+
+@dataclass
+class Waiter:
+    seg: Pokable
+    slot: SlotView
+    owner: bool  # its tenant holds a region on the GPU
+
+
+@dataclass
+class GpuMemory:
+    """One GPU's memory as the arbiter last saw it."""
+
+    capacity: int
+    held: int = 0  # bytes the tenants' processes hold (their allocations less frees)
+    waiters: list[Waiter] = field(default_factory=list)
+    progress_ns: int = 0  # last time memory was freed (or nobody waited)
+    released_ns: int = 0  # last release
+    releases: int = 0
+
+    def status(self, now_ns: int) -> dict[str, Any]:
+        oldest = min((w.slot.mem_since_ns for w in self.waiters), default=0)
+        return {
+            "capacity_bytes": self.capacity,
+            "held_bytes": self.held,
+            "waiting": len(self.waiters),
+            "oldest_wait_s": (now_ns - oldest) / 1e9 if oldest else 0.0,
+            "releases": self.releases,
+        }
+
+
+class Memory:
+    """The node's device memory: arbitration of waiters and memory-aware admission."""
+
+    def __init__(
+        self,
+        gpus: Sequence[Gpu],
+        slots: Slots,
+        capacity: Sequence[int],
+        *,
+        headroom: int,
+        deadlock_s: float,
+        learned: Path | None,
+        owner_of: Callable[[int], Tenant | None],
+    ) -> None:
+        self.gpus = gpus
+        self.slots = slots  # every process slot that is not free, with its segment
+        self.state = [GpuMemory(capacity=c) for c in capacity]
+        self.headroom = headroom
+        self.deadlock_ns = int(deadlock_s * 1e9)
+        self.learned_path = learned
+        self.learned: dict[str, int] = _load(learned)
+        self.owner_of = owner_of  # the tenant holding a region on a GPU, if any
+
+    # The arbiter.
+    def tick(self, now_ns: int) -> bool:
+        """One look at every process slot: order the waiters, let the head of each GPU retry,
+        break a deadlock. Returns whether anyone waits (the daemon then ticks faster)."""
+        held = [0] * len(self.state)
+        waiters: list[list[Waiter]] = [[] for _ in self.state]
+        for seg, s in self.slots():
+            if True:
+                if not s.alive or not 0 <= s.gpu < len(self.state):
+                    continue
+                held[s.gpu] += s.mem_bytes
+                if s.mem_want:
+                    owner = self.owner_of(s.gpu)
+                    waiters[s.gpu].append(
+                        Waiter(seg, s, owner is not None and owner.id == s.tenant)
+                    )
+        anyone = False
+        for i, st in enumerate(self.state):
+            if held[i] < st.held or not st.waiters or len(waiters[i]) < len(st.waiters):
+                # Memory came back, a waiter was served, or the waiting has just begun.
+                st.progress_ns = now_ns
+            st.held = held[i]
+            st.waiters = sorted(waiters[i], key=lambda w: (not w.owner, w.slot.mem_since_ns))
+            if not st.waiters:
+                continue
+            anyone = True
+            head = st.waiters[0]
+            head.seg.mem_grant(head.slot.index)
+            self._break_deadlock(i, st, now_ns)
+        return anyone
+
+    def _break_deadlock(self, gpu: int, st: GpuMemory, now_ns: int) -> None:
+        stuck = now_ns - max(st.progress_ns, st.released_ns)
+        if stuck < self.deadlock_ns:
+            return
+        # Youngest first: it has waited least, and its framework (a caching allocator) can free
+        # what it holds and ask again.
+        for w in reversed(st.waiters[1:]):
+            if w.slot.mem_bytes > 0:
+                log.warning(
+                    "GPU %d: no memory freed for %.1f s with %d waiting: releasing the wait of "
+                    "process %d (tenant %d, holds %.2f GiB, wants %.2f GiB)",
+                    gpu,
+                    stuck / 1e9,
+                    len(st.waiters),
+                    w.slot.pid,
+                    w.slot.tenant,
+                    w.slot.mem_bytes / GIB,
+                    w.slot.mem_want / GIB,
+                )
+                w.seg.mem_release(w.slot.index)
+                st.released_ns, st.releases = now_ns, st.releases + 1
+                return
+
+    def waiting(self, gpu: int) -> bool:
+        return bool(self.state[gpu].waiters)
+
+    def status(self, gpu: int) -> dict[str, Any]:
+        return self.state[gpu].status(time.monotonic_ns())
+
+    # Admission.
+    def expected(self, t: Tenant) -> int:
+        """What t is expected to need: its declared budget, else its learned peak, else 0."""
+        return self.need(t.argv, t.mem_declared)
+
+    def need(self, argv: Sequence[str], declared: int) -> int:
+        """What a command about to be admitted is expected to need (0: unknown)."""
+        return declared or self.learned.get(argv_key(argv), 0)
+
+    def fits(self, g: Gpu, argv: Sequence[str], declared: int, *, reserved: int = 0) -> bool:
+        """Whether a command may be admitted to g now, as far as memory goes (`reserved`: the
+        expected needs of commands already promised a slot there)."""
+        if self.waiting(g.index):
+            return False
+        need = self.need(argv, declared)
+        capacity = self.state[g.index].capacity
+        if need == 0 or capacity == 0 or (not g.tenants and reserved == 0):
+            return True  # unknown, or alone: it gets the GPU whatever it was expected to need
+        busy = reserved + sum(max(self.expected(x), self._held_by(x)) for x in g.tenants)
+        return busy + need <= capacity - self.headroom
+
+    def too_large(self, declared: int, gpu: int) -> bool:
+        """A declared budget the GPU cannot give even to a command alone on it."""
+        capacity = self.state[gpu].capacity
+        return capacity > 0 and declared > capacity
+
+    def _held_by(self, t: Tenant) -> int:
+        return sum(s.mem_bytes for _, s in self.slots() if s.tenant == t.id and s.alive)
+
+    def learn(self, t: Tenant, peak: int) -> None:
+        """Remember a finished command's peak (the most of its runs) for its argv."""
+        if peak <= 0 or self.learned_path is None:
+            return
+        key = argv_key(t.argv)
+        if peak <= self.learned.get(key, 0):
+            return
+        self.learned[key] = peak
+        if len(self.learned) > _LEARNED_MAX:
+            self.learned = dict(list(self.learned.items())[-_LEARNED_MAX:])
+        with contextlib.suppress(OSError):
+            tmp = self.learned_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.learned))
+            os.replace(tmp, self.learned_path)
+
+
+def _load(path: Path | None) -> dict[str, int]:
+    if path is None:
+        return {}
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {k: v for k, v in doc.items() if isinstance(k, str) and type(v) is int and v > 0}

@@ -1,0 +1,184 @@
+"""Device memory under krex on a real GPU, side by side in one run (docs/memory.md).
+
+Candidates (scripts/bench/memory_candidate.py) with working sets of 1 to 40 GiB, an eager and a
+torch.compile variant each, fresh compile caches, do_bench in a region: run one at a time
+(exclusive), 8 at once unprotected, and through krex at 8 and 16 slots (each krex mode with a
+private daemon of its own). Per mode: commands that succeeded and failed (out-of-memory
+counted apart), throughput over successful commands against exclusive, memory-wait p50/p95 from
+the reports, and each candidate's median against its exclusive one.
+
+    python3 scripts/bench/memory_check.py --json OUT.json [--modes exclusive,shared8,krex8,krex16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+CANDIDATE = ROOT / "scripts" / "bench" / "memory_candidate.py"
+SIZES_GIB = (1, 4, 8, 16, 24, 32, 40)
+MODES = {"exclusive": (1, None), "shared8": (8, None), "krex8": (8, 8), "krex16": (16, 16)}
+
+
+def commands() -> list[tuple[float, str]]:
+    return [(s, m) for s in SIZES_GIB for m in ("eager", "compile")]
+
+
+def run_one(
+    size: float, mode: str, krex_socket: Path | None, cache: Path, report: Path
+) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
+    env.pop("LD_PRELOAD", None)
+    env |= {"TRITON_CACHE_DIR": str(cache / "t"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "i")}
+    argv = [sys.executable, str(CANDIDATE), str(size), mode]
+    if krex_socket is not None:
+        argv = [sys.executable, "-m", "krex.cli", "run", "--socket", str(krex_socket),
+                "--report", str(report), "--", *argv]  # fmt: skip
+    t0 = time.monotonic()
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+    out: dict[str, Any] = {"size_gib": size, "variant": mode, "rc": p.returncode}
+    out["wall_s"] = time.monotonic() - t0
+    lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
+    if lines:
+        out |= json.loads(lines[-1])
+    out["oom"] = bool(out.get("oom")) or "OutOfMemoryError" in p.stderr
+    if p.returncode != 0:
+        out["stderr_tail"] = p.stderr[-600:]
+    if krex_socket is not None and report.exists():
+        rep = json.loads(report.read_text())
+        out["memory"] = rep.get("memory")
+        out["pool"] = rep.get("pool")
+        out["regions_clean"] = all(r.get("clean") for r in rep.get("regions", []))
+    return out
+
+
+@contextlib.contextmanager
+def daemon(tmp: Path, slots: int) -> Iterator[Path]:
+    sock = tmp / f"krex-{slots}.sock"
+    log = open(tmp / f"daemon-{slots}.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "krex.cli", "daemon", "--socket", str(sock), "--slots", str(slots)],
+        stdout=log,
+        stderr=log,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            st = subprocess.run(
+                [sys.executable, "-m", "krex.cli", "status", "--json", "--socket", str(sock)],
+                capture_output=True,
+                text=True,
+            )
+            if st.returncode == 0:
+                pool = json.loads(st.stdout)["gpus"][0]["pool"]
+                if pool["idle"] >= pool["target"]:  # the warm workers are ready
+                    break
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(
+                    "daemon did not start: " + (tmp / f"daemon-{slots}.log").read_text()
+                )
+            time.sleep(0.5)
+        yield sock
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.close()
+
+
+def run_mode(name: str, tmp: Path) -> dict[str, Any]:
+    concurrency, slots = MODES[name]
+    cmds = commands()
+    with contextlib.ExitStack() as stack:
+        sock = stack.enter_context(daemon(tmp, slots)) if slots else None
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(concurrency) as ex:
+            futs = [
+                ex.submit(run_one, s, m, sock, tmp / f"{name}-{i}", tmp / f"{name}-{i}.json")
+                for i, (s, m) in enumerate(cmds)
+            ]
+            results = [f.result() for f in futs]
+        wall = time.monotonic() - t0
+    ok = [r for r in results if r["rc"] == 0]
+    waits = sorted(r["memory"]["wait_s"] for r in results if r.get("memory"))
+    return {
+        "mode": name,
+        "concurrency": concurrency,
+        "wall_s": wall,
+        "succeeded": len(ok),
+        "failed": len(results) - len(ok),
+        "oom": sum(r["oom"] for r in results),
+        "cmds_per_min_ok": 60 * len(ok) / wall,
+        "mem_wait_p50_s": _q(waits, 0.5),
+        "mem_wait_p95_s": _q(waits, 0.95),
+        "commands": results,
+    }
+
+
+def _q(xs: list[float], q: float) -> float | None:
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
+
+
+def summarise(modes: list[dict[str, Any]]) -> dict[str, Any]:
+    base = next(m for m in modes if m["mode"] == "exclusive")
+    ref = {(c["size_gib"], c["variant"]): c.get("median_ms") for c in base["commands"]}
+    for m in modes:
+        m["throughput_vs_exclusive"] = m["cmds_per_min_ok"] / base["cmds_per_min_ok"]
+        infl = []
+        for c in m["commands"]:
+            r = ref.get((c["size_gib"], c["variant"]))
+            if c["rc"] == 0 and r and c.get("median_ms"):
+                c["inflation"] = c["median_ms"] / r - 1
+                infl.append(abs(c["inflation"]))
+        infl.sort()
+        m["inflation_p50"] = _q(infl, 0.5)
+        m["inflation_p95"] = _q(infl, 0.95)
+        m["inflation_max"] = infl[-1] if infl else None
+    return {"modes": modes}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", type=Path, required=True)
+    ap.add_argument("--modes", default="exclusive,shared8,krex8,krex16")
+    args = ap.parse_args()
+    names = [m for m in args.modes.split(",") if m]
+    with tempfile.TemporaryDirectory(prefix="krex-mem-") as d:
+        modes = []
+        for name in names:
+            print(f"== {name}", flush=True)
+            modes.append(run_mode(name, Path(d)))
+            m = modes[-1]
+            rate = m["cmds_per_min_ok"]
+            print(f"   {m['succeeded']} ok, {m['failed']} failed ({m['oom']} OOM), "
+                  f"{m['wall_s']:.0f} s, {rate:.1f} ok/min", flush=True)  # fmt: skip
+        doc = summarise(modes) if "exclusive" in names else {"modes": modes}
+    doc["date"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    doc["command"] = "python3 scripts/bench/memory_check.py " + " ".join(sys.argv[1:])
+    args.json.write_text(json.dumps(doc, indent=1))
+    print(f"{'mode':10} {'ok':>3} {'fail':>4} {'oom':>3} {'wall s':>7} {'x excl':>6} "
+          f"{'wait p50':>8} {'wait p95':>8} {'infl p95':>8} {'infl max':>8}")  # fmt: skip
+    for m in doc["modes"]:
+
+        def f(v: Any, spec: str = ".3f") -> str:
+            return "-" if v is None else format(v, spec)
+
+        print(f"{m['mode']:10} {m['succeeded']:>3} {m['failed']:>4} {m['oom']:>3} "
+              f"{m['wall_s']:>7.0f} {f(m.get('throughput_vs_exclusive'), '.2f'):>6} "
+              f"{f(m['mem_wait_p50_s']):>8} {f(m['mem_wait_p95_s']):>8} "
+              f"{f(m.get('inflation_p95')):>8} {f(m.get('inflation_max')):>8}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -144,6 +144,11 @@ def bench_report(out_dir: Path) -> None:
     "others (docs/memory.md).",
 )
 @click.option(
+    "--no-memory-retry",
+    is_flag=True,
+    help="Do not run CMD again when it failed only because others held the GPU's memory.",
+)
+@click.option(
     "--no-pool", is_flag=True, help="Never run in a warm pool worker: start CMD as its own process."
 )
 @click.option("--sim", is_flag=True, help="Run on the simulated GPU (a daemon of its own).")
@@ -165,6 +170,7 @@ def run(
     auto_regions: str | None,
     region_timeout: float | None,
     mem_text: str | None,
+    no_memory_retry: bool,
     no_pool: bool,
     sim: bool,
     socket_path: str | None,
@@ -213,6 +219,7 @@ def run(
                 auto_regions=auto_regions,
                 region_timeout_s=region_timeout,
                 mem_bytes=mem,
+                no_memory_retry=no_memory_retry,
                 sim=sim,
                 socket=socket_path,
                 queue_timeout_s=queue_timeout,

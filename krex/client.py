@@ -140,6 +140,8 @@ class RunOptions:
     auto_regions: str | None = None
     region_timeout_s: float | None = None
     mem_bytes: int = 0  # declared device memory (krex run --mem), 0: none
+    mem_alone: bool = False  # admitted only with the GPU's memory to itself (a memory retry)
+    no_memory_retry: bool = False
     sim: bool = False
     socket: str | None = None
     queue_timeout_s: float = 3600.0
@@ -233,8 +235,42 @@ def _wait(pid: int) -> int:
             return 128 + os.WTERMSIG(status)
 
 
+MEMORY_RETRIES = 2  # reruns of a command that failed only because others held the memory
+
+
 def run(opts: RunOptions) -> int:
-    """`krex run`: the command's exit status, or 125/127 (module docstring)."""
+    """`krex run`: the command's exit status, or 125/127 (module docstring).
+
+    A command that failed only because other commands held the GPU's memory (its report's
+    `memory.oom_shared`, docs/memory.md) runs again, admitted only where it has the GPU's memory
+    to itself, at most MEMORY_RETRIES times; the report lists the earlier attempts."""
+    attempts: list[dict[str, Any]] = []
+    while True:
+        code, report = _run_once(opts)
+        shared = (report.get("memory") or {}).get("oom_shared", 0)
+        if code == 0 or not shared or opts.no_memory_retry or len(attempts) >= MEMORY_RETRIES:
+            break
+        print(
+            f"krex run: the command failed only because other commands held the GPU's memory "
+            f"(exit {code}); running it again with the GPU's memory to itself",
+            file=sys.stderr,
+        )
+        attempts.append(report)
+        opts = dataclasses.replace(opts, mem_alone=True)
+    if attempts:
+        report["attempts"] = attempts
+    if opts.report is not None and report:
+        try:
+            opts.report.write_text(json.dumps(report, indent=2) + "\n")
+        except OSError as e:
+            print(
+                f"krex run: cannot write the report to {opts.report}: {e.strerror}", file=sys.stderr
+            )
+    return code
+
+
+def _run_once(opts: RunOptions) -> tuple[int, dict[str, Any]]:
+    """One attempt: the exit status and the report ({} when krex could not do its part)."""
     t0 = time.monotonic()
     path = socket_for(opts.sim, opts.socket)
     try:
@@ -249,6 +285,7 @@ def run(opts: RunOptions) -> int:
                 "auto_regions": opts.auto_regions,
                 "region_timeout_s": opts.region_timeout_s,
                 **({"mem_bytes": opts.mem_bytes} if opts.mem_bytes else {}),
+                **({"mem_alone": True} if opts.mem_alone else {}),
             }
         )
         deadline = time.monotonic() + opts.queue_timeout_s
@@ -260,7 +297,7 @@ def run(opts: RunOptions) -> int:
             reply = conn.recv(timeout_s=left)
     except (ClientError, OSError) as e:
         print(f"krex run: {e}", file=sys.stderr)
-        return EXIT_KREX
+        return EXIT_KREX, {}
     env = dict(os.environ)
     extra: dict[str, str] = reply["env"]
     for key in ("LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", "PYTHONPATH"):
@@ -282,7 +319,7 @@ def run(opts: RunOptions) -> int:
             lease = conn.recv()
         except (ClientError, OSError) as e:
             print(f"krex run: {e}", file=sys.stderr)
-            return EXIT_KREX
+            return EXIT_KREX, {}
         if "socket" in lease:
             warm_status: int | None
             try:
@@ -305,7 +342,7 @@ def run(opts: RunOptions) -> int:
             os.kill(pid, signal.SIGKILL)
             _wait(pid)
             print(f"krex run: the daemon could not take the command in: {e}", file=sys.stderr)
-            return EXIT_KREX
+            return EXIT_KREX, {}
         os.write(go, b"g")
         os.close(go)
         why = os.read(err, 4096).decode(errors="replace")
@@ -329,8 +366,8 @@ def _finish(
     reason: str,
     *,
     warm: bool,
-) -> int:
-    """Tell the daemon the command is over, write the report, return the exit status."""
+) -> tuple[int, dict[str, Any]]:
+    """Tell the daemon the command is over; the exit status and the report."""
     wall = time.monotonic() - t0
     report: dict[str, Any] = {
         "exit_code": code,
@@ -359,14 +396,7 @@ def _finish(
         report.setdefault("error", "the warm worker vanished and the daemon did not say how")
     report["exit_code"] = code
     report["wall_s"] = wall
-    if opts.report is not None:
-        try:
-            opts.report.write_text(json.dumps(report, indent=2) + "\n")
-        except OSError as e:
-            print(
-                f"krex run: cannot write the report to {opts.report}: {e.strerror}", file=sys.stderr
-            )
-    return code
+    return code, report
 
 
 def _await_pool(sock: Path, deadline: float) -> None:

@@ -31,7 +31,7 @@ from krex.errors import KrexError, ProtocolError
 from krex.machinery import NodeMachinery
 from krex.memory import GIB, Memory
 from krex.metrics import Metrics, MetricsError
-from krex.model import AdmissionTicket, Gpu, Region, Tenant
+from krex.model import AdmissionTicket, AdmitRequest, Gpu, Region, Tenant
 from krex.mps import Mps
 from krex.node import node_plan, resolve_vendor
 from krex.nvml import Nvml
@@ -98,16 +98,6 @@ class Conn:
 
 
 Handler = Callable[[dict[str, Any], Conn], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class AdmitRequest:
-    """An `admit`, checked."""
-
-    argv: list[str]
-    timeout: float  # the command's region time-out
-    auto: str | None  # auto-regions
-    mem: int  # declared device memory in bytes (krex run --mem), 0: none
 
 
 class Daemon:
@@ -314,47 +304,42 @@ class Daemon:
         load = sorted(self.gpus, key=lambda g: (g.load(), g.index))
         return sorted(load[: count or 1], key=lambda g: g.index)
 
-    def _room(self, g: Gpu, argv: list[str], mem: int) -> bool:
+    def _room(self, g: Gpu, req: AdmitRequest) -> bool:
         """Whether g has a free slot and, as far as memory goes, room for this command."""
         free = len(g.tenants) + g.reserved < g.slots
-        return free and self.memory.fits(g, argv, mem, reserved=g.reserved_mem)
+        return free and self.memory.fits(g, req, reserved=g.reserved_mem)
 
-    def _reserve(self, g: Gpu, argv: list[str], mem: int) -> None:
-        g.reserved += 1
-        g.reserved_mem += self.memory.need(argv, mem)
-
-    def _unreserve(self, g: Gpu, argv: list[str], mem: int) -> None:
-        g.reserved -= 1
-        g.reserved_mem -= self.memory.need(argv, mem)
+    def _reserve(self, g: Gpu, req: AdmitRequest, sign: int = 1) -> None:
+        g.reserved += sign
+        g.reserved_mem += sign * self.memory.need(req.argv, req.mem)
 
     async def _take_slot(self, g: Gpu, req: AdmitRequest, conn: Conn) -> None:
         """Reserve one of g's slots (g.reserved), after waiting in its queue if all are taken
         or the memory the command is expected to need is not there (docs/memory.md)."""
-        if not g.admission and self._room(g, req.argv, req.mem):
-            self._reserve(g, req.argv, req.mem)
+        if not g.admission and self._room(g, req):
+            self._reserve(g, req)
             return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        ticket = AdmissionTicket(granted=fut, argv=req.argv, mem_declared=req.mem)
+        ticket = AdmissionTicket(granted=asyncio.get_running_loop().create_future(), req=req)
         g.admission.append(ticket)
         await conn.send({"ok": True, "queued": len(g.admission), "gpu": g.index})
         try:
-            await conn.until(fut)  # _admit_next reserves the slot for us
+            await conn.until(ticket.granted)  # _admit_next reserves the slot for us
         except BaseException:
             if ticket in g.admission:
                 g.admission.remove(ticket)
-            elif fut.done() and not fut.cancelled():
+            elif ticket.granted.done() and not ticket.granted.cancelled():
                 # We were handed a slot but are leaving: pass it on.
-                self._unreserve(g, req.argv, req.mem)
+                self._reserve(g, req, -1)
                 self._admit_next(g)
             raise
 
     def _admit_next(self, g: Gpu) -> None:
         """Hand free slots of g to the commands waiting for one, in order (each reserved at
         once, so that nobody arriving meanwhile takes it)."""
-        while g.admission and self._room(g, g.admission[0].argv, g.admission[0].mem_declared):
+        while g.admission and self._room(g, g.admission[0].req):
             ticket = g.admission.popleft()
             if not ticket.granted.done():
-                self._reserve(g, ticket.argv, ticket.mem_declared)
+                self._reserve(g, ticket.req)
                 ticket.granted.set_result(None)
 
     def _admission_request(self, msg: dict[str, Any]) -> AdmitRequest:
@@ -387,7 +372,10 @@ class Daemon:
                 f"the shared segment {self.segments.gates.name} was removed under the daemon: "
                 "running commands finish, new ones cannot be gated; restart the daemon"
             )
-        return AdmitRequest(argv, float(timeout), auto, mem)
+        alone = msg.get("mem_alone", False)
+        if not isinstance(alone, bool):
+            raise ProtocolError("mem_alone must be true or false")
+        return AdmitRequest(argv, float(timeout), auto, mem, alone)
 
     async def _op_admit(self, msg: dict[str, Any], conn: Conn) -> None:
         req = self._admission_request(msg)
@@ -430,7 +418,7 @@ class Daemon:
                 raise ProtocolError(f"cannot set up the tenant: {e}") from e
         except BaseException:
             for g in held:
-                self._unreserve(g, req.argv, req.mem)
+                self._reserve(g, req, -1)
                 self._admit_next(g)
             raise
         t = Tenant(
@@ -442,10 +430,11 @@ class Daemon:
             region_timeout_s=req.timeout,
             t_admit=time.monotonic(),
             mem_declared=req.mem,
+            mem_alone=req.alone,
         )
         self.tenants[tid] = t
         for x in gpus:
-            self._unreserve(x, req.argv, req.mem)
+            self._reserve(x, req, -1)
             x.tenants.append(t)
             self.metrics.admitted(x.index)
         log.info("admitted tenant %d on GPU %s: %s", tid, _names(t.gpus), " ".join(t.argv)[:200])

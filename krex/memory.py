@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from krex.model import Gpu, Tenant
+from krex.model import AdmitRequest, Gpu, Tenant
 from krex.shm import SlotView
 
 log = logging.getLogger("krex.daemon")
@@ -175,14 +175,17 @@ class Memory:
         """What a command about to be admitted is expected to need (0: unknown)."""
         return declared or self.learned.get(argv_key(argv), 0)
 
-    def fits(self, g: Gpu, argv: Sequence[str], declared: int, *, reserved: int = 0) -> bool:
+    def fits(self, g: Gpu, req: AdmitRequest, *, reserved: int = 0) -> bool:
         """Whether a command may be admitted to g now, as far as memory goes (`reserved`: the
         expected needs of commands already promised a slot there)."""
-        if self.waiting(g.index):
-            return False
-        need = self.need(argv, declared)
+        alone = not g.tenants and reserved == 0 and g.reserved == 0
+        if self.waiting(g.index) or any(x.mem_alone for x in g.tenants):
+            return False  # waiters first; a memory retry has the GPU's memory to itself
+        if req.alone:
+            return alone
+        need = self.need(req.argv, req.mem)
         capacity = self.state[g.index].capacity
-        if need == 0 or capacity == 0 or (not g.tenants and reserved == 0):
+        if need == 0 or capacity == 0 or alone:
             return True  # unknown, or alone: it gets the GPU whatever it was expected to need
         busy = reserved + sum(max(self.expected(x), self._held_by(x)) for x in g.tenants)
         return busy + need <= capacity - self.headroom

@@ -39,6 +39,7 @@ class Tenant:
     # Device memory (docs/memory.md): the declared budget (krex run --mem, 0: none), and what
     # its processes that are gone did (folded from their process slots).
     mem_declared: int = 0
+    mem_alone: bool = False  # admitted with the GPU's memory to itself (a memory retry)
     mem_peak: int = 0
     mem_wait_ns: int = 0
     mem_waits: int = 0
@@ -114,13 +115,23 @@ class PoolWorker:
     slots_id: int = 0  # its own slot segment's id: apart from every other worker's
 
 
+@dataclass(frozen=True)
+class AdmitRequest:
+    """What an `admit` asks for, checked."""
+
+    argv: list[str]
+    timeout: float  # the command's region time-out
+    auto: str | None  # auto-regions
+    mem: int  # declared device memory in bytes (krex run --mem), 0: none
+    alone: bool = False  # a memory retry: admitted only with the GPU's memory to itself
+
+
 @dataclass(eq=False)
 class AdmissionTicket:
     """A command waiting for one of a GPU's admission slots."""
 
     granted: asyncio.Future[None]
-    argv: list[str]
-    mem_declared: int  # bytes (krex run --mem), 0: none
+    req: AdmitRequest
 
 
 @dataclass(eq=False)

@@ -11,7 +11,7 @@ import pytest
 
 from krex.config import ConfigError, from_toml, parse_size
 from krex.memory import GIB, Memory, Pokable, argv_key
-from krex.model import Gpu, Tenant
+from krex.model import AdmitRequest, Gpu, Tenant
 from krex.shm import SlotView
 from krex.slices import Slice
 from krex.tenants import TenantGroup
@@ -84,6 +84,10 @@ class Node:
 
 
 S = 1_000_000_000  # ns
+
+
+def req(argv: list[str], mem: int = 0, alone: bool = False) -> AdmitRequest:
+    return AdmitRequest(argv=argv, timeout=60.0, auto=None, mem=mem, alone=alone)
 
 
 def test_only_the_oldest_waiter_is_let_retry() -> None:
@@ -165,25 +169,25 @@ def test_admission_is_paused_while_anyone_waits() -> None:
     node.gpu.tenants.append(node.tenant(1))
     node.view = [slot(0, 1, held=1, want=1, since=1)]
     node.mem.tick(2)
-    assert not node.mem.fits(node.gpu, ["small"], 0)
+    assert not node.mem.fits(node.gpu, req(["small"], 0))
     node.view = [slot(0, 1, held=2)]
     node.mem.tick(3)
-    assert node.mem.fits(node.gpu, ["small"], 0)
+    assert node.mem.fits(node.gpu, req(["small"], 0))
 
 
 def test_declared_budgets_are_admitted_while_they_fit_beside_the_others() -> None:
     node = Node()
     node.gpu.tenants += [node.tenant(1, declared=4), node.tenant(2)]
     node.view = [slot(0, 1, held=1), slot(1, 2, held=2)]  # tenant 1 expects 4, tenant 2 holds 2
-    assert node.mem.fits(node.gpu, ["x"], 3 * GIB)  # 4 + 2 + 3 = 9 <= 10 - 1 headroom
-    assert not node.mem.fits(node.gpu, ["x"], 4 * GIB)
-    assert not node.mem.fits(node.gpu, ["x"], 3 * GIB, reserved=1 * GIB)  # promised to another
-    assert node.mem.fits(node.gpu, ["x"], 0)  # unknown need: admitted
+    assert node.mem.fits(node.gpu, req(["x"], 3 * GIB))  # 4 + 2 + 3 = 9 <= 10 - 1 headroom
+    assert not node.mem.fits(node.gpu, req(["x"], 4 * GIB))
+    assert not node.mem.fits(node.gpu, req(["x"], 3 * GIB), reserved=1 * GIB)  # promised to another
+    assert node.mem.fits(node.gpu, req(["x"], 0))  # unknown need: admitted
 
 
 def test_a_command_alone_is_admitted_whatever_it_needs() -> None:
     node = Node()
-    assert node.mem.fits(node.gpu, ["x"], 9_999 * GIB)
+    assert node.mem.fits(node.gpu, req(["x"], 9_999 * GIB))
     assert node.mem.too_large(11 * GIB, 0) and not node.mem.too_large(10 * GIB, 0)
 
 
@@ -196,8 +200,8 @@ def test_peaks_are_learned_per_argv_and_used_for_admission(tmp_path: Path) -> No
     assert again.mem.learned[argv_key(["python", "big.py"])] == 8 * GIB
     again.gpu.tenants.append(again.tenant(1))
     again.view = [slot(0, 1, held=2)]
-    assert not again.mem.fits(again.gpu, ["python", "big.py"], 0)  # 2 + 8 > 9
-    assert again.mem.fits(again.gpu, ["python", "small.py"], 0)
+    assert not again.mem.fits(again.gpu, req(["python", "big.py"], 0))  # 2 + 8 > 9
+    assert again.mem.fits(again.gpu, req(["python", "small.py"], 0))
 
 
 def test_a_damaged_peaks_file_is_ignored(tmp_path: Path) -> None:
@@ -241,3 +245,15 @@ def test_memory_config_defaults_and_values() -> None:
     assert cfg.headroom_bytes() == 2 * GIB and cfg.memory_wait_s == 30.0
     assert from_toml("[gpus]\nsim = true\n").headroom_bytes() == 0
     assert from_toml("[gpus]\nslots = 8\n").headroom_bytes() == 4 * GIB
+
+
+def test_a_memory_retry_is_admitted_only_alone_and_then_admits_nobody_beside_it() -> None:
+    node = Node()
+    node.gpu.tenants.append(node.tenant(1))
+    assert not node.mem.fits(node.gpu, req(["again"], alone=True))
+    node.gpu.tenants.clear()
+    assert node.mem.fits(node.gpu, req(["again"], alone=True))
+    retry = node.tenant(2)
+    retry.mem_alone = True
+    node.gpu.tenants.append(retry)
+    assert not node.mem.fits(node.gpu, req(["other"]))

@@ -55,6 +55,15 @@ typedef struct CUextSemaphore_st *CUexternalSemaphore;
 
 typedef void (*CUhostFn)(void *userData);
 
+/* Device-memory entry points (the shim's KREX_MEM hooks). Opaque here: the shim reads the
+ * few fields it needs through its own mirrors (shim/preload/mem.c), which check_cuda_h.c
+ * compares with the real header, so a fuller definition elsewhere can complete these. */
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUmemAllocationProp_st CUmemAllocationProp;
+typedef struct CUDA_ARRAY_DESCRIPTOR_st CUDA_ARRAY_DESCRIPTOR;
+typedef struct CUDA_ARRAY3D_DESCRIPTOR_st CUDA_ARRAY3D_DESCRIPTOR;
+
 /* Passed through by pointer only: their contents never matter to KREX. */
 typedef struct CUDA_MEMCPY2D_st CUDA_MEMCPY2D;
 typedef struct CUDA_MEMCPY2D_v1_st CUDA_MEMCPY2D_v1;

@@ -113,6 +113,7 @@ def test_hook_table_is_what_the_library_exports() -> None:
     }
     assert exported == expected
     assert len(hook_names("KREX_GATE")) >= 150
+    assert len(hook_names("KREX_MEM")) == 15
 
 
 def test_shim_hygiene() -> None:

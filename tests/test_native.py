@@ -103,7 +103,7 @@ def test_hook_table_is_what_the_library_exports() -> None:
         check=True,
     ).stdout
     exported = {line.split()[-1] for line in out.splitlines() if line.strip()}
-    expected = hook_names("KREX_GATE") | hook_names("KREX_TRACK")
+    expected = hook_names("KREX_GATE") | hook_names("KREX_TRACK") | hook_names("KREX_MEM")
     expected |= {
         "cuGetProcAddress",
         "cuGetProcAddress_v2",
@@ -113,6 +113,7 @@ def test_hook_table_is_what_the_library_exports() -> None:
     }
     assert exported == expected
     assert len(hook_names("KREX_GATE")) >= 150
+    assert len(hook_names("KREX_MEM")) == 15
 
 
 def test_shim_hygiene() -> None:

@@ -97,6 +97,7 @@ void krex_drain_forget(void)
      * child until it creates new ones, which the tracking hooks will see). */
     pthread_mutex_init(&ctx_lock, NULL);
     n_ctxs = 0;
+    krex_mem_forget();
 }
 
 /* Tracked entry points: passed through, the context remembered (or forgotten). */

@@ -191,6 +191,16 @@ static void fill_slot(struct krex_slot *s, uint32_t pid, uint64_t start)
     KREX_STORE(&s->intercepted, 0);
     KREX_STORE(&s->blocked, 0);
     KREX_STORE(&s->unmatched, 0);
+    /* Device memory (1.2): a new process holds nothing yet. mem_grant and mem_release are the
+     * controller's words: a wait compares them with what it read as it began, never with 0. */
+    KREX_STORE(&s->mem_bytes, 0);
+    KREX_STORE(&s->mem_peak, 0);
+    KREX_STORE(&s->mem_want, 0);
+    KREX_STORE(&s->mem_since_ns, 0);
+    KREX_STORE(&s->mem_wait_ns, 0);
+    KREX_STORE(&s->mem_waits, 0);
+    KREX_STORE(&s->mem_oom_alone, 0);
+    KREX_STORE(&s->mem_oom_shared, 0);
     /* An old request is not ours to answer. */
     KREX_STORE(&s->drain_ack, KREX_LOAD(&s->drain_req));
     KREX_STORE(&s->state, KREX_SLOT_LIVE);

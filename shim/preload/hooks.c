@@ -15,20 +15,25 @@
                                                      krex_missing(KREX_H_##name), args)
 #define KREX_GATE(name, ...) KREX_GATE_(name, __VA_ARGS__)
 #define KREX_TRACK(name, ...)
+#define KREX_MEM(name, ...)
 #define KREX_REAL(name, ...)
 #include "hooks.def"
 #undef KREX_GATE
 #undef KREX_TRACK
+#undef KREX_MEM
 #undef KREX_REAL
 
-/* The tracked and look-up wrappers are written by hand (drain.c, lookup.c); declare them. */
+/* The tracked, memory and look-up wrappers are written by hand (drain.c, mem.c, lookup.c);
+ * declare them. */
 #define KREX_DECL_(name, params, args) CUresult name params;
 #define KREX_GATE(name, ...)
 #define KREX_TRACK(name, ...) KREX_DECL_(name, __VA_ARGS__)
+#define KREX_MEM(name, ...) KREX_DECL_(name, __VA_ARGS__)
 #define KREX_REAL(name, ...)
 #include "hooks.def"
 #undef KREX_GATE
 #undef KREX_TRACK
+#undef KREX_MEM
 #undef KREX_REAL
 CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
 CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t,
@@ -37,10 +42,12 @@ CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t,
 const struct krex_hook krex_hooks[KREX_H_COUNT] = {
 #define KREX_GATE(name, ...) [KREX_H_##name] = {#name, KREX_KIND_GATE, (void *)name},
 #define KREX_TRACK(name, ...) [KREX_H_##name] = {#name, KREX_KIND_TRACK, (void *)name},
+#define KREX_MEM(name, ...) [KREX_H_##name] = {#name, KREX_KIND_MEM, (void *)name},
 #define KREX_REAL(name, ...) [KREX_H_##name] = {#name, KREX_KIND_REAL, NULL},
 #include "hooks.def"
 #undef KREX_GATE
 #undef KREX_TRACK
+#undef KREX_MEM
 #undef KREX_REAL
     [KREX_H_cuGetProcAddress] = {"cuGetProcAddress", KREX_KIND_LOOKUP, (void *)cuGetProcAddress},
     [KREX_H_cuGetProcAddress_v2] = {"cuGetProcAddress_v2", KREX_KIND_LOOKUP,

@@ -20,10 +20,12 @@
 enum krex_hook_id {
 #define KREX_GATE(name, ...) KREX_H_##name,
 #define KREX_TRACK(name, ...) KREX_H_##name,
+#define KREX_MEM(name, ...) KREX_H_##name,
 #define KREX_REAL(name, ...) KREX_H_##name,
 #include "hooks.def"
 #undef KREX_GATE
 #undef KREX_TRACK
+#undef KREX_MEM
 #undef KREX_REAL
     KREX_H_cuGetProcAddress,
     KREX_H_cuGetProcAddress_v2,
@@ -34,16 +36,24 @@ enum krex_hook_id {
 #define KREX_PFN_(name, params, args) typedef CUresult(*krex_pfn_##name) params;
 #define KREX_GATE(name, ...) KREX_PFN_(name, __VA_ARGS__)
 #define KREX_TRACK(name, ...) KREX_PFN_(name, __VA_ARGS__)
+#define KREX_MEM(name, ...) KREX_PFN_(name, __VA_ARGS__)
 #define KREX_REAL(name, ...) KREX_PFN_(name, __VA_ARGS__)
 #include "hooks.def"
 #undef KREX_GATE
 #undef KREX_TRACK
+#undef KREX_MEM
 #undef KREX_REAL
 typedef CUresult (*krex_pfn_cuGetProcAddress)(const char *, void **, int, cuuint64_t);
 typedef CUresult (*krex_pfn_cuGetProcAddress_v2)(const char *, void **, int, cuuint64_t,
                                                  CUdriverProcAddressQueryResult *);
 
-enum krex_hook_kind { KREX_KIND_GATE, KREX_KIND_TRACK, KREX_KIND_REAL, KREX_KIND_LOOKUP };
+enum krex_hook_kind {
+    KREX_KIND_GATE,
+    KREX_KIND_TRACK,
+    KREX_KIND_MEM,
+    KREX_KIND_REAL,
+    KREX_KIND_LOOKUP
+};
 
 struct krex_hook {
     const char *name;          /* exact ELF name */
@@ -154,6 +164,10 @@ KREX_HIDDEN int krex_drain_start(struct krex_slot *s);
 KREX_HIDDEN void krex_drain_after_fork(void);
 KREX_HIDDEN void krex_drain_sync(void);
 KREX_HIDDEN void krex_drain_forget(void);
+
+/* mem.c: device memory (docs/shim.md, "Device memory"). In a forked child the parent's
+ * allocations are forgotten (drain.c's krex_drain_forget calls it). */
+KREX_HIDDEN void krex_mem_forget(void);
 
 /* log.c */
 KREX_HIDDEN void krex_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

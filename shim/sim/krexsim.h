@@ -48,4 +48,10 @@ unsigned long long krexsim_submissions(void);
  * most `max`, into `pids`; returns how many, or -1 if the node cannot be read. */
 int krexsim_users(const char *shm_name, unsigned gpu, int *pids, int max);
 
+/* Processes holding device memory on simulated GPU `gpu` of node `shm_name`: up to `max` live
+ * pids into `pids` and the bytes each holds there into `bytes` (like the per-process list of
+ * nvidia-smi); returns how many, or -1 if the node cannot be read. */
+int krexsim_mem_users(const char *shm_name, unsigned gpu, int *pids, unsigned long long *bytes,
+                      int max);
+
 #endif /* KREXSIM_H */

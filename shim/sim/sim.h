@@ -8,14 +8,17 @@
  *   sim_model.c    the device model in the segment: jobs, streams, events, processor sharing
  *   sim_wait.c     queueing work, and waiting for the model without holding its lock
  *   sim_ctx.c      per-process state: contexts, current-context stacks, default streams
+ *   sim_mem.c      device-memory accounting for the node (capacity, per-process use)
  *   sim_api_*.c    the exported driver entry points (device, ctx, stream, mem, launch)
+ *   sim_vmm.c      the virtual memory management entry points (cuMemCreate, cuMemMap, ...)
  *   sim_errors.c   cuGetErrorName, cuGetErrorString
  *   sim_procaddr.c cuGetProcAddress
  *   sim_hooks.c    krexsim_* test hooks and the witness
  *
  * Environment (read once per process): KREX_SIM_SHM (node segment, default /krex-sim-<uid>),
  * KREX_SIM_GPUS (1; at most 16), KREX_SIM_CTX_CREATE_MS (0), KREX_SIM_COPY_GBPS (50),
- * KREX_SIM_LAUNCH_GAP_US (1000; see sim_absorb_launch_gap in sim_model.c), KREX_SIM_DEBUG,
+ * KREX_SIM_LAUNCH_GAP_US (1000; see sim_absorb_launch_gap in sim_model.c), KREX_SIM_MEM_BYTES
+ * (device memory per GPU, SIM_TOTAL_MEM; only the node's creator's value counts), KREX_SIM_DEBUG,
  * KREX_SIM_WITNESS and KREX_TENANT (krexsim.h). The segment always holds SIM_MAX_GPUS GPUs;
  * KREX_SIM_GPUS only says how many of them this process sees.
  *
@@ -67,6 +70,8 @@ struct sim_config {
     int debug;                /* KREX_SIM_DEBUG */
     char witness_path[4096];  /* KREX_SIM_WITNESS, "" when unset */
     uint32_t tenant;          /* KREX_TENANT */
+    uint64_t mem_bytes;       /* KREX_SIM_MEM_BYTES: capacity per GPU, if this process
+                               * creates the node (the segment's value is what counts) */
 };
 
 SIM_HIDDEN extern struct sim_config sim_cfg;
@@ -85,11 +90,12 @@ SIM_HIDDEN void sim_robust_init(pthread_mutex_t *m);
 /* ---- The shared segment (sim_shm.c, layout here so that sim_model.c can use it). ---- */
 
 #define SIM_SHM_MAGIC 0x4D49534BU /* "KSIM" read as little-endian bytes */
-#define SIM_SHM_VERSION 2U
+#define SIM_SHM_VERSION 3U
 #define SIM_MAX_STREAMS 1024U
 #define SIM_MAX_EVENTS 8192U
 #define SIM_MAX_JOBS 8192U
 #define SIM_NONE UINT32_MAX
+#define SIM_MAX_MEM_PROCS 512U
 
 /* One piece of work queued in a stream: a kernel, copy, set, or zero-length marker. */
 struct sim_job {
@@ -142,6 +148,16 @@ struct sim_gpu {
     uint32_t active[SIM_MAX_STREAMS]; /* stream slots whose head job is running */
 };
 
+/* A process's device memory on each GPU (sim_mem.c). pid 0: a free entry. The start time
+ * (/proc/<pid>/stat, clock ticks since boot) tells a reused pid from the process that made
+ * the entry. */
+struct sim_mem_proc {
+    int32_t pid;
+    uint32_t pad;
+    uint64_t start;
+    uint64_t used[SIM_MAX_GPUS]; /* bytes */
+};
+
 struct sim_shm {
     /* Fixed prefix: checked before anything else is trusted. */
     uint32_t magic;
@@ -164,6 +180,11 @@ struct sim_shm {
     struct sim_stream streams[SIM_MAX_STREAMS];
     struct sim_event events[SIM_MAX_EVENTS];
     struct sim_job jobs[SIM_MAX_JOBS];
+    /* Device memory (sim_mem.c), under the model lock: the capacity of each GPU, fixed by the
+     * creator (KREX_SIM_MEM_BYTES), and what each live process holds. In use on a GPU = the
+     * sum over the entries: nothing derived to repair when a holder dies in the lock. */
+    uint64_t mem_capacity[SIM_MAX_GPUS];
+    struct sim_mem_proc mem_procs[SIM_MAX_MEM_PROCS];
 };
 
 SIM_HIDDEN extern struct sim_shm *sim_shm;
@@ -207,6 +228,23 @@ SIM_HIDDEN CUresult sim_enqueue(uint32_t slot, const struct sim_work *w, uint64_
 SIM_HIDDEN unsigned sim_reap_dead(void);
 /* Model time of the next job completion on `gpu` as things stand, or -1 if it is idle. */
 SIM_HIDDEN double sim_next_completion(uint32_t gpu);
+
+/* ---- Device memory accounting, node-wide (sim_mem.c). ---- */
+
+/* Charge `bytes` on simulated GPU `gpu` to this process: CUDA_ERROR_OUT_OF_MEMORY when the
+ * GPU's capacity is short (after dropping dead processes' memory). Takes the model lock. */
+SIM_HIDDEN CUresult sim_mem_charge(uint32_t gpu, uint64_t bytes);
+SIM_HIDDEN void sim_mem_uncharge(uint32_t gpu, uint64_t bytes);
+/* Node-wide bytes in use on `gpu` and its capacity (drops dead processes' memory first). */
+SIM_HIDDEN CUresult sim_mem_info(uint32_t gpu, uint64_t *used, uint64_t *capacity);
+SIM_HIDDEN uint64_t sim_mem_capacity(uint32_t gpu); /* after sim_ensure_init */
+/* With the model lock held: free the entries of processes that are gone; how many. */
+SIM_HIDDEN unsigned sim_mem_reap(void);
+SIM_HIDDEN void sim_mem_after_fork_child(void);
+SIM_HIDDEN void sim_allocs_after_fork_child(void); /* sim_api_mem.c */
+SIM_HIDDEN void sim_vmm_after_fork_child(void);    /* sim_vmm.c */
+/* The GPU a device ordinal (CUmemLocation.id) names for this process, or -1. */
+SIM_HIDDEN int sim_ordinal_gpu(int ordinal);
 
 /* ---- Per-process state (sim_ctx.c). ---- */
 

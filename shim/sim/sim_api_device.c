@@ -1,6 +1,6 @@
 /*
  * sim_api_device.c: initialisation, driver version, and the simulated devices, which look
- * like H200s (compute capability 9.0, 132 SMs, 141 GB).
+ * like H200s (compute capability 9.0, 132 SMs, 141 GB unless KREX_SIM_MEM_BYTES says).
  *
  * cuInit is not required first: every entry point initialises on first use (leniency), and
  * cuInit just reports how that went.
@@ -73,9 +73,11 @@ CUresult sim_cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
     if (!bytes)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult r = sim_check_device(dev);
-    if (r == CUDA_SUCCESS)
-        *bytes = SIM_TOTAL_MEM > 0xFFFFFFFFULL ? 0xFFFFFFFFU : (unsigned int)SIM_TOTAL_MEM;
-    return r;
+    if (r != CUDA_SUCCESS)
+        return r;
+    uint64_t cap = sim_mem_capacity((uint32_t)dev);
+    *bytes = cap > 0xFFFFFFFFULL ? 0xFFFFFFFFU : (unsigned int)cap;
+    return CUDA_SUCCESS;
 }
 SIM_EXPORT(cuDeviceTotalMem);
 
@@ -85,7 +87,7 @@ CUresult sim_cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult r = sim_check_device(dev);
     if (r == CUDA_SUCCESS)
-        *bytes = (size_t)SIM_TOTAL_MEM;
+        *bytes = (size_t)sim_mem_capacity((uint32_t)dev); /* the node's KREX_SIM_MEM_BYTES */
     return r;
 }
 SIM_EXPORT(cuDeviceTotalMem_v2);

@@ -77,6 +77,41 @@ SIM_HIDDEN CUresult sim_cuEventDestroy_v2(CUevent e);
 SIM_HIDDEN CUresult sim_cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes);
 SIM_HIDDEN CUresult sim_cuMemFree_v2(CUdeviceptr dptr);
 SIM_HIDDEN CUresult sim_cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes);
+SIM_HIDDEN CUresult sim_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
+                                           size_t Height, unsigned int ElementSizeBytes);
+SIM_HIDDEN CUresult sim_cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags);
+SIM_HIDDEN CUresult sim_cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *d);
+SIM_HIDDEN CUresult sim_cuArrayDestroy(CUarray h);
+
+/* Stream-ordered allocation and pools. */
+SIM_HIDDEN CUresult sim_cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream s);
+SIM_HIDDEN CUresult sim_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream s);
+SIM_HIDDEN CUresult sim_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes,
+                                                CUmemoryPool pool, CUstream s);
+SIM_HIDDEN CUresult sim_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes,
+                                                     CUmemoryPool pool, CUstream s);
+SIM_HIDDEN CUresult sim_cuMemFreeAsync(CUdeviceptr dptr, CUstream s);
+SIM_HIDDEN CUresult sim_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s);
+SIM_HIDDEN CUresult sim_cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev);
+SIM_HIDDEN CUresult sim_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props);
+SIM_HIDDEN CUresult sim_cuMemPoolDestroy(CUmemoryPool pool);
+SIM_HIDDEN CUresult sim_cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep);
+
+/* Virtual memory management. */
+SIM_HIDDEN CUresult sim_cuMemGetAllocationGranularity(size_t *granularity,
+                                                      const CUmemAllocationProp *prop,
+                                                      CUmemAllocationGranularity_flags option);
+SIM_HIDDEN CUresult sim_cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment,
+                                            CUdeviceptr addr, unsigned long long flags);
+SIM_HIDDEN CUresult sim_cuMemAddressFree(CUdeviceptr ptr, size_t size);
+SIM_HIDDEN CUresult sim_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                                    const CUmemAllocationProp *prop, unsigned long long flags);
+SIM_HIDDEN CUresult sim_cuMemRelease(CUmemGenericAllocationHandle handle);
+SIM_HIDDEN CUresult sim_cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                                 CUmemGenericAllocationHandle handle, unsigned long long flags);
+SIM_HIDDEN CUresult sim_cuMemUnmap(CUdeviceptr ptr, size_t size);
+SIM_HIDDEN CUresult sim_cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
+                                       size_t count);
 
 /* Copies and sets. */
 SIM_HIDDEN CUresult sim_cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n);
@@ -136,5 +171,7 @@ SIM_HIDDEN CUresult sim_cuGetProcAddress_v2(const char *symbol, void **pfn, int 
 /* Test hooks. */
 SIM_HIDDEN unsigned long long sim_krexsim_submissions(void);
 SIM_HIDDEN int sim_krexsim_users(const char *shm_name, unsigned gpu, int *pids, int max);
+SIM_HIDDEN int sim_krexsim_mem_users(const char *shm_name, unsigned gpu, int *pids,
+                                     unsigned long long *bytes, int max);
 
 #endif /* KREX_SIM_ENTRIES_H */

@@ -109,3 +109,44 @@ int sim_krexsim_users(const char *shm_name, unsigned gpu, int *pids, int max)
     return n;
 }
 SIM_EXPORT(krexsim_users);
+
+/* Device memory held on simulated GPU `gpu` of node `shm_name`, per live process: up to `max`
+ * pids and their bytes; returns how many, or -1 if the node cannot be read. A snapshot read
+ * without the node's lock (as NVML's per-process list is one); a dead process's entry is left
+ * out even before the node drops it. */
+int sim_krexsim_mem_users(const char *shm_name, unsigned gpu, int *pids,
+                          unsigned long long *bytes, int max)
+{
+    if (gpu >= SIM_MAX_GPUS)
+        return -1;
+    int fd = shm_open(shm_name, O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size != sizeof(struct sim_shm)) {
+        close(fd);
+        return -1;
+    }
+    const struct sim_shm *s = mmap(NULL, sizeof *s, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (s == MAP_FAILED)
+        return -1;
+    int n = -1;
+    if (s->magic == SIM_SHM_MAGIC && s->version == SIM_SHM_VERSION) {
+        n = 0;
+        for (unsigned i = 0; i < SIM_MAX_MEM_PROCS && n < max; i++) {
+            int32_t pid = __atomic_load_n(&s->mem_procs[i].pid, __ATOMIC_RELAXED);
+            uint64_t used = __atomic_load_n(&s->mem_procs[i].used[gpu], __ATOMIC_RELAXED);
+            if (pid <= 0 || used == 0)
+                continue;
+            if (kill(pid, 0) != 0 && errno != EPERM)
+                continue;
+            pids[n] = pid;
+            bytes[n] = used;
+            n++;
+        }
+    }
+    munmap((void *)s, sizeof *s);
+    return n;
+}
+SIM_EXPORT(krexsim_mem_users);

@@ -365,6 +365,7 @@ unsigned sim_reap_dead(void)
             dropped++;
         }
     }
+    dropped += sim_mem_reap(); /* their device memory too */
     S->last_reap_ns = sim_mono_ns();
     return dropped;
 }

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -48,6 +49,9 @@ void sim_shm_init_layout(struct sim_shm *s)
     s->free_job = 0;
     s->free_stream = 0;
     s->free_event = 0;
+    /* The node's capacity is its creator's: every process of the node then agrees. */
+    for (uint32_t g = 0; g < SIM_MAX_GPUS; g++)
+        s->mem_capacity[g] = sim_cfg.mem_bytes;
 }
 
 static CUresult sim_shm_create(int fd, const char *name)
@@ -120,6 +124,11 @@ static CUresult sim_shm_attach(int fd, const char *name)
         } else if (ready && magic == SIM_SHM_MAGIC) {
             sim_shm = s;
             sim_debug("attached to simulated node %s", name);
+            const char *want = getenv("KREX_SIM_MEM_BYTES");
+            if (want && *want && s->mem_capacity[0] != sim_cfg.mem_bytes)
+                sim_warn("KREX_SIM_MEM_BYTES=%s is not the capacity of simulated node %s, which "
+                         "its creator fixed at %llu bytes per GPU; using the node's",
+                         want, name, (unsigned long long)s->mem_capacity[0]);
             return CUDA_SUCCESS;
         } else if (sim_mono_ns() > deadline) {
             why = "never became ready within 2 s (did its creator die while initialising it?)";
@@ -170,6 +179,7 @@ static void sim_atfork_child(void)
     pthread_mutex_init(&sim_proc_lock, NULL);
     sim_pid = getpid();
     sim_ctx_after_fork_child();
+    sim_mem_after_fork_child();
     sim_hooks_after_fork_child();
 }
 

@@ -54,6 +54,44 @@ static double sim_env_number(const char *name, double dflt, double lo, double hi
     return v;
 }
 
+/* KREX_SIM_MEM_BYTES: bytes as an integer, optionally with a binary suffix K, M, G or T
+ * (also KiB, MiB, GiB, TiB; KB..TB and k are read the same way: powers of 1024), between 1 MiB
+ * and 1 PiB. Unset or malformed (with a warning): SIM_TOTAL_MEM. */
+#define SIM_MEM_MIN (1ULL << 20)
+#define SIM_MEM_MAX (1ULL << 50)
+static uint64_t sim_env_bytes(const char *name, uint64_t dflt)
+{
+    const char *s = getenv(name);
+    if (!s || !*s)
+        return dflt;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    int ok = errno == 0 && end != s && s[0] >= '0' && s[0] <= '9';
+    unsigned shift = 0;
+    if (ok && *end) {
+        static const char units[] = "KMGT";
+        const char *u = strchr(units, end[0] == 'k' ? 'K' : end[0]);
+        if (!u || !*u) {
+            ok = 0;
+        } else {
+            shift = 10U * (unsigned)(u - units + 1);
+            const char *rest = end + 1;
+            ok = !*rest || !strcmp(rest, "B") || !strcmp(rest, "iB");
+        }
+    }
+    if (ok && shift && v > (SIM_MEM_MAX >> shift))
+        ok = 0;
+    uint64_t bytes = ok ? (uint64_t)v << shift : 0;
+    if (!ok || bytes < SIM_MEM_MIN || bytes > SIM_MEM_MAX) {
+        sim_warn("ignoring %s=\"%s\" (expected bytes, optionally with K, M, G or T, between 1 "
+                 "MiB and 1 PiB); using %llu",
+                 name, s, (unsigned long long)dflt);
+        return dflt;
+    }
+    return bytes;
+}
+
 void sim_config_load(void)
 {
     struct sim_config *c = &sim_cfg;
@@ -102,6 +140,8 @@ void sim_config_load(void)
     c->ctx_create_ns = sim_env_number("KREX_SIM_CTX_CREATE_MS", 0, 0, 3600e3) * 1e6;
     c->copy_bytes_per_ns = sim_env_number("KREX_SIM_COPY_GBPS", 50, 1e-6, 1e9);
     c->launch_gap_ns = sim_env_number("KREX_SIM_LAUNCH_GAP_US", 1000, 0, 1e6) * 1e3;
+
+    c->mem_bytes = sim_env_bytes("KREX_SIM_MEM_BYTES", SIM_TOTAL_MEM);
 
     const char *w = getenv("KREX_SIM_WITNESS");
     snprintf(c->witness_path, sizeof c->witness_path, "%s", w ? w : "");

@@ -19,6 +19,7 @@
                    "hooks.def signature of " #name " differs from cuda.h");
 #define KREX_GATE(name, ...) CHK_(name, __VA_ARGS__)
 #define KREX_TRACK(name, ...) CHK_(name, __VA_ARGS__)
+#define KREX_MEM(name, ...) CHK_(name, __VA_ARGS__)
 #define KREX_REAL(name, ...) CHK_(name, __VA_ARGS__)
 #include "hooks.def"
 _Static_assert(__builtin_types_compatible_p(__typeof__(&cuGetProcAddress),
@@ -26,8 +27,59 @@ _Static_assert(__builtin_types_compatible_p(__typeof__(&cuGetProcAddress),
                "cuGetProcAddress (4 arguments)");
 #endif
 
+/* The fields of the memory structs the shim reads (shim/preload/mem.c keeps mirrors of their
+ * first bytes, spelled the same way below; the real build reads the real structs). */
+#ifdef KREX_REAL_CUDA_H
+#define PROP CUmemAllocationProp
+#define ADESC CUDA_ARRAY_DESCRIPTOR
+#define A3DESC CUDA_ARRAY3D_DESCRIPTOR
+#else
+struct krex_mem_prop_head {
+    int type;
+    int requestedHandleTypes;
+    CUmemLocation location;
+};
+struct krex_array_desc {
+    size_t Width;
+    size_t Height;
+    unsigned int Format;
+    unsigned int NumChannels;
+};
+struct krex_array3d_desc {
+    size_t Width;
+    size_t Height;
+    size_t Depth;
+    unsigned int Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+};
+#define PROP struct krex_mem_prop_head
+#define ADESC struct krex_array_desc
+#define A3DESC struct krex_array3d_desc
+#endif
+
 int main(void)
 {
+    printf("CUmemGenericAllocationHandle %zu\n", sizeof(CUmemGenericAllocationHandle));
+    printf("CUmemAllocationProp type@%zu location@%zu/%zu\n", offsetof(PROP, type),
+           offsetof(PROP, location), sizeof(((PROP *)0)->location));
+    printf("CUDA_ARRAY_DESCRIPTOR %zu %zu %zu %zu\n", offsetof(ADESC, Width),
+           offsetof(ADESC, Height), offsetof(ADESC, Format), offsetof(ADESC, NumChannels));
+    printf("CUDA_ARRAY3D_DESCRIPTOR %zu %zu %zu %zu %zu %zu\n", offsetof(A3DESC, Width),
+           offsetof(A3DESC, Height), offsetof(A3DESC, Depth), offsetof(A3DESC, Format),
+           offsetof(A3DESC, NumChannels), offsetof(A3DESC, Flags));
+    printf("formats %d %d %d %d %d %d %d %d\n", 0x01, 0x02, 0x03, 0x08, 0x09, 0x0a, 0x10, 0x20);
+#ifdef KREX_REAL_CUDA_H
+    printf("real formats %d %d %d %d %d %d %d %d\n", CU_AD_FORMAT_UNSIGNED_INT8,
+           CU_AD_FORMAT_UNSIGNED_INT16, CU_AD_FORMAT_UNSIGNED_INT32, CU_AD_FORMAT_SIGNED_INT8,
+           CU_AD_FORMAT_SIGNED_INT16, CU_AD_FORMAT_SIGNED_INT32, CU_AD_FORMAT_HALF,
+           CU_AD_FORMAT_FLOAT);
+#else
+    printf("real formats %d %d %d %d %d %d %d %d\n", 0x01, 0x02, 0x03, 0x08, 0x09, 0x0a, 0x10,
+           0x20);
+#endif
+    printf("CU_MEM_LOCATION_TYPE_DEVICE %d, CUDA_ERROR_OUT_OF_MEMORY %d\n",
+           (int)CU_MEM_LOCATION_TYPE_DEVICE, (int)CUDA_ERROR_OUT_OF_MEMORY);
     printf("CUresult %zu\n", sizeof(CUresult));
     printf("CUdevice %zu\n", sizeof(CUdevice));
     printf("CUdeviceptr %zu\n", sizeof(CUdeviceptr));

@@ -7,10 +7,12 @@
 #define DECL_(name, params, args) CUresult name params; typedef CUresult(*krex_pfn_##name) params;
 #define KREX_GATE(name, ...) DECL_(name, __VA_ARGS__)
 #define KREX_TRACK(name, ...) DECL_(name, __VA_ARGS__)
+#define KREX_MEM(name, ...) DECL_(name, __VA_ARGS__)
 #define KREX_REAL(name, ...) DECL_(name, __VA_ARGS__)
 #include "hooks.def"
 #undef KREX_GATE
 #undef KREX_TRACK
+#undef KREX_MEM
 #undef KREX_REAL
 #undef DECL_
 
@@ -24,7 +26,6 @@ CUresult cuStreamSynchronize(CUstream s);
 CUresult cuEventCreate(CUevent *e, unsigned int flags);
 CUresult cuEventSynchronize(CUevent e);
 CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end);
-CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n);
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                              CUdriverProcAddressQueryResult *status);

@@ -137,7 +137,10 @@ def test_a_mix_of_three_times_the_gpu_all_succeeds_under_krex(
     with ThreadPoolExecutor(concurrency) as ex:
         results = list(ex.map(one, range(len(MIX))))
     assert [r["rc"] for r in results] == [0] * len(MIX), [r["err"][-500:] for r in results]
-    assert all(r["report"]["memory"]["peak_bytes"] >= 300 * MIB for r in results)
+    # A caching command may have given back its first block before taking the next.
+    assert all(
+        r["report"]["memory"]["peak_bytes"] >= max(MIX[i]) * MIB for i, r in enumerate(results)
+    )
     assert sum(r["report"]["memory"]["waits"] for r in results) > 0  # they did share
     assert_nothing_left(memd)
 

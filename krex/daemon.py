@@ -139,6 +139,7 @@ class Daemon:
             deadlock_s=cfg.memory_deadlock_s,
             learned=self.socket.parent / f"{self.socket.name}.peaks.json",
             owner_of=self._region_owner,
+            owner_stuck=self._owner_stuck,
         )
         self.mps: Mps | None = None
         self._server: asyncio.AbstractServer | None = None
@@ -170,6 +171,13 @@ class Daemon:
     def _region_owner(self, gpu: int) -> Tenant | None:
         r = self.regions.held(gpu) or self.regions.setting_up(gpu)
         return r.tenant if r is not None else None
+
+    def _owner_stuck(self, gpu: int, waited_s: float) -> None:
+        r = self.regions.held(gpu)
+        if r is not None and r.granted:
+            self.regions.revoke(
+                r, f"the owner waited {waited_s:.1f} s for device memory its frozen siblings hold"
+            )
 
     def stopping(self) -> bool:
         return self._stopping is not None and self._stopping.is_set()

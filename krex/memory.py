@@ -96,6 +96,7 @@ class Memory:
         deadlock_s: float,
         learned: Path | None,
         owner_of: Callable[[int], Tenant | None],
+        owner_stuck: Callable[[int, float], None] = lambda gpu, waited_s: None,
     ) -> None:
         self.gpus = gpus
         self.slots = slots  # every process slot that is not free, with its segment
@@ -105,6 +106,7 @@ class Memory:
         self.learned_path = learned
         self.learned: dict[str, int] = _load(learned)
         self.owner_of = owner_of  # the tenant holding a region on a GPU, if any
+        self.owner_stuck = owner_stuck  # that tenant has waited deadlock_s for nothing
 
     # The arbiter.
     def tick(self, now_ns: int) -> bool:
@@ -140,6 +142,13 @@ class Memory:
     def _break_deadlock(self, gpu: int, st: GpuMemory, now_ns: int) -> None:
         stuck = now_ns - max(st.progress_ns, st.released_ns)
         if stuck < self.deadlock_ns:
+            return
+        head = st.waiters[0]
+        if head.owner:
+            # A region's owner waits, and its frozen siblings cannot free until the region
+            # ends: end it (revoked, with the reason), so that they run and free.
+            st.released_ns = now_ns
+            self.owner_stuck(gpu, (now_ns - head.slot.mem_since_ns) / 1e9)
             return
         # Youngest first: it has waited least, and its framework (a caching allocator) can free
         # what it holds and ask again.

@@ -329,6 +329,14 @@ class Regions:
         self._pin_back(r.tenant)
         self.m.open_gate(gpu)
 
+    def revoke(self, r: Region, problem: str) -> None:
+        """End r now, revoked, with the reason among its problems (the memory arbiter's way
+        out when r's owner waits for memory only its frozen siblings can free)."""
+        if not r.ended:
+            r.problems.append(problem)
+            log.warning("region of tenant %d revoked: %s", r.tenant.id, problem)
+            self.finish(r, revoked=True, why=problem)
+
     def _revoke(self, r: Region) -> None:
         if not r.ended:
             log.warning(

@@ -135,6 +135,16 @@ def test_a_deadlock_releases_the_youngest_waiter_that_holds_memory_once_per_peri
     assert node.mem.status(0)["releases"] == 2
 
 
+def test_a_region_owner_stuck_behind_frozen_holders_ends_its_region() -> None:
+    stuck: list[tuple[int, float]] = []
+    node = Node(owner=7)
+    node.mem.owner_stuck = lambda gpu, waited: stuck.append((gpu, waited))
+    node.view = [slot(0, 7, held=1, want=4, since=9 * S), slot(1, 2, held=8)]  # 2 is frozen
+    node.mem.tick(10 * S)
+    node.mem.tick(11 * S + 1)
+    assert stuck == [(0, 2.000000001)] and node.seg.released == []
+
+
 def test_memory_coming_back_is_progress() -> None:
     node = Node()
     node.view = [slot(0, 1, held=4, want=3, since=1 * S), slot(1, 2, held=6, want=1, since=2 * S)]

@@ -29,7 +29,8 @@ CAPACITY = 1024 * MIB
 
 # A command of the simulated GPU: allocates STEPS (MiB, one after another, HOLD seconds apart),
 # then frees everything. "cache": like a caching allocator, on an out-of-memory error it frees
-# what it keeps cached (its first allocation) and tries again, once; "plain" just fails.
+# what it keeps cached (its first allocation) and tries again, once; "retry": tries again once
+# with nothing to free (PyTorch's allocator with an empty cache); "plain" just fails.
 MEMHOG = textwrap.dedent("""
     import ctypes, json, sys, time
     from ctypes import byref, c_int, c_size_t, c_uint64, c_void_p
@@ -53,6 +54,8 @@ MEMHOG = textwrap.dedent("""
         if rc == 2 and kind == "cache" and ptrs:
             cu.cuMemFree_v2(ptrs.pop(0))  # the cache goes back; the retry waits if need be
             rc, p = alloc(mib)
+        elif rc == 2 and kind == "retry":
+            rc, p = alloc(mib)  # as PyTorch does when its cache is empty: once more, then fail
         if ctxm: ctxm.__exit__(None, None, None)
         if rc != 0:
             print(json.dumps({"oom": rc == 2, "rc": rc, "step": i}), flush=True)
@@ -153,13 +156,15 @@ def test_a_command_larger_than_the_gpu_fails_at_once_as_alone(memd: Daemon, tmp_
     assert "attempts" not in r["report"]  # not run again: it fails alone too
 
 
-def test_every_tenant_waiting_at_once_ends(memd: Daemon, tmp_path: Path) -> None:
-    """Four plain commands each hold 250 MiB and want 250 more: nothing can be freed. The
-    youngest is released; it fails only because it shared, and runs again alone."""
+@pytest.mark.parametrize("kind", ["plain", "retry"])
+def test_every_tenant_waiting_at_once_ends(memd: Daemon, tmp_path: Path, kind: str) -> None:
+    """Four commands each hold 250 MiB and want 250 more: nothing can be freed. The youngest
+    is released; it fails only because it shared (a retry right after the release fails too),
+    and runs again alone."""
 
     def one(i: int) -> dict[str, Any]:
         time.sleep(0.05 * i)
-        return through(memd, memhog([250, 250], hold=0.5), tmp_path / f"d{i}.json")
+        return through(memd, memhog([250, 250], hold=0.5, kind=kind), tmp_path / f"d{i}.json")
 
     with ThreadPoolExecutor(4) as ex:
         results = list(ex.map(one, range(4)))

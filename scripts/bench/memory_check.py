@@ -27,7 +27,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 CANDIDATE = ROOT / "scripts" / "bench" / "memory_candidate.py"
-SIZES_GIB = (1, 4, 8, 16, 24, 32, 40)
+SIZES_GIB = (2, 8, 16, 24, 32, 40)
 MODES = {"exclusive": (1, None), "shared8": (8, None), "krex8": (8, 8), "krex16": (16, 16)}
 
 
@@ -159,6 +159,7 @@ def main() -> int:
             print(f"== {name}", flush=True)
             modes.append(run_mode(name, Path(d)))
             m = modes[-1]
+            args.json.write_text(json.dumps({"partial": True, "modes": modes}, indent=1))
             rate = m["cmds_per_min_ok"]
             print(f"   {m['succeeded']} ok, {m['failed']} failed ({m['oom']} OOM), "
                   f"{m['wall_s']:.0f} s, {rate:.1f} ok/min", flush=True)  # fmt: skip

@@ -282,9 +282,23 @@ typedef CUresult (*attempt_fn)(void *arg);
  * once if it could not succeed even alone, else wait for a grant and retry (see docs/shim.md).
  * dev: the device it allocates on, or -1 for the current context's.
  */
+/* A release ends the wait it finds, and out-of-memory errors for RELEASE_WINDOW_NS after it
+ * go back at once: a framework that retries after freeing its cache (PyTorch's allocator does,
+ * once) must see that retry fail too, or it waits again holding what it holds, and the
+ * deadlock the release was meant to break stays (seen on the H200, 2026-12-01). */
+#define RELEASE_WINDOW_NS 2000000000ULL
+static uint64_t released_at_ns; /* when this process's last wait was released (0: never) */
+
 static CUresult mem_wait(struct krex_slot *s, attempt_fn attempt, void *arg, uint64_t bytes,
                          int dev, const char *what)
 {
+    uint64_t released = __atomic_load_n(&released_at_ns, __ATOMIC_RELAXED);
+    if (released && krex_now_ns() - released < RELEASE_WINDOW_NS) {
+        __atomic_add_fetch(&s->mem_oom_shared, 1U, __ATOMIC_SEQ_CST);
+        krex_debug("memory: %s of %llu bytes fails at once: released %.3f s ago", what,
+                   (unsigned long long)bytes, (double)(krex_now_ns() - released) / 1e9);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     if (dev < 0)
         dev = current_device();
     size_t total = 0;
@@ -319,6 +333,7 @@ static CUresult mem_wait(struct krex_slot *s, attempt_fn attempt, void *arg, uin
         uint32_t g = KREX_LOAD(&s->mem_grant);
         if (KREX_LOAD(&s->mem_release) != release) {
             how = "released by the controller";
+            __atomic_store_n(&released_at_ns, krex_now_ns(), __ATOMIC_RELAXED);
             __atomic_add_fetch(&s->mem_oom_shared, 1U, __ATOMIC_SEQ_CST);
             r = CUDA_ERROR_OUT_OF_MEMORY;
             break;

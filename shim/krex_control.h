@@ -51,8 +51,9 @@ int krex_drain_await(struct krex_segment *seg, uint32_t gpu, uint32_t owner,
 /* Free the slots of dead processes; returns how many were freed. */
 int krex_slots_reap(struct krex_segment *seg);
 /* Re-assign live slot `i` of process `pid` to `tenant` (a pool worker starting or finishing a
- * command): its gate checks and the drain then treat it as that tenant's. KREX_E_ARG if the
- * slot is not `pid`'s live slot or tenant is 0. */
+ * command): its gate checks and the drain then treat it as that tenant's, and its memory
+ * figures (peak, waits, out-of-memory counts) start again from what it holds now. KREX_E_ARG if
+ * the slot is not `pid`'s live slot or tenant is 0. */
 int krex_slot_set_tenant(struct krex_segment *seg, uint32_t i, uint32_t pid, uint32_t tenant);
 
 /* A consistent-enough copy of slot `i` (each field read atomically), for reports and tests. */

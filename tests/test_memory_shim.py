@@ -218,3 +218,21 @@ def test_without_a_controller_the_waiter_retries_on_its_own(
     rc, seconds, _ = b.line().split()[1:]
     assert int(rc) == 0 and 1.5 <= float(seconds) < 5.0
     assert _slot(node, index).mem_waits == 1
+
+
+def test_a_slot_handed_to_another_tenant_starts_its_memory_figures_again(
+    node: Node, mem_user: str, procs: list[Proc]
+) -> None:
+    """A pool worker's slot serves one command after another: at the hand-over its peak is
+    what it holds now and its waits and errors are 0, so no command reports another's."""
+    p = Proc([mem_user, "hold", str(8 * MIB)], node.env(tenant=1))
+    procs.append(p)
+    index = int(p.line().split()[1])
+    p.send()
+    assert p.line() == "freed"
+    before = _slot(node, index)
+    assert before.mem_peak >= 8 * MIB and before.mem_bytes == 0
+    node.seg.set_slot_tenant(index, before.pid, 2)
+    after = _slot(node, index)
+    assert after.tenant == 2 and after.mem_peak == 0
+    assert after.mem_waits == after.mem_wait_ns == after.mem_oom_shared == 0

@@ -60,6 +60,7 @@ def run_one(
         out["memory"] = rep.get("memory")
         out["pool"] = rep.get("pool")
         out["regions_clean"] = all(r.get("clean") for r in rep.get("regions", []))
+        out["attempts"] = len(rep.get("attempts", []))  # earlier runs (memory retries)
     return out
 
 

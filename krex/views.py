@@ -20,6 +20,16 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _memory_cell(mem: dict[str, Any]) -> str:
+    """'12/140 (2)': GiB held by tenants' processes of the GPU's capacity, and how many wait."""
+    if not mem:
+        return "-"
+    gib = 1 << 30
+    cap = mem.get("capacity_bytes", 0)
+    text = f"{mem.get('held_bytes', 0) / gib:.0f}/{cap / gib:.0f}" if cap else "?"
+    return f"{text} ({mem.get('waiting', 0)})"
+
+
 def status_tables(st: dict[str, Any]) -> Group:
     """The GPUs (slots, queues, region, recent regions, pool) and their tenants, as tables."""
     kind = "simulated" if st["sim"] else "real"
@@ -39,6 +49,7 @@ def status_tables(st: dict[str, Any]) -> Group:
         "wait p50/p95 ms",
         "drain p50/p95 ms",
         "pool idle/busy/starting",
+        "memory GiB (waiting)",
         "foreign",
     ):
         gpus.add_column(col)
@@ -59,6 +70,7 @@ def status_tables(st: dict[str, Any]) -> Group:
             f"{pool.get('idle', 0)}/{pool.get('busy', 0)}/{pool.get('starting', 0)}"
             if pool.get("target")
             else "off",
+            _memory_cell(g.get("memory") or {}),
             ", ".join(map(str, g.get("foreign", []))) or "-",
         )
         for t in g["tenants"]:
@@ -114,6 +126,11 @@ def effective_config(cfg: Config) -> dict[str, Any]:
             "max_uses": cfg.pool_max_uses,
         },
         "mps": {"enabled": cfg.mps},
+        "memory": {
+            "headroom_gib": cfg.headroom_bytes() / (1 << 30),
+            "wait_s": cfg.memory_wait_s,
+            "deadlock_s": cfg.memory_deadlock_s,
+        },
         "metrics": {"port": cfg.metrics_port, "address": cfg.metrics_address},
         "cores_available": sorted(os.sched_getaffinity(0)),
     }
@@ -130,6 +147,7 @@ def config_toml(doc: dict[str, Any]) -> str:
         "freezer": ("backend",),
         "pool": ("workers", "preload", "max_uses"),
         "mps": ("enabled",),
+        "memory": ("headroom_gib", "wait_s", "deadlock_s"),
         "metrics": ("port", "address"),
     }
     for section, keys in settable.items():

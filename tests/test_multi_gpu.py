@@ -81,7 +81,7 @@ class Pinned(Counter):
 def test_a_region_on_gpu_0_never_touches_a_tenant_of_gpu_1(node4: Daemon, native: Any) -> None:
     """GPU 0's region freezes and drains GPU 0's siblings; GPU 1's tenants keep running,
     are never blocked, asked to drain or re-pinned."""
-    hammer = [native.program("workload"), "hammer", "200000", "6"]  # outlives a slow run
+    hammer = [native.program("workload"), "hammer", "200000", "10"]  # outlives a slow run
     h0 = on(node4, "0", *hammer, stdout=subprocess.PIPE)
     h1 = on(node4, "1", *hammer, stdout=subprocess.PIPE)
     for h in (h0, h1):

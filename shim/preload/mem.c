@@ -20,27 +20,7 @@
 
 #include "shim.h"
 
-/* ---- The first bytes of the driver structs we read (check_cuda_h.c compares them with
- * cuda.h: CUmemAllocationProp, CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR). ---- */
-struct krex_mem_prop_head {
-    int type;                 /* CUmemAllocationType */
-    int requestedHandleTypes; /* CUmemAllocationHandleType */
-    CUmemLocation location;
-};
-struct krex_array_desc {
-    size_t Width;
-    size_t Height;
-    unsigned int Format; /* CUarray_format */
-    unsigned int NumChannels;
-};
-struct krex_array3d_desc {
-    size_t Width;
-    size_t Height;
-    size_t Depth;
-    unsigned int Format;
-    unsigned int NumChannels;
-    unsigned int Flags;
-};
+#include "mem_views.h"
 
 /* ---- The map. ---- */
 enum mem_kind { MEM_PTR = 1, MEM_HANDLE = 2, MEM_ARRAY = 3 };

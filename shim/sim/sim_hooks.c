@@ -71,23 +71,31 @@ unsigned long long sim_krexsim_submissions(void)
 }
 SIM_EXPORT(krexsim_submissions);
 
+/* A node's segment mapped read-only (NULL if there is none of the right size), for the
+ * controller's snapshots below; the caller unmaps it. */
+static const struct sim_shm *map_node(const char *shm_name)
+{
+    int fd = shm_open(shm_name, O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0)
+        return NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size != sizeof(struct sim_shm)) {
+        close(fd);
+        return NULL;
+    }
+    const struct sim_shm *s = mmap(NULL, sizeof *s, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    return s == MAP_FAILED ? NULL : s;
+}
+
 /* The processes that hold streams on simulated GPU `gpu` of the node `shm_name` (distinct
  * live pids, at most `max` of them into `pids`); -1 if the node cannot be read. For the
  * controller, which looks for GPU users that are not its tenants. It reads the node without
  * its lock: a snapshot good enough to find a process that stays. */
 int sim_krexsim_users(const char *shm_name, unsigned gpu, int *pids, int max)
 {
-    int fd = shm_open(shm_name, O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    struct stat st;
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size != sizeof(struct sim_shm)) {
-        close(fd);
-        return -1;
-    }
-    const struct sim_shm *s = mmap(NULL, sizeof *s, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (s == MAP_FAILED)
+    const struct sim_shm *s = map_node(shm_name);
+    if (!s)
         return -1;
     int n = -1;
     if (s->magic == SIM_SHM_MAGIC && s->version == SIM_SHM_VERSION) {
@@ -119,17 +127,8 @@ int sim_krexsim_mem_users(const char *shm_name, unsigned gpu, int *pids,
 {
     if (gpu >= SIM_MAX_GPUS)
         return -1;
-    int fd = shm_open(shm_name, O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    struct stat st;
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size != sizeof(struct sim_shm)) {
-        close(fd);
-        return -1;
-    }
-    const struct sim_shm *s = mmap(NULL, sizeof *s, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (s == MAP_FAILED)
+    const struct sim_shm *s = map_node(shm_name);
+    if (!s)
         return -1;
     int n = -1;
     if (s->magic == SIM_SHM_MAGIC && s->version == SIM_SHM_VERSION) {

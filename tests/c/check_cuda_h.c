@@ -27,32 +27,14 @@ _Static_assert(__builtin_types_compatible_p(__typeof__(&cuGetProcAddress),
                "cuGetProcAddress (4 arguments)");
 #endif
 
-/* The fields of the memory structs the shim reads (shim/preload/mem.c keeps mirrors of their
- * first bytes, spelled the same way below; the real build reads the real structs). */
+/* The fields of the memory structs the shim reads (shim/preload/mem_views.h mirrors their
+ * first bytes; the real build reads the real structs). */
 #ifdef KREX_REAL_CUDA_H
 #define PROP CUmemAllocationProp
 #define ADESC CUDA_ARRAY_DESCRIPTOR
 #define A3DESC CUDA_ARRAY3D_DESCRIPTOR
 #else
-struct krex_mem_prop_head {
-    int type;
-    int requestedHandleTypes;
-    CUmemLocation location;
-};
-struct krex_array_desc {
-    size_t Width;
-    size_t Height;
-    unsigned int Format;
-    unsigned int NumChannels;
-};
-struct krex_array3d_desc {
-    size_t Width;
-    size_t Height;
-    size_t Depth;
-    unsigned int Format;
-    unsigned int NumChannels;
-    unsigned int Flags;
-};
+#include "preload/mem_views.h"
 #define PROP struct krex_mem_prop_head
 #define ADESC struct krex_array_desc
 #define A3DESC struct krex_array3d_desc

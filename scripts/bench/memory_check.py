@@ -28,7 +28,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 CANDIDATE = ROOT / "scripts" / "bench" / "memory_candidate.py"
 SIZES_GIB = (2, 8, 16, 24, 32, 40)
-MODES = {"exclusive": (1, None), "shared8": (8, None), "krex8": (8, 8), "krex16": (16, 16)}
+# mode: (commands at once, krex slots or None for no krex, memory waits on)
+MODES = {
+    "exclusive": (1, None, True),
+    "shared8": (8, None, True),
+    "krex8": (8, 8, True),
+    "krex16": (16, 16, True),
+    # krex without memory arbitration (an allocation waits 1 ms): the baseline of "timing no
+    # worse than without memory arbitration"; its out-of-memory failures are expected.
+    "krex8-nowait": (8, 8, False),
+}
 
 
 def commands() -> list[tuple[float, str]]:
@@ -65,13 +74,15 @@ def run_one(
 
 
 @contextlib.contextmanager
-def daemon(tmp: Path, slots: int) -> Iterator[Path]:
-    sock = tmp / f"krex-{slots}.sock"
-    log = open(tmp / f"daemon-{slots}.log", "wb")  # noqa: SIM115
+def daemon(tmp: Path, slots: int, waits: bool = True) -> Iterator[Path]:
+    name = f"{slots}{'' if waits else '-nowait'}"
+    sock = tmp / f"krex-{name}.sock"
+    cfg = tmp / f"krex-{name}.toml"
+    cfg.write_text("" if waits else "[memory]\nwait_s = 0.001\n")
+    log = open(tmp / f"daemon-{name}.log", "wb")  # noqa: SIM115
+    argv = [sys.executable, "-m", "krex.cli", "daemon", "--socket", str(sock)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "krex.cli", "daemon", "--socket", str(sock), "--slots", str(slots)],
-        stdout=log,
-        stderr=log,
+        [*argv, "--slots", str(slots), "--config", str(cfg)], stdout=log, stderr=log
     )
     try:
         deadline = time.monotonic() + 120
@@ -87,7 +98,7 @@ def daemon(tmp: Path, slots: int) -> Iterator[Path]:
                     break
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise RuntimeError(
-                    "daemon did not start: " + (tmp / f"daemon-{slots}.log").read_text()
+                    "daemon did not start: " + (tmp / f"daemon-{name}.log").read_text()
                 )
             time.sleep(0.5)
         yield sock
@@ -98,10 +109,10 @@ def daemon(tmp: Path, slots: int) -> Iterator[Path]:
 
 
 def run_mode(name: str, tmp: Path) -> dict[str, Any]:
-    concurrency, slots = MODES[name]
+    concurrency, slots, waits = MODES[name]
     cmds = commands()
     with contextlib.ExitStack() as stack:
-        sock = stack.enter_context(daemon(tmp, slots)) if slots else None
+        sock = stack.enter_context(daemon(tmp, slots, waits)) if slots else None
         t0 = time.monotonic()
         with ThreadPoolExecutor(concurrency) as ex:
             futs = [
@@ -151,9 +162,12 @@ def summarise(modes: list[dict[str, Any]]) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", type=Path, required=True)
-    ap.add_argument("--modes", default="exclusive,shared8,krex8,krex16")
+    ap.add_argument("--modes", default="exclusive,shared8,krex8,krex16", help=", ".join(MODES))
     args = ap.parse_args()
     names = [m for m in args.modes.split(",") if m]
+    unknown = [m for m in names if m not in MODES]
+    if unknown:
+        ap.error(f"unknown mode(s) {', '.join(unknown)}: choose from {', '.join(MODES)}")
     with tempfile.TemporaryDirectory(prefix="krex-mem-") as d:
         modes = []
         for name in names:

@@ -7,9 +7,11 @@ import re
 import threading
 from pathlib import Path
 
+import pytest
 from conftest import ROOT, remove_shm, unique
 
 from krex import simnode
+from krex.config import ConfigError, from_toml
 
 
 def test_sim_lock_offsets_are_the_ones_krexsim_h_documents() -> None:
@@ -41,3 +43,11 @@ def test_sim_lock_holders_reads_holder_pids_and_lock_owner_threads() -> None:
     finally:
         remove_shm(name)
     assert simnode.lock_holders("/krex-no-such-sim") == set()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400"])
+@pytest.mark.parametrize("key", ["quiesce_s", "drain_s", "freeze_s", "region_s"])
+def test_non_finite_time_outs_are_one_error_naming_the_key(key: str, value: str) -> None:
+    """A time-out of nan or inf used to be accepted, and every region then failed."""
+    with pytest.raises(ConfigError, match=rf"timeouts\.{key} must be > 0 and finite"):
+        from_toml(f"[timeouts]\n{key} = {value}\n", "t.toml")

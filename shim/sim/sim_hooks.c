@@ -71,7 +71,8 @@ unsigned long long sim_krexsim_submissions(void)
 }
 SIM_EXPORT(krexsim_submissions);
 
-/* A node's segment mapped read-only (NULL if there is none of the right size), for the
+/* A node's segment mapped read-only (NULL if there is none of this build's size, magic and
+ * version), for the
  * controller's snapshots below; the caller unmaps it. */
 static const struct sim_shm *map_node(const char *shm_name)
 {
@@ -85,7 +86,13 @@ static const struct sim_shm *map_node(const char *shm_name)
     }
     const struct sim_shm *s = mmap(NULL, sizeof *s, PROT_READ, MAP_SHARED, fd, 0);
     close(fd);
-    return s == MAP_FAILED ? NULL : s;
+    if (s == MAP_FAILED)
+        return NULL;
+    if (s->magic != SIM_SHM_MAGIC || s->version != SIM_SHM_VERSION) {
+        munmap((void *)s, sizeof *s);
+        return NULL;
+    }
+    return s;
 }
 
 /* The processes that hold streams on simulated GPU `gpu` of the node `shm_name` (distinct
@@ -97,21 +104,18 @@ int sim_krexsim_users(const char *shm_name, unsigned gpu, int *pids, int max)
     const struct sim_shm *s = map_node(shm_name);
     if (!s)
         return -1;
-    int n = -1;
-    if (s->magic == SIM_SHM_MAGIC && s->version == SIM_SHM_VERSION) {
-        n = 0;
-        for (unsigned i = 0; i < SIM_MAX_STREAMS && n < max; i++) {
-            int32_t owner = __atomic_load_n(&s->streams[i].owner, __ATOMIC_RELAXED);
-            if (owner <= 0 || s->streams[i].gpu != gpu || s->streams[i].destroyed)
-                continue;
-            if (kill(owner, 0) != 0 && errno != EPERM)
-                continue;
-            int seen = 0;
-            for (int j = 0; j < n; j++)
-                seen |= pids[j] == owner;
-            if (!seen)
-                pids[n++] = owner;
-        }
+    int n = 0;
+    for (unsigned i = 0; i < SIM_MAX_STREAMS && n < max; i++) {
+        int32_t owner = __atomic_load_n(&s->streams[i].owner, __ATOMIC_RELAXED);
+        if (owner <= 0 || s->streams[i].gpu != gpu || s->streams[i].destroyed)
+            continue;
+        if (kill(owner, 0) != 0 && errno != EPERM)
+            continue;
+        int seen = 0;
+        for (int j = 0; j < n; j++)
+            seen |= pids[j] == owner;
+        if (!seen)
+            pids[n++] = owner;
     }
     munmap((void *)s, sizeof *s);
     return n;
@@ -130,20 +134,17 @@ int sim_krexsim_mem_users(const char *shm_name, unsigned gpu, int *pids,
     const struct sim_shm *s = map_node(shm_name);
     if (!s)
         return -1;
-    int n = -1;
-    if (s->magic == SIM_SHM_MAGIC && s->version == SIM_SHM_VERSION) {
-        n = 0;
-        for (unsigned i = 0; i < SIM_MAX_MEM_PROCS && n < max; i++) {
-            int32_t pid = __atomic_load_n(&s->mem_procs[i].pid, __ATOMIC_RELAXED);
-            uint64_t used = __atomic_load_n(&s->mem_procs[i].used[gpu], __ATOMIC_RELAXED);
-            if (pid <= 0 || used == 0)
-                continue;
-            if (kill(pid, 0) != 0 && errno != EPERM)
-                continue;
-            pids[n] = pid;
-            bytes[n] = used;
-            n++;
-        }
+    int n = 0;
+    for (unsigned i = 0; i < SIM_MAX_MEM_PROCS && n < max; i++) {
+        int32_t pid = __atomic_load_n(&s->mem_procs[i].pid, __ATOMIC_RELAXED);
+        uint64_t used = __atomic_load_n(&s->mem_procs[i].used[gpu], __ATOMIC_RELAXED);
+        if (pid <= 0 || used == 0)
+            continue;
+        if (kill(pid, 0) != 0 && errno != EPERM)
+            continue;
+        pids[n] = pid;
+        bytes[n] = used;
+        n++;
     }
     munmap((void *)s, sizeof *s);
     return n;

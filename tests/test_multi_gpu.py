@@ -86,6 +86,9 @@ def test_a_region_on_gpu_0_never_touches_a_tenant_of_gpu_1(node4: Daemon, native
     h1 = on(node4, "1", *hammer, stdout=subprocess.PIPE)
     for h in (h0, h1):
         assert h.stdout is not None and h.stdout.readline().strip() == "hammering"
+    # The hammers' pids while they surely run (looked up at the end, a slow run once found one
+    # gone already); their slots stay in the segment for the checks below.
+    pid0, pid1 = (int(subprocess.check_output(["pgrep", "-P", str(h.pid)])) for h in (h0, h1))
     s0, s1 = Pinned(node4, "0"), Pinned(node4, "1")
     try:
         cores1 = affinity(s1.pid())
@@ -99,8 +102,8 @@ def test_a_region_on_gpu_0_never_touches_a_tenant_of_gpu_1(node4: Daemon, native
         assert affinity(s1.pid()) == cores1, "GPU 1's tenant was re-pinned"
         assert holder.stdout.readline().strip() == "out"
         assert holder.wait(timeout=30) == 0
-        (slot0,) = tenant_slots(node4, int(subprocess.check_output(["pgrep", "-P", str(h0.pid)])))
-        (slot1,) = tenant_slots(node4, int(subprocess.check_output(["pgrep", "-P", str(h1.pid)])))
+        (slot0,) = tenant_slots(node4, pid0)
+        (slot1,) = tenant_slots(node4, pid1)
         assert slot0.drain_req > 0 and slot0.blocked > 0, slot0
         assert slot1.drain_req == 0 and slot1.blocked == 0, slot1
         assert slot1.gpu == 1 and slot1.gpus == 1 << 1

@@ -610,6 +610,7 @@ class Daemon:
         while True:
             await asyncio.sleep(1.0)
             self._account()
+            self._sample_nvml()
             for g in self.gpus:
                 self.metrics.levels(
                     g.index,
@@ -625,6 +626,21 @@ class Daemon:
                 keep |= {g.pool_tenant.id for g in self.gpus if g.pool_tenant is not None}
                 with contextlib.suppress(TenantsError):
                     prune(self.root, keep)
+
+    def _sample_nvml(self) -> None:
+        """Each tenant's device bytes as NVML counts them (its live processes' sum), and the
+        largest seen: beside the shim's own count in status and reports, so a path the shim
+        missed shows as a gap between the two."""
+        if self.nvml is None:
+            return
+        for g in self.gpus:
+            used = self.nvml.process_memory(g.index)
+            if used is None:
+                continue
+            for t in g.tenants:
+                n = sum(used.get(s.pid, 0) for s in self.segments.live(t))
+                t.nvml_bytes = n
+                t.nvml_peak = max(t.nvml_peak or 0, n)
 
     async def _memory_loop(self) -> None:
         """The memory arbiter (krex/memory.py): fast while anyone waits; when a GPU's waiters
@@ -689,9 +705,22 @@ class Daemon:
                     "pids": t.pids,
                     "age_s": now - t.t_admit,
                     "regions": len(t.regions),
+                    "memory": self._tenant_memory(t),
                 }
                 for t in g.tenants
             ],
+        }
+
+    def _tenant_memory(self, t: Tenant) -> dict[str, Any]:
+        """What t's live processes hold now (the shim's count and NVML's), its peak, and how
+        long it has been waiting for memory (0: not waiting)."""
+        live = self.segments.live(t)
+        since = [s.mem_since_ns for s in live if s.mem_want and s.mem_since_ns]
+        return {
+            "bytes": sum(s.mem_bytes for s in live),
+            "peak_bytes": max([t.mem_peak, *(s.mem_peak for s in live)]),
+            "waiting_s": (time.monotonic_ns() - min(since)) / 1e9 if since else 0.0,
+            "nvml_bytes": t.nvml_bytes,
         }
 
 
@@ -729,9 +758,11 @@ def _grant_reply(r: Region, t_request: float) -> dict[str, Any]:
 
 def _memory_report(t: Tenant) -> dict[str, Any]:
     """A report's `memory` (docs/memory.md): peak, waits, and out-of-memory errors the
-    command saw, split into those it would have had alone and those only sharing caused."""
+    command saw, split into those it would have had alone and those only sharing caused;
+    NVML's peak (sampled once a second, so at most the real one) as the cross-check."""
     return {
         "peak_bytes": t.mem_peak,
+        "nvml_peak_bytes": t.nvml_peak,
         "declared_bytes": t.mem_declared or None,
         "wait_s": t.mem_wait_ns / 1e9,
         "waits": t.mem_waits,

@@ -45,6 +45,10 @@ class Tenant:
     mem_waits: int = 0
     mem_oom_alone: int = 0
     mem_oom_shared: int = 0
+    # NVML's per-process figure over its processes (the cross-check of the shim's count):
+    # sampled once a second, None where NVML gives none (simulated GPU, no pynvml).
+    nvml_bytes: int | None = None
+    nvml_peak: int | None = None
 
     def __post_init__(self) -> None:
         self.gpus = sorted(self.gpus) if self.gpus else [self.gpu]

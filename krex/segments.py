@@ -114,6 +114,22 @@ class Segments:
             for s in seg.slots():
                 yield seg, s
 
+    def live(self, t: Tenant) -> list[SlotView]:
+        """The process slots of t's processes that are alive."""
+        return [s for _, s in self.live_slots() if s.tenant == t.id and s.alive]
+
+    def hand_over(self, seg_id: int, index: int, pid: int, old: Tenant | None, new: int) -> None:
+        """Process pid's slot `index` (in tenant seg_id's segment) passes to tenant `new`: what
+        it counted for `old` is folded into old first, since the hand-over starts the slot's
+        counters again (a pool worker's next command must not inherit them, nor its last
+        command lose them when its worker is given back before its report is made)."""
+        seg = self.tenants[seg_id]
+        if old is not None:
+            view = seg.slot(index)
+            if view.tenant == old.id and view.pid == pid:
+                _fold(old, view)
+        seg.set_slot_tenant(index, pid, new)
+
     def to_drain(self, skip: Iterable[int]) -> list[Segment]:
         """The segments a region's quiesce and drain wait on: all but those of the ids in skip."""
         left_out = set(skip)

@@ -21,13 +21,30 @@ def _ms(value: float | None) -> str:
 
 
 def _memory_cell(mem: dict[str, Any]) -> str:
-    """'12/140 (2)': GiB held by tenants' processes of the GPU's capacity, and how many wait."""
+    """'12/140 (2, oldest 3.1 s)': GiB held by tenants' processes of the GPU's capacity, how
+    many wait and the oldest wait."""
     if not mem:
         return "-"
     gib = 1 << 30
     cap = mem.get("capacity_bytes", 0)
     text = f"{mem.get('held_bytes', 0) / gib:.0f}/{cap / gib:.0f}" if cap else "?"
-    return f"{text} ({mem.get('waiting', 0)})"
+    waiting = mem.get("waiting", 0)
+    if waiting:
+        return f"{text} ({waiting}, oldest {mem.get('oldest_wait_s', 0.0):.1f} s)"
+    return f"{text} (0)"
+
+
+def _tenant_memory_cells(mem: dict[str, Any]) -> tuple[str, str]:
+    """('3.2 (8.0)', '1.5'): GiB its processes hold now (the shim's count; NVML's after a
+    slash where NVML gives it) and their peak; how long it has been waiting for memory."""
+    if not mem:
+        return "-", "-"
+    gib = 1 << 30
+    held = f"{mem.get('bytes', 0) / gib:.1f}"
+    if mem.get("nvml_bytes") is not None:
+        held += f"/{mem['nvml_bytes'] / gib:.1f}"
+    waiting = mem.get("waiting_s", 0.0)
+    return f"{held} ({mem.get('peak_bytes', 0) / gib:.1f})", f"{waiting:.1f}" if waiting else "-"
 
 
 def status_tables(st: dict[str, Any]) -> Group:
@@ -54,8 +71,9 @@ def status_tables(st: dict[str, Any]) -> Group:
     ):
         gpus.add_column(col)
     tenants = Table(title="tenants", title_justify="left")
-    for col in ("GPU", "tenant", "pids", "regions", "age s", "command"):
+    for col in ("GPU", "tenant", "pids", "regions", "age s", "memory GiB (peak)", "memory wait s"):
         tenants.add_column(col)
+    tenants.add_column("command")
     for g in st["gpus"]:
         r, rec, pool = g["region"], g.get("recent") or {}, g.get("pool") or {}
         gpus.add_row(
@@ -80,6 +98,7 @@ def status_tables(st: dict[str, Any]) -> Group:
                 " ".join(map(str, t["pids"])),
                 str(t["regions"]),
                 f"{t['age_s']:.1f}",
+                *_tenant_memory_cells(t.get("memory") or {}),
                 " ".join(t["argv"])[:60],
             )
     return Group(gpus, tenants)

@@ -187,7 +187,7 @@ class Pool:
         try:
             g.pool_tenant.group.remove(w.proc.pid)  # it is the tenant's now, not the pool's
             await self.d.started(t, w.proc.pid)
-            self.d.segments.tenants[w.slots_id].set_slot_tenant(w.slot, w.proc.pid, t.id)
+            self.d.segments.hand_over(w.slots_id, w.slot, w.proc.pid, None, t.id)
             w.writer.write(wire.encode({"op": "job", "token": token}))
             await w.writer.drain()
         except (KrexError, ConnectionError) as e:
@@ -217,8 +217,7 @@ class Pool:
             g.pool_tenant.group.add(w.proc.pid)
             g.pool_tenant.group.pin(set(g.slice.shared_cores))
         with contextlib.suppress(KrexError, KeyError):
-            seg = self.d.segments.tenants[w.slots_id]
-            seg.set_slot_tenant(w.slot, w.proc.pid, g.pool_tenant.id)
+            self.d.segments.hand_over(w.slots_id, w.slot, w.proc.pid, t, g.pool_tenant.id)
         self.d.regions.tenant_joined(g.pool_tenant)
 
     def trim(self, g: Gpu) -> None:

@@ -218,10 +218,12 @@ int krex_slot_set_tenant(struct krex_segment *seg, uint32_t i, uint32_t pid, uin
     if (KREX_LOAD(&s->state) != KREX_SLOT_LIVE || KREX_LOAD(&s->pid) != pid)
         return KREX_E_ARG;
     KREX_STORE(&s->tenant, tenant);
-    /* A pool worker's slot serves one command after another: its memory figures start again
-     * for each (the H200 run of 2026-12-01 reported one command's waits and peak in the next
-     * one's report). The worker is idle here, between commands: no allocation races these
-     * stores of fields it otherwise writes itself. */
+    /* A pool worker's slot serves one command after another: its counters and memory figures
+     * start again for each (the H200 run of 2026-12-01 reported one command's waits and peak
+     * in the next one's report); the controller folds the old tenant's first. The worker is
+     * idle here, between commands: no call races these stores of fields it otherwise writes. */
+    KREX_STORE(&s->intercepted, 0);
+    KREX_STORE(&s->blocked, 0);
     KREX_STORE(&s->mem_peak, KREX_LOAD(&s->mem_bytes));
     KREX_STORE(&s->mem_wait_ns, 0);
     KREX_STORE(&s->mem_waits, 0);

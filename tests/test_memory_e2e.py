@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from conftest import remove_shm, unique
-from helpers import Daemon, run_argv
+from helpers import KREX, Daemon, run_argv
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -212,6 +212,36 @@ def test_a_region_owner_allocating_while_frozen_siblings_hold_memory_ends(
     assert rs["rc"] == 0 and ro["rc"] == 0, (rs["err"][-400:], ro["err"][-400:])
     assert ro["report"]["memory"]["waits"] >= 1
     assert_nothing_left(memd)
+
+
+def test_a_wait_for_memory_shows_in_status_and_top(memd: Daemon, tmp_path: Path) -> None:
+    """While one command holds 800 MiB, another's 400 MiB allocation waits: `krex status`
+    shows who waits and for how long, and `krex top` shows it in its tables."""
+    with ThreadPoolExecutor(2) as ex:
+        ex.submit(through, memd, memhog([800], hold=3.0), tmp_path / "holder.json")
+        time.sleep(0.8)
+        waiter = ex.submit(through, memd, memhog([400], hold=0.1), tmp_path / "waiter.json")
+        deadline, seen = time.monotonic() + 20, None
+        while time.monotonic() < deadline and seen is None:
+            g = (memd.status() or {})["gpus"][0]
+            waiting = [t for t in g["tenants"] if t["memory"]["waiting_s"] > 0]
+            if waiting and g["memory"]["waiting"] == 1:
+                seen = g
+            else:
+                time.sleep(0.1)
+        top = subprocess.run(
+            [*KREX, "top", "--once", "--socket", str(memd.socket)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert waiter.result()["rc"] == 0
+    assert seen is not None, "no tenant was seen waiting for memory"
+    holder = max(seen["tenants"], key=lambda t: t["memory"]["bytes"])
+    assert holder["memory"]["bytes"] >= 800 * MIB and holder["memory"]["peak_bytes"] >= 800 * MIB
+    assert holder["memory"]["nvml_bytes"] is None  # NVML does not see a simulated GPU
+    assert top.returncode == 0, top.stderr
+    assert "memory wait s" in top.stdout and "oldest" in top.stdout, top.stdout
 
 
 def assert_nothing_left(d: Daemon) -> None:

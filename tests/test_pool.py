@@ -147,6 +147,42 @@ def test_regions_of_consecutive_commands_in_one_worker(pool: Daemon, tmp_path: P
     assert all(o[2] == "True" for o in outs)
 
 
+ALLOC = """
+    import ctypes, sys
+    from ctypes import byref, c_size_t, c_uint64, c_void_p
+    cu = ctypes.CDLL("libcuda.so.1")
+    ctx = c_void_p()
+    assert cu.cuCtxGetCurrent(byref(ctx)) == 0 and ctx.value  # the worker's, or ours
+    mib, sets = int(sys.argv[1]), int(sys.argv[2])
+    p = c_uint64()
+    assert cu.cuMemAlloc_v2(byref(p), c_size_t(mib << 20)) == 0
+    for _ in range(sets):
+        assert cu.cuMemsetD8_v2(p, 0, c_size_t(4)) == 0
+    assert cu.cuMemFree_v2(p) == 0
+"""
+
+
+def test_each_warm_command_reports_its_own_calls_and_memory(pool: Daemon, tmp_path: Path) -> None:
+    """One worker runs three commands: each report has that command's peak and call count,
+    not the last command's added (a slot's counters start again at each hand-over) and not
+    lost (the worker going back to the pool folds them into the command first)."""
+    prelude = "import ctypes\nfrom ctypes import byref, c_int, c_void_p\n"
+    ensure_ctx = (
+        "cu0 = ctypes.CDLL('libcuda.so.1'); cu0.cuInit(0); d, c = c_int(), c_void_p()\n"
+        "cu0.cuDeviceGet(byref(d), 0); cu0.cuDevicePrimaryCtxRetain(byref(c), d)\n"
+        "cu0.cuCtxSetCurrent(c)\n"
+    )
+    script = prelude + ensure_ctx + textwrap.dedent(ALLOC)
+    reports = []
+    for mib, sets in [(64, 40), (16, 4), (32, 10)]:
+        r = krun(pool, tmp_path, script, str(mib), str(sets))
+        assert r.rc == 0 and r.report["pool"] == "warm", r.err
+        reports.append((mib, sets, r.report))
+    for mib, sets, rep in reports:
+        assert mib << 20 <= rep["memory"]["peak_bytes"] < (mib + 8) << 20, (mib, rep["memory"])
+        assert sets <= rep["intercepted"] < sets + 10, (sets, rep["intercepted"])
+
+
 def test_exit_status_and_traceback_are_the_commands(pool: Daemon, tmp_path: Path) -> None:
     r = krun(pool, tmp_path, "import sys\nsys.exit(3)\n")
     assert (r.rc, r.report["pool"], r.report["exit_code"]) == (3, "warm", 3)

@@ -28,14 +28,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 CANDIDATE = ROOT / "scripts" / "bench" / "memory_candidate.py"
 SIZES_GIB = (2, 8, 16, 24, 32, 40)
+LOGS = Path(tempfile.gettempdir())  # the daemons' logs: beside --json
 # mode: (commands at once, krex slots or None for no krex, memory waits on)
 MODES = {
     "exclusive": (1, None, True),
     "shared8": (8, None, True),
     "krex8": (8, 8, True),
     "krex16": (16, 16, True),
-    # krex without memory arbitration (an allocation waits 1 ms): the baseline of "timing no
-    # worse than without memory arbitration"; its out-of-memory failures are expected.
+    # krex without memory arbitration (an allocation waits 1 ms, no rerun after a sharing
+    # out-of-memory): the baseline of "timing no worse than without memory arbitration"; its
+    # out-of-memory failures are expected.
     "krex8-nowait": (8, 8, False),
 }
 
@@ -45,7 +47,12 @@ def commands() -> list[tuple[float, str]]:
 
 
 def run_one(
-    size: float, mode: str, krex_socket: Path | None, cache: Path, report: Path
+    size: float,
+    mode: str,
+    krex_socket: Path | None,
+    cache: Path,
+    report: Path,
+    retry: bool = True,
 ) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
     env.pop("LD_PRELOAD", None)
@@ -53,7 +60,8 @@ def run_one(
     argv = [sys.executable, str(CANDIDATE), str(size), mode]
     if krex_socket is not None:
         argv = [sys.executable, "-m", "krex.cli", "run", "--socket", str(krex_socket),
-                "--report", str(report), "--", *argv]  # fmt: skip
+                "--report", str(report), *([] if retry else ["--no-memory-retry"]),
+                "--", *argv]  # fmt: skip
     t0 = time.monotonic()
     p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
     out: dict[str, Any] = {"size_gib": size, "variant": mode, "rc": p.returncode}
@@ -70,6 +78,7 @@ def run_one(
         out["pool"] = rep.get("pool")
         out["regions_clean"] = all(r.get("clean") for r in rep.get("regions", []))
         out["attempts"] = len(rep.get("attempts", []))  # earlier runs (memory retries)
+        out["intercepted"] = rep.get("intercepted")
     return out
 
 
@@ -79,7 +88,8 @@ def daemon(tmp: Path, slots: int, waits: bool = True) -> Iterator[Path]:
     sock = tmp / f"krex-{name}.sock"
     cfg = tmp / f"krex-{name}.toml"
     cfg.write_text("" if waits else "[memory]\nwait_s = 0.001\n")
-    log = open(tmp / f"daemon-{name}.log", "wb")  # noqa: SIM115
+    log_path = LOGS / f"daemon-{name}.log"
+    log = open(log_path, "wb")  # noqa: SIM115
     argv = [sys.executable, "-m", "krex.cli", "daemon", "--socket", str(sock)]
     proc = subprocess.Popen(
         [*argv, "--slots", str(slots), "--config", str(cfg)], stdout=log, stderr=log
@@ -97,9 +107,7 @@ def daemon(tmp: Path, slots: int, waits: bool = True) -> Iterator[Path]:
                 if pool["idle"] >= pool["target"]:  # the warm workers are ready
                     break
             if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError(
-                    "daemon did not start: " + (tmp / f"daemon-{name}.log").read_text()
-                )
+                raise RuntimeError("daemon did not start: " + log_path.read_text())
             time.sleep(0.5)
         yield sock
     finally:
@@ -109,14 +117,16 @@ def daemon(tmp: Path, slots: int, waits: bool = True) -> Iterator[Path]:
 
 
 def run_mode(name: str, tmp: Path) -> dict[str, Any]:
-    concurrency, slots, waits = MODES[name]
+    concurrency, slots, arbitrate = MODES[name]
     cmds = commands()
     with contextlib.ExitStack() as stack:
-        sock = stack.enter_context(daemon(tmp, slots, waits)) if slots else None
+        sock = stack.enter_context(daemon(tmp, slots, arbitrate)) if slots else None
         t0 = time.monotonic()
         with ThreadPoolExecutor(concurrency) as ex:
             futs = [
-                ex.submit(run_one, s, m, sock, tmp / f"{name}-{i}", tmp / f"{name}-{i}.json")
+                ex.submit(
+                    run_one, s, m, sock, tmp / f"{name}-{i}", tmp / f"{name}-{i}.json", arbitrate
+                )
                 for i, (s, m) in enumerate(cmds)
             ]
             results = [f.result() for f in futs]
@@ -164,6 +174,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument("--modes", default="exclusive,shared8,krex8,krex16", help=", ".join(MODES))
     args = ap.parse_args()
+    global LOGS
+    LOGS = args.json.resolve().parent
     names = [m for m in args.modes.split(",") if m]
     unknown = [m for m in names if m not in MODES]
     if unknown:

@@ -5,9 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from krex.bench import runner
+from krex.bench.suite import Command
 
 KREX = [sys.executable, "-m", "krex.cli"]
 
@@ -110,3 +115,154 @@ def test_pool_on_and_off_side_by_side(tmp_path: Path) -> None:
     assert ("krex-cold", "cold") in pools and ("krex", "cold") not in pools
     for mode in ("krex", "krex-cold"):
         assert r["inflation_p95"][mode][">0.1ms"] <= 0.02, r["inflation_p95"]
+
+
+# --- failures: a suite of fake commands, run in-process ---------------------------------------
+
+# A benchmarking command that behaves by its variant. "ok-*" hold a marker file for HOLD_S while
+# they run, as a command holds device memory. "hungry" needs the GPU's memory to itself: it dies
+# of PyTorch's out-of-memory error if it sees another command's marker while it runs (HOLD_S),
+# so it fails only when it shares. "broken" always fails; "silent" exits 0 without a result;
+# "slow" outlives any time-out.
+FAKE = """
+import json, os, sys, time
+from pathlib import Path
+
+task, variant, markers, hold_s = sys.argv[1], sys.argv[2], Path(sys.argv[3]), float(sys.argv[4])
+if variant == "broken":
+    sys.exit("Traceback (most recent call last):\\nValueError: the candidate is broken")
+if variant == "silent":
+    sys.exit(0)
+if variant == "slow":
+    time.sleep(60)
+if variant == "hungry":
+    end = time.monotonic() + hold_s
+    while time.monotonic() < end:
+        if any(markers.iterdir()):
+            sys.exit("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB")
+        time.sleep(0.01)
+else:
+    mine = markers / f"{variant}-{os.getpid()}"
+    mine.touch()
+    time.sleep(hold_s)
+    mine.unlink()
+print(json.dumps({"task": task, "variant": variant, "median_ms": 1.0 + len(variant) / 10}))
+"""
+
+
+@pytest.fixture
+def fake_suite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A function that makes runner.run's suite the fake commands of the given variants."""
+    script = tmp_path / "fake_cmd.py"
+    script.write_text(textwrap.dedent(FAKE))
+    markers = tmp_path / "markers"
+    markers.mkdir()
+
+    def use(*variants: str, hold_s: float = 2.0) -> None:
+        cmds = [
+            Command(
+                "fake",
+                v,
+                (sys.executable, str(script), "fake", v, str(markers), str(hold_s)),
+                simulated=True,
+            )
+            for v in variants
+        ]
+        monkeypatch.setattr(runner, "commands", lambda profile, tasks=None: cmds)
+
+    return use
+
+
+def test_a_command_failing_only_when_shared_is_counted_not_raised(
+    fake_suite: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """hungry fails of out-of-memory when it shares the GPU and succeeds alone; broken fails
+    everywhere. The run completes, results.json counts both in each mode (krex included), the
+    report lists them and stderr says how many failed per mode."""
+    fake_suite("ok-a", "ok-b", "hungry", "broken")
+    out = tmp_path / "out"
+    r = runner.run(["exclusive", "shared", "krex"], 3, out, "tiny", "krex bench run (test)")
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["modes"] == r["modes"]
+    excl, shared, krex = (doc["modes"][m] for m in ("exclusive", "shared", "krex"))
+    assert (excl["commands"], excl["succeeded"], excl["failed_alone"]) == (4, 3, 1)
+    assert (shared["failed"], shared["failed_oom"], shared["failed_only_when_shared"]) == (2, 1, 1)
+    by_variant = {f["variant"]: f for f in doc["failures"]["shared"]}
+    assert by_variant["hungry"]["oom"] and by_variant["hungry"]["only_when_shared"]
+    assert by_variant["hungry"]["reason"].startswith("torch.OutOfMemoryError: CUDA out of memory")
+    assert by_variant["broken"] == {
+        "task": "fake",
+        "variant": "broken",
+        "status": 1,
+        "oom": False,
+        "only_when_shared": False,
+        "reason": "ValueError: the candidate is broken",
+        "attempts": 0,
+        "wall_s": by_variant["broken"]["wall_s"],
+    }
+    # Through krex the broken command fails too, and is counted, with krex's exit status.
+    krex_broken = [f for f in doc["failures"]["krex"] if f["variant"] == "broken"]
+    assert krex_broken and krex_broken[0]["status"] == 1 and krex["failed_alone"] == 1
+    # Only commands that succeeded have records; krex's carry their report's memory figures.
+    assert {(c["mode"], c["variant"]) for c in doc["commands"]} >= {
+        ("exclusive", "hungry"),
+        ("shared", "ok-a"),
+    }
+    assert ("shared", "hungry") not in {(c["mode"], c["variant"]) for c in doc["commands"]}
+    assert all("wait_s" in c["memory"] for c in doc["commands"] if c["mode"] == "krex")
+    assert krex["memory_wait_s"]["n"] == krex["succeeded"]
+    assert excl["memory_wait_s"]["n"] == 0
+    err = capsys.readouterr().err
+    assert "shared: 2 of 4 commands failed (1 out of memory, 1 only when shared)" in err
+    assert "exclusive: 1 of 4 commands failed (0 out of memory, 0 only when shared)" in err
+    report = (out / "report.md").read_text()
+    assert "| shared | fake/hungry | 1 | yes | yes | 0 | torch.OutOfMemoryError" in report
+
+
+def test_time_outs_and_missing_results_are_failures(
+    fake_suite: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command killed at the time-out has status None and says so; one that exits 0 without
+    a JSON result line is a failure with status 0."""
+    monkeypatch.setattr(runner, "COMMAND_TIMEOUT_S", 0.5)
+    fake_suite("ok-a", "slow", "silent", hold_s=0.0)
+    r = runner.run(["exclusive"], 1, tmp_path / "out", "tiny", "krex bench run (test)")
+    failures = {f["variant"]: f for f in r["failures"]["exclusive"]}
+    assert failures["slow"]["status"] is None
+    assert failures["slow"]["reason"] == "timed out after 0.5 s"
+    assert failures["slow"]["wall_s"] < 30
+    assert failures["silent"]["status"] == 0
+    assert failures["silent"]["reason"] == "printed no JSON result line"
+    assert r["modes"]["native_repeat"]["failed"] == 2
+
+
+def test_an_exclusive_run_without_any_success_is_an_error(fake_suite: Any, tmp_path: Path) -> None:
+    """When every command fails in the baseline there is nothing to compare: one BenchError
+    with the first command's status and stderr, and no results.json."""
+    fake_suite("broken", "silent")
+    with pytest.raises(runner.BenchError, match="failed with status 1") as e:
+        runner.run(["exclusive", "shared"], 2, tmp_path / "out", "tiny", "krex bench run")
+    assert "every command failed in the exclusive run" in str(e.value)
+    assert "ValueError: the candidate is broken" in str(e.value)
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("stderr", "memory", "oom"),
+    [
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate", None, True),
+        ("RuntimeError: CUDA error: CUDA_ERROR_OUT_OF_MEMORY", None, True),
+        ("hipErrorOutOfMemory", None, True),
+        ("cupy: out of memory allocating 1 GiB", None, True),
+        ("ValueError: bad shape", {"oom_alone": 0, "oom_shared": 2}, True),
+        ("ValueError: bad shape", {"oom_alone": 1, "oom_shared": 0}, True),
+        ("ValueError: bad shape", {"oom_alone": 0, "oom_shared": 0}, False),
+        ("MemoryError", None, False),
+    ],
+)
+def test_out_of_memory_is_read_from_stderr_or_the_krex_report(
+    stderr: str, memory: dict[str, int] | None, oom: bool
+) -> None:
+    """Each framework's spelling of device out-of-memory, or a krex report counting one, is
+    out of memory; other errors (a host MemoryError) are not."""
+    assert runner.out_of_memory(stderr, memory) is oom

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from krex.bench.metrics import (
     BANDS,
     GAP_CLASSES,
+    Failure,
     Measurement,
     ModeRun,
     RegionTimes,
@@ -25,10 +26,13 @@ from krex.bench.metrics import (
     kendall_tau,
     kendall_tau_median,
     kendall_tau_per_task,
+    memory_wait_stats,
+    only_when_shared,
     quantile,
     region_share_median,
     region_time_stats,
     summarize,
+    throughput_all_cmds_per_min,
     throughput_cmds_per_min,
     wilson_interval,
 )
@@ -43,6 +47,18 @@ def run_of(mode: str, medians: Medians, wall_s: float = 60.0) -> ModeRun:
     return ModeRun(
         mode, wall_s, tuple(Measurement(t, v, ms, 1.0) for (t, v), ms in medians.items())
     )
+
+
+def failure(task: str, variant: str, oom: bool = False, status: int | None = 1) -> Failure:
+    """A failed command: `status`, out of memory or not, 2 s of wall."""
+    return Failure(task, variant, status, oom, "RuntimeError: boom", 2.0)
+
+
+def run_with_failures(
+    mode: str, medians: Medians, failed: list[Failure], wall_s: float = 60.0
+) -> ModeRun:
+    """`run_of(mode, medians)` with `failed` added as its failures."""
+    return ModeRun(mode, wall_s, run_of(mode, medians).measurements, tuple(failed))
 
 
 def region(wait_s: float = 0.0, clean: bool = True) -> RegionTimes:
@@ -526,3 +542,261 @@ def test_difference_interval_holds_the_difference(k1: int, n1: int, k2: int, n2:
     k1, k2 = min(k1, n1), min(k2, n2)
     lo, hi = difference_interval(k1, n1, k2, n2)
     assert -1.0 - 1e-12 <= lo <= k1 / n1 - k2 / n2 <= hi <= 1.0 + 1e-12
+
+
+# --- failures ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Failure("", "v", 1, False, "r", 1.0),
+        lambda: Failure("t", "v", True, False, "r", 1.0),
+        lambda: Failure("t", "v", 1.5, False, "r", 1.0),  # type: ignore[arg-type]
+        lambda: Failure("t", "v", 1, 1, "r", 1.0),  # type: ignore[arg-type]
+        lambda: Failure("t", "v", 1, False, None, 1.0),  # type: ignore[arg-type]
+        lambda: Failure("t", "v", 1, False, "r", -1.0),
+        lambda: Failure("t", "v", 1, False, "r", float("nan")),
+        lambda: Failure("t", "v", 1, False, "r", 1.0, attempts=-1),
+        lambda: Failure("t", "v", 1, False, "r", 1.0, attempts=True),
+        lambda: ModeRun("krex", 1.0, (Measurement("t", "v", 1.0, 1.0),), (failure("t", "v"),)),
+        lambda: ModeRun("krex", 1.0, (), (failure("t", "v"),) * 2),
+        lambda: ModeRun("krex", 1.0, (), (Measurement("t", "v", 1.0, 1.0),)),  # type: ignore[arg-type]
+        lambda: Measurement("t", "v", 1.0, 1.0, memory_wait_s=-0.5),
+    ],
+    ids=[
+        "empty-task",
+        "bool-status",
+        "float-status",
+        "int-oom",
+        "no-reason",
+        "negative-wall",
+        "nan-wall",
+        "negative-attempts",
+        "bool-attempts",
+        "measured-and-failed",
+        "failed-twice",
+        "measurement-as-failure",
+        "negative-memory-wait",
+    ],
+)
+def test_bad_failure_input_raises(make: Callable[[], object]) -> None:
+    """Failures are validated like measurements, and a command is in a run at most once."""
+    with pytest.raises(ValueError, match=r"\.$"):
+        make()
+
+
+def test_a_run_of_failures_only_is_a_run() -> None:
+    """A mode in which every command failed is a valid run; a time-out's status is None."""
+    run = ModeRun("krex", 10.0, (), (failure("t", "a", status=None),))
+    assert run.measurements == () and run.failures[0].status is None
+    assert run.attempted() == {("t", "a")}
+
+
+def test_comparisons_use_commands_that_succeeded_in_both() -> None:
+    """A command that failed on either side is left out of inflation, not an error."""
+    base = run_with_failures("exclusive", {("a", "1"): 2.0, ("a", "2"): 1.0}, [failure("a", "3")])
+    run = run_with_failures(
+        "krex", {("a", "1"): 2.02, ("a", "3"): 5.0}, [failure("a", "2", oom=True)]
+    )
+    assert inflation(run, base) == pytest.approx({("a", "1"): 0.01})
+    assert inflation_percentiles(run, base)[">1ms"]["n"] == 1
+
+
+def test_different_attempted_commands_still_raise() -> None:
+    """Runs that tried different commands are refused even when the extra one failed."""
+    base = run_of("exclusive", {("a", "1"): 1.0, ("a", "2"): 2.0})
+    run = run_with_failures("krex", {("a", "1"): 1.0, ("a", "2"): 2.0}, [failure("a", "3")])
+    with pytest.raises(ValueError, match="different commands"):
+        inflation(run, base)
+    with pytest.raises(ValueError, match="different commands"):
+        summarize(
+            {"exclusive": base, "krex": run}, machine="m", date="d", command="c", concurrency=2
+        )
+
+
+def test_flip_rate_counts_only_pairs_that_succeeded_everywhere() -> None:
+    """With b failed in the run, of a/b/c only the pair a/c is compared (and it swaps)."""
+    excl = run_of("exclusive", {("s", "a"): 1.00, ("s", "b"): 1.01, ("s", "c"): 1.03})
+    run = run_with_failures("shared", {("s", "a"): 1.2, ("s", "c"): 1.1}, [failure("s", "b")])
+    got = flip_rate(run, excl, excl)
+    assert got["<2%"] == {"rate": None, "pairs": 0, "flips": 0}
+    assert got["2-5%"] == {"rate": 1.0, "pairs": 1, "flips": 1}
+
+
+def test_kendall_tau_over_the_candidates_that_succeeded() -> None:
+    """A candidate that failed on either side drops out of its task's ranking: s keeps a and c
+    (in order), u keeps only a and has no tau."""
+    excl = run_with_failures(
+        "exclusive",
+        {("s", "a"): 1.0, ("s", "b"): 2.0, ("s", "c"): 3.0, ("u", "a"): 1.0},
+        [failure("u", "b")],
+    )
+    run = run_with_failures(
+        "krex",
+        {("s", "a"): 1.0, ("s", "c"): 3.0, ("u", "a"): 1.0, ("u", "b"): 2.0},
+        [failure("s", "b", oom=True)],
+    )
+    assert kendall_tau_per_task(run, excl) == {"s": 1.0, "u": None}
+    assert kendall_tau_median(run, excl) == 1.0
+
+
+def test_both_throughputs() -> None:
+    """3 succeeded and 1 failed in 60 s: 3 commands a minute that succeeded, 4 run."""
+    run = run_with_failures(
+        "krex", {("a", "1"): 1.0, ("a", "2"): 1.0, ("a", "3"): 1.0}, [failure("a", "4")]
+    )
+    assert throughput_cmds_per_min(run) == pytest.approx(3.0)
+    assert throughput_all_cmds_per_min(run) == pytest.approx(4.0)
+    none_ok = ModeRun("krex", 30.0, (), (failure("a", "1"),))
+    assert throughput_cmds_per_min(none_ok) == 0.0
+    assert throughput_all_cmds_per_min(none_ok) == pytest.approx(2.0)
+
+
+def test_only_when_shared_is_by_the_baseline() -> None:
+    """A failure is only-when-shared when the baseline measured the command, alone otherwise."""
+    base = run_with_failures("exclusive", {("a", "1"): 1.0, ("a", "2"): 1.0}, [failure("a", "3")])
+    run = run_with_failures(
+        "shared", {("a", "1"): 1.0}, [failure("a", "2", oom=True), failure("a", "3")]
+    )
+    assert only_when_shared(run, base) == {("a", "2"): True, ("a", "3"): False}
+
+
+def failing_modes() -> dict[str, ModeRun]:
+    """exclusive: a/3 fails (alone). shared: a/2 (out of memory) and a/3 fail. krex: a/3 fails.
+    All in 60 s; four commands a mode."""
+    ok = {("a", "1"): 1.0, ("a", "2"): 1.1, ("a", "4"): 1.3}
+    return {
+        "exclusive": run_with_failures("exclusive", ok, [failure("a", "3")]),
+        "shared": run_with_failures(
+            "shared",
+            {("a", "1"): 1.0, ("a", "4"): 1.3},
+            [failure("a", "2", oom=True), failure("a", "3", status=None)],
+        ),
+        "krex": run_with_failures("krex", ok, [failure("a", "3")], wall_s=20.0),
+    }
+
+
+def test_summarize_counts_failures_per_mode() -> None:
+    """Per mode: tried, succeeded, failed, out of memory, only when shared, alone, both rates."""
+    res = summarize(failing_modes(), machine="m", date="d", command="c", concurrency=4)
+    shared, krex, excl = res["modes"]["shared"], res["modes"]["krex"], res["modes"]["exclusive"]
+    assert (shared["commands"], shared["succeeded"], shared["failed"]) == (4, 2, 2)
+    assert (shared["failed_oom"], shared["failed_only_when_shared"], shared["failed_alone"]) == (
+        1,
+        1,
+        1,
+    )
+    assert (krex["failed"], krex["failed_only_when_shared"], krex["failed_alone"]) == (1, 0, 1)
+    assert (excl["failed_only_when_shared"], excl["failed_alone"]) == (0, 1)
+    assert shared["throughput_cmds_per_min"] == pytest.approx(2.0)
+    assert shared["throughput_all_cmds_per_min"] == pytest.approx(4.0)
+    # Successful over successful: krex 9/min vs exclusive 3/min; all over all: 12 vs 4.
+    assert res["throughput_ratio_vs_exclusive"]["krex"] == pytest.approx(3.0)
+    assert res["throughput_ratio_vs_exclusive"]["shared"] == pytest.approx(2 / 3)
+    assert res["throughput_ratio_all_vs_exclusive"]["krex"] == pytest.approx(3.0)
+    assert res["throughput_ratio_all_vs_exclusive"]["shared"] == pytest.approx(1.0)
+
+
+def test_summarize_lists_failures_and_stays_json() -> None:
+    """results["failures"] lists each failed command per mode, in run order, as plain JSON."""
+    res = summarize(failing_modes(), machine="m", date="d", command="c", concurrency=4)
+    doc = json.loads(json.dumps(res, allow_nan=False))
+    assert doc["failures"]["krex"] == [
+        {
+            "task": "a",
+            "variant": "3",
+            "status": 1,
+            "oom": False,
+            "only_when_shared": False,
+            "reason": "RuntimeError: boom",
+            "attempts": 0,
+            "wall_s": 2.0,
+        }
+    ]
+    shared = doc["failures"]["shared"]
+    assert [(f["variant"], f["status"], f["oom"], f["only_when_shared"]) for f in shared] == [
+        ("2", 1, True, True),
+        ("3", None, False, False),
+    ]
+    assert doc["failures"]["exclusive"][0]["only_when_shared"] is False
+
+
+def test_flip_pairs_per_mode_count_only_what_was_compared() -> None:
+    """flip_rate_pairs stays the exclusive run's; the by-mode count drops pairs with a failure."""
+    res = summarize(failing_modes(), machine="m", date="d", command="c", concurrency=4)
+    # exclusive a/1, a/2, a/4: 1.0/1.1 (>5%), 1.0/1.3, 1.1/1.3 (>5%); shared lacks a/2.
+    assert res["flip_rate_pairs"] == {"<2%": 0, "2-5%": 0, ">5%": 3}
+    assert res["flip_rate_pairs_by_mode"]["shared"] == {"<2%": 0, "2-5%": 0, ">5%": 1}
+    assert res["flip_rate_pairs_by_mode"]["krex"] == {"<2%": 0, "2-5%": 0, ">5%": 3}
+
+
+def test_summarize_of_a_mode_where_everything_failed() -> None:
+    """A krex run of failures only: throughput 0, ratio 0, empty bands, no tau, no flips."""
+    runs = failing_modes()
+    runs["krex"] = ModeRun("krex", 20.0, (), tuple(failure("a", v) for v in "1234"))
+    res = summarize(runs, machine="m", date="d", command="c", concurrency=4)
+    assert res["modes"]["krex"]["succeeded"] == 0
+    assert res["modes"]["krex"]["failed_only_when_shared"] == 3
+    assert res["throughput_ratio_vs_exclusive"]["krex"] == 0.0
+    assert res["inflation"]["krex"][">0.1ms"] == {"p50": None, "p95": None, "p99": None, "n": 0}
+    assert res["kendall_tau_median"]["krex"] is None
+    assert all(v is None for v in res["flip_rate"]["krex"].values())
+
+
+def test_summarize_ratio_is_none_without_a_successful_baseline() -> None:
+    """An exclusive run where every command failed gives no successful-throughput ratio."""
+    runs = {
+        "exclusive": ModeRun("exclusive", 60.0, (), (failure("a", "1"),)),
+        "krex": run_of("krex", {("a", "1"): 1.0}, wall_s=30.0),
+    }
+    res = summarize(runs, machine="m", date="d", command="c", concurrency=4)
+    assert res["throughput_ratio_vs_exclusive"] == {"exclusive": None, "krex": None}
+    assert res["throughput_ratio_all_vs_exclusive"]["krex"] == pytest.approx(2.0)
+
+
+@given(
+    st.lists(st.booleans(), min_size=1, max_size=12),
+    st.lists(st.booleans(), min_size=1, max_size=12),
+)
+def test_failure_counts_add_up(base_ok: list[bool], run_ok: list[bool]) -> None:
+    """For any pattern of failures: succeeded + failed = commands, and every failure is either
+    only-when-shared or alone, the former exactly those that succeeded in exclusive."""
+    n = min(len(base_ok), len(run_ok))
+
+    def make(mode: str, ok: list[bool]) -> ModeRun:
+        return ModeRun(
+            mode,
+            60.0,
+            tuple(Measurement("t", str(i), 1.0 + i, 1.0) for i in range(n) if ok[i]),
+            tuple(failure("t", str(i)) for i in range(n) if not ok[i]),
+        )
+
+    runs = {"exclusive": make("exclusive", base_ok), "shared": make("shared", run_ok)}
+    m = summarize(runs, machine="m", date="d", command="c", concurrency=2)["modes"]["shared"]
+    assert m["commands"] == n == m["succeeded"] + m["failed"]
+    assert m["failed"] == m["failed_only_when_shared"] + m["failed_alone"]
+    assert m["failed_only_when_shared"] == sum(base_ok[i] and not run_ok[i] for i in range(n))
+
+
+def test_memory_wait_stats() -> None:
+    """Waits 0, 1 and 3 s of commands with a krex report: p50 1, p95 2.8, max 3, n 3; commands
+    without a report are left out, and a run without any has None statistics."""
+    run = ModeRun(
+        "krex",
+        10.0,
+        tuple(
+            Measurement("t", str(i), 1.0, 1.0, memory_wait_s=w)
+            for i, w in enumerate((0.0, 3.0, None, 1.0))
+        ),
+    )
+    assert memory_wait_stats(run) == pytest.approx({"p50": 1.0, "p95": 2.8, "max": 3.0, "n": 3})
+    none = memory_wait_stats(run_of("exclusive", {("t", "a"): 1.0}))
+    assert none == {"p50": None, "p95": None, "max": None, "n": 0}
+    res = summarize(
+        {"exclusive": run_of("exclusive", {(m.task, m.variant): 1.0 for m in run.measurements}),
+         "krex": run},
+        machine="m", date="d", command="c", concurrency=2,
+    )  # fmt: skip
+    assert res["modes"]["krex"]["memory_wait_s"]["n"] == 3
+    assert res["modes"]["exclusive"]["memory_wait_s"]["p95"] is None

@@ -10,7 +10,15 @@ from typing import Any
 import pytest
 
 from krex.bench import report
-from krex.bench.metrics import GAP_CLASSES, Measurement, ModeRun, RegionTimes, summarize
+from krex.bench.metrics import (
+    GAP_CLASSES,
+    Failure,
+    Measurement,
+    ModeRun,
+    RegionTimes,
+    difference_interval,
+    summarize,
+)
 from krex.bench.report import (
     NO_MATPLOTLIB,
     PLOTS,
@@ -91,6 +99,9 @@ def bad() -> dict[str, Any]:
     return results_of(BIG, 300.0, {"*": 1.05, "gemm/b": 0.97}, simulated=False)
 
 
+SHARED_FAILURES = "no command fails only because it shared (krex)"
+
+
 def status(rows: list[TargetRow]) -> dict[str, str]:
     """target name -> verdict."""
     return {r["target"]: r["status"] for r in rows}
@@ -112,6 +123,7 @@ def test_targets_met_and_na_for_empty_band() -> None:
         "flip rate <2% vs native_repeat": "met",
         "flip rate 2-5% vs native_repeat": "met",
         "flip rate >5% vs native_repeat": "met",
+        SHARED_FAILURES: "met",
     }
 
 
@@ -126,6 +138,7 @@ def test_targets_missed() -> None:
         "flip rate <2% vs native_repeat": "missed",
         "flip rate 2-5% vs native_repeat": "met",
         "flip rate >5% vs native_repeat": "met",
+        SHARED_FAILURES: "met",
     }
     by_name = {r["target"]: r for r in rows}
     assert by_name["throughput ratio vs exclusive"]["value"] == pytest.approx(2.0)
@@ -170,9 +183,14 @@ def test_report_tables_and_simulated_line(tmp_path: Path) -> None:
     for fact in ("Machine: H200 x1", "Date: 2026-01-01", "`krex bench`", "Profile: smoke"):
         assert fact in text
     assert "Concurrency: 8" in text
-    # Throughput: 5 commands in 150 s = 2 cmds/min, 4x the exclusive 0.5.
-    assert "| krex | 5 | 150.0 | 2.00 | 4.00x |" in section(text, "Throughput")
-    assert "| exclusive | 5 | 600.0 | 0.50 | 1.00x |" in section(text, "Throughput")
+    # Throughput: 5 commands in 150 s = 2 cmds/min, 4x the exclusive 0.5; none failed.
+    assert "| krex | 5 | 5 | 0 (0) | 0 | 150.0 | 2.00 | 2.00 | 4.00x |" in section(
+        text, "Throughput"
+    )
+    assert "| exclusive | 5 | 5 | 0 (0) | 0 | 600.0 | 0.50 | 0.50 | 1.00x |" in section(
+        text, "Throughput"
+    )
+    assert "none: every command succeeded" in section(text, "Failures")
     inflation = section(text, "Timing inflation")
     assert "| krex | >10ms | n/a | n/a | n/a | 0 |" in inflation
     assert "| krex | >1ms | +0.10 % | 0.10 % | 0.10 % | 3 |" in inflation
@@ -210,6 +228,7 @@ def test_report_of_missed_targets_on_real_gpu(tmp_path: Path) -> None:
 def test_flip_targets_say_how_few_pairs_resolve(tmp_path: Path) -> None:
     """With pair counts, a flip target shows the 95 % interval of the difference."""
     doc = bad()
+    del doc["flip_rate_pairs_by_mode"]  # as before failures: the exclusive run's counts only
     doc["flip_rate_pairs"] = dict.fromkeys(doc["flip_rate"]["krex"], 4)
     tgt = section(render(doc, tmp_path)[0].read_text(), "Targets")
     assert "+100.00 points (100.00 % vs 0.00 %; 4 pairs, 95 % interval +" in tgt
@@ -259,3 +278,133 @@ def test_render_tolerates_missing_keys(tmp_path: Path) -> None:
     assert (tmp_path / PLOTS[1]) not in paths
     with pytest.raises(ValueError, match="mapping"):
         render([], tmp_path)  # type: ignore[arg-type]
+
+
+# --- failures ------------------------------------------------------------------------------------
+
+
+def with_failures() -> dict[str, Any]:
+    """SMALL plus gemm/d, which fails everywhere (alone); krex and krex-cold also lose norm/b to
+    an out-of-memory error it has only when shared (krex after one earlier attempt)."""
+    alone = Failure("gemm", "d", 1, False, "ValueError: | bad shape", 0.5)
+
+    def mode(name: str, wall_s: float, shared_oom: bool) -> ModeRun:
+        measured = run(name, SMALL, wall_s, {}).measurements
+        failed = [alone]
+        if shared_oom:
+            measured = tuple(m for m in measured if m.key != ("norm", "b"))
+            attempts = 1 if name == "krex" else 0
+            failed.append(
+                Failure("norm", "b", None if attempts else 1, True, "CUDA out of memory", 3.0,
+                        attempts)
+            )  # fmt: skip
+        return ModeRun(name, wall_s, measured, tuple(failed))
+
+    runs = {
+        "exclusive": mode("exclusive", 600.0, False),
+        "native_repeat": mode("native_repeat", 600.0, False),
+        "krex": mode("krex", 150.0, True),
+        "krex-cold": mode("krex-cold", 200.0, True),
+    }
+    doc: dict[str, Any] = dict(
+        summarize(runs, machine="m", date="d", command="krex bench", concurrency=8)
+    )
+    doc["commands"] = command_records(runs.values())
+    return doc
+
+
+def test_throughput_table_shows_failures_and_both_rates(tmp_path: Path) -> None:
+    """krex: 6 tried, 4 succeeded, 2 failed (1 out of memory, 1 only when shared); 4 and 6 in
+    150 s are 1.60 and 2.40 cmds/min, 3.20x the exclusive 0.50 (5 of 6 in 600 s)."""
+    text = render(with_failures(), tmp_path)[0].read_text()
+    table = section(text, "Throughput")
+    assert "| krex | 6 | 4 | 2 (1) | 1 | 150.0 | 1.60 | 2.40 | 3.20x |" in table
+    assert "| exclusive | 6 | 5 | 1 (0) | 0 | 600.0 | 0.50 | 0.60 | 1.00x |" in table
+
+
+def test_failures_section_lists_each_failed_command(tmp_path: Path) -> None:
+    """Every failure is a row: mode, command, status (a time-out as such), out of memory, only
+    when shared, earlier attempts and reason (a | in it escaped)."""
+    text = section(render(with_failures(), tmp_path)[0].read_text(), "Failures")
+    assert "| krex | norm/b | time-out | yes | yes | 1 | CUDA out of memory |" in text
+    assert "| krex-cold | norm/b | 1 | yes | yes | 0 | CUDA out of memory |" in text
+    assert "| exclusive | gemm/d | 1 | no | no | 0 | ValueError: \\| bad shape |" in text
+    assert text.count("gemm/d") == 4
+
+
+def test_shared_failure_target_missed_in_any_krex_mode() -> None:
+    """A command that failed only when shared in krex or krex-cold misses the target, and the
+    measured value counts them over the krex modes present."""
+    rows = {r["target"]: r for r in targets(with_failures())}
+    row = rows[SHARED_FAILURES]
+    assert row["status"] == "missed"
+    assert row["value"] == 2.0
+    assert row["shown"] == "krex 1, krex-cold 1"
+
+
+def test_shared_failure_target_met_and_na() -> None:
+    """Met when every krex mode present has none (failures alone do not count); n/a without a
+    krex mode, or where the results do not count failures (an older results.json)."""
+    doc = with_failures()
+    for m in ("krex", "krex-cold"):
+        doc["modes"][m]["failed_only_when_shared"] = 0
+    assert status(targets(doc))[SHARED_FAILURES] == "met"
+    only_cold = {"modes": {"exclusive": {}, "krex-cold": {"failed_only_when_shared": 0}}}
+    assert status(targets(only_cold))[SHARED_FAILURES] == "met"
+    assert status(targets({"modes": {"exclusive": {}, "shared": {}}}))[SHARED_FAILURES] == "n/a"
+    assert status(targets({"modes": {"exclusive": {}, "krex": {}}}))[SHARED_FAILURES] == "n/a"
+
+
+def test_flip_cells_use_each_modes_own_pair_count(tmp_path: Path) -> None:
+    """The pairs column keeps the exclusive run's count; a mode's cell counts its own pairs:
+    krex lost norm/b, so its >5% class has no pair and no rate."""
+    doc = with_failures()
+    flips = section(render(doc, tmp_path)[0].read_text(), "Ranking flips")
+    # Exclusive: norm a/b is the one >5% pair; krex lost norm/b, so it has none there.
+    assert doc["flip_rate_pairs"][">5%"] == 1
+    assert doc["flip_rate_pairs_by_mode"]["krex"][">5%"] == 0
+    assert "| >5% | 1 | 0.00 % (0/1) | n/a | n/a |" in flips
+
+
+def test_flip_target_interval_uses_each_modes_pairs() -> None:
+    """krex compared fewer pairs than native_repeat (a candidate failed): the interval is of
+    1/2 against 0/4, and says so."""
+    doc: dict[str, Any] = {
+        "flip_rate": {"krex": {"<2%": 0.5}, "native_repeat": {"<2%": 0.0}},
+        "flip_rate_pairs": {"<2%": 4},
+        "flip_rate_pairs_by_mode": {"krex": {"<2%": 2}, "native_repeat": {"<2%": 4}},
+    }
+    row = {r["target"]: r for r in targets(doc)}["flip rate <2% vs native_repeat"]
+    lo, hi = difference_interval(1, 2, 0, 4)
+    assert (
+        f"; 2 and 4 pairs, 95 % interval {lo * 100:+.0f} to {hi * 100:+.0f} points)"
+        in (row["shown"])
+    )
+
+
+def test_old_results_without_failure_keys_render_na(tmp_path: Path) -> None:
+    """A results.json from before failures were counted renders: the new columns are n/a, the
+    Failures section says they are not recorded, and the failure target is n/a."""
+    doc = good()
+    for m in doc["modes"].values():
+        for key in [k for k in m if k not in ("throughput_cmds_per_min", "wall_s", "commands")]:
+            del m[key]
+    for key in ("failures", "throughput_ratio_all_vs_exclusive", "flip_rate_pairs_by_mode"):
+        del doc[key]
+    text = render(json.loads(json.dumps(doc)), tmp_path)[0].read_text()
+    assert "| krex | 5 | n/a | n/a | n/a | 150.0 | 2.00 | n/a | 4.00x |" in section(
+        text, "Throughput"
+    )
+    assert "n/a: these results do not record failures." in section(text, "Failures")
+    assert f"| {SHARED_FAILURES} | 0 failed only when shared | n/a | n/a |" in text
+    assert "| <2% | 1 | 0.00 % (0/1) | 100.00 % (1/1) | 0.00 % (0/1) |" in text
+
+
+def test_memory_waits_section(tmp_path: Path) -> None:
+    """Per mode with krex reports: p50/p95/max of the memory wait in s, and how many commands."""
+    doc = good()
+    doc["modes"]["krex"]["memory_wait_s"] = {"p50": 0.25, "p95": 1.5, "max": 2.0, "n": 5}
+    text = section(render(doc, tmp_path)[0].read_text(), "Memory waits")
+    assert "| krex | 0.250 | 1.500 | 2.000 | 5 |" in text
+    assert "| exclusive |" not in text
+    assert "n/a: no krex report" in section(render(good(), tmp_path)[0].read_text(), "Memory")

@@ -5,6 +5,11 @@ time) is the ground truth: inflation and Kendall tau are measured against it, an
 gap class of each pair of candidates. The `native_repeat` mode (exclusive again) shows how much
 a fair re-run moves, which is the floor that `shared` and `krex` are compared with.
 
+A command may fail in a mode (a `Failure`: it exited non-zero, ran too long or printed no
+result). Every mode must try the same commands; the comparisons of two runs (inflation, flips,
+Kendall tau) use only the commands that succeeded in both. A failure is "only when shared" when
+the same command succeeded in the exclusive run, "alone" when it failed there too.
+
 Everything here is pure and numpy-free; bad input raises `ValueError` with one sentence.
 """
 
@@ -90,7 +95,8 @@ class Measurement:
 
     `median_ms` is the command's own timed statistic and must be positive. `wall_s` may be 0,
     meaning not recorded (such a command is left out of the region share). `region_s` is the
-    time inside regions, 0 when there were none.
+    time inside regions, 0 when there were none. `memory_wait_s` is the time the command waited
+    for device memory by its krex report (None outside krex, or without a report).
     """
 
     task: str
@@ -99,6 +105,7 @@ class Measurement:
     wall_s: float
     region_s: float = 0.0
     regions: tuple[RegionTimes, ...] = ()
+    memory_wait_s: float | None = None
 
     def __post_init__(self) -> None:
         """Reject empty names, a non-positive median and negative, infinite or NaN times."""
@@ -107,6 +114,8 @@ class Measurement:
         _number(f"median_ms of {self.task}/{self.variant}", self.median_ms, positive=True)
         _number(f"wall_s of {self.task}/{self.variant}", self.wall_s)
         _number(f"region_s of {self.task}/{self.variant}", self.region_s)
+        if self.memory_wait_s is not None:
+            _number(f"memory_wait_s of {self.task}/{self.variant}", self.memory_wait_s)
         # A list would make the frozen object unhashable and mutable underneath; store a tuple.
         regions = tuple(self.regions)
         for region in regions:
@@ -121,21 +130,76 @@ class Measurement:
 
 
 @dataclass(frozen=True)
+class Failure:
+    """One command that produced no measurement in one mode.
+
+    `status` is its exit status, None when it was killed for running too long. `oom` says it
+    died of device out-of-memory (by its stderr or its krex report). `reason` is one line (the
+    last line of its stderr, or what the runner saw). `wall_s` is how long it ran. `attempts` is
+    how many earlier runs krex made of it before this one (re-runs after an out-of-memory error
+    caused only by sharing), 0 outside krex.
+    """
+
+    task: str
+    variant: str
+    status: int | None
+    oom: bool
+    reason: str
+    wall_s: float
+    attempts: int = 0
+
+    def __post_init__(self) -> None:
+        """Reject empty names, a non-int status, a non-bool `oom`, a non-str reason, a negative,
+        infinite or NaN wall time and a negative or non-int `attempts`."""
+        _name("Failure.task", self.task)
+        _name("Failure.variant", self.variant)
+        where = f"{self.task}/{self.variant}"
+        if self.status is not None and (
+            isinstance(self.status, bool) or not isinstance(self.status, int)
+        ):
+            raise ValueError(
+                f"status of failed {where} must be an int or None, not {self.status!r}."
+            )
+        if not isinstance(self.oom, bool):
+            raise ValueError(f"oom of failed {where} must be a bool, not {self.oom!r}.")
+        if not isinstance(self.reason, str):
+            raise ValueError(f"reason of failed {where} must be a string, not {self.reason!r}.")
+        _number(f"wall_s of failed {where}", self.wall_s)
+        if (
+            isinstance(self.attempts, bool)
+            or not isinstance(self.attempts, int)
+            or self.attempts < 0
+        ):
+            raise ValueError(
+                f"attempts of failed {where} must be a non-negative int, not {self.attempts!r}."
+            )
+
+    @property
+    def key(self) -> CommandId:
+        """The command's identity, (task, variant)."""
+        return (self.task, self.variant)
+
+
+@dataclass(frozen=True)
 class ModeRun:
-    """One mode's whole run: its wall time (first start to last end) and one result per command."""
+    """One mode's whole run: its wall time (first start to last end), one measurement per
+    command that succeeded and one failure per command that did not."""
 
     mode: str
     wall_s: float
     measurements: tuple[Measurement, ...]
+    failures: tuple[Failure, ...] = ()
 
     def __post_init__(self) -> None:
-        """Reject an unknown mode, a non-positive wall time, no commands and repeated commands."""
+        """Reject an unknown mode, a non-positive wall time, no commands and repeated commands
+        (a command measured twice, failed twice, or both measured and failed)."""
         if self.mode not in MODES:
             raise ValueError(f"Mode {self.mode!r} is not one of {', '.join(MODES)}.")
         _number(f"wall_s of mode {self.mode}", self.wall_s, positive=True)
         measurements = tuple(self.measurements)
-        if not measurements:
-            raise ValueError(f"Mode {self.mode} has no measurements.")
+        failures = tuple(self.failures)
+        if not measurements and not failures:
+            raise ValueError(f"Mode {self.mode} has no measurements and no failures.")
         seen: set[CommandId] = set()
         for m in measurements:
             if not isinstance(m, Measurement):
@@ -143,11 +207,22 @@ class ModeRun:
             if m.key in seen:
                 raise ValueError(f"Mode {self.mode} measures {m.task}/{m.variant} more than once.")
             seen.add(m.key)
+        for f in failures:
+            if not isinstance(f, Failure):
+                raise ValueError(f"Mode {self.mode} has a failure that is not a Failure.")
+            if f.key in seen:
+                raise ValueError(f"Mode {self.mode} runs {f.task}/{f.variant} more than once.")
+            seen.add(f.key)
         object.__setattr__(self, "measurements", measurements)
+        object.__setattr__(self, "failures", failures)
 
     def by_key(self) -> dict[CommandId, Measurement]:
-        """The measurements keyed by (task, variant)."""
+        """The measurements (the commands that succeeded) keyed by (task, variant)."""
         return {m.key: m for m in self.measurements}
+
+    def attempted(self) -> set[CommandId]:
+        """Every command the run tried: those that succeeded and those that failed."""
+        return {m.key for m in self.measurements} | {f.key for f in self.failures}
 
 
 class BandStats(TypedDict):
@@ -187,11 +262,38 @@ class RegionTimeStats(TypedDict):
 
 
 class ModeSummary(TypedDict):
-    """A mode's throughput, wall time and command count in results.json."""
+    """A mode's throughput, wall time, command counts and memory waits in results.json.
+
+    `commands` is every command the mode tried; `succeeded` + `failed` = `commands`.
+    `failed_only_when_shared` failed here but succeeded in the exclusive run; `failed_alone`
+    failed here and in the exclusive run too (they add up to `failed`). `failed_oom` is how
+    many failures were device out-of-memory. `memory_wait_s` is over the succeeded commands
+    with a krex report (n = 0 and None statistics without).
+    """
 
     throughput_cmds_per_min: float
+    throughput_all_cmds_per_min: float
     wall_s: float
     commands: int
+    succeeded: int
+    failed: int
+    failed_oom: int
+    failed_only_when_shared: int
+    failed_alone: int
+    memory_wait_s: FieldStats
+
+
+class FailureRecord(TypedDict):
+    """One failed command of one mode in results.json's "failures"."""
+
+    task: str
+    variant: str
+    status: int | None
+    oom: bool
+    only_when_shared: bool
+    reason: str
+    attempts: int
+    wall_s: float
 
 
 class Results(TypedDict):
@@ -202,11 +304,14 @@ class Results(TypedDict):
     command: str
     concurrency: int
     modes: dict[str, ModeSummary]
-    throughput_ratio_vs_exclusive: dict[str, float]
+    throughput_ratio_vs_exclusive: dict[str, float | None]
+    throughput_ratio_all_vs_exclusive: dict[str, float | None]
+    failures: dict[str, list[FailureRecord]]
     inflation_p95: dict[str, dict[str, float | None]]
     inflation: dict[str, dict[str, BandStats]]
     flip_rate: dict[str, dict[str, float | None]]
     flip_rate_pairs: dict[str, int]
+    flip_rate_pairs_by_mode: dict[str, dict[str, int]]
     kendall_tau_median: dict[str, float | None]
     kendall_tau: dict[str, dict[str, float | None]]
     region_share_median: float | None
@@ -250,29 +355,31 @@ def _quantile_or_none(values: Sequence[float], q: float) -> float | None:
 def _same_commands(
     run: ModeRun, other: ModeRun
 ) -> tuple[dict[CommandId, Measurement], dict[CommandId, Measurement]]:
-    """Both runs keyed by command; raise unless they measure the same commands."""
-    a, b = run.by_key(), other.by_key()
-    if a.keys() != b.keys():
-        missing = sorted(b.keys() - a.keys())
-        extra = sorted(a.keys() - b.keys())
+    """The measurements of the commands that succeeded in both runs, keyed by command, from
+    each run; raise unless the two runs tried the same commands (succeeded or failed)."""
+    tried, other_tried = run.attempted(), other.attempted()
+    if tried != other_tried:
+        missing = sorted(other_tried - tried)
+        extra = sorted(tried - other_tried)
         where = (
             f"lacks {'/'.join(missing[0])}" if missing else f"has the extra {'/'.join(extra[0])}"
         )
         raise ValueError(
-            f"Mode {run.mode} and mode {other.mode} measure different commands "
-            f"({run.mode} {where})."
+            f"Mode {run.mode} and mode {other.mode} ran different commands ({run.mode} {where})."
         )
-    return a, b
+    a, b = run.by_key(), other.by_key()
+    both = a.keys() & b.keys()
+    return {k: a[k] for k in sorted(both)}, {k: b[k] for k in sorted(both)}
 
 
 def throughput_cmds_per_min(run: ModeRun) -> float:
-    """Commands completed per minute of the mode's wall time.
+    """Commands that succeeded per minute of the mode's wall time.
 
     Args:
         run: One mode's run.
 
     Returns:
-        len(run.measurements) / run.wall_s * 60.
+        len(run.measurements) / run.wall_s * 60 (0 when every command failed).
 
     Raises:
         ValueError: If `run` is not a ModeRun (a ModeRun cannot be empty or have a bad wall time).
@@ -280,6 +387,42 @@ def throughput_cmds_per_min(run: ModeRun) -> float:
     if not isinstance(run, ModeRun):
         raise ValueError(f"Throughput needs a ModeRun, not {type(run).__name__}.")
     return len(run.measurements) / run.wall_s * 60.0
+
+
+def throughput_all_cmds_per_min(run: ModeRun) -> float:
+    """Commands run, whether they succeeded or failed, per minute of the mode's wall time.
+
+    Args:
+        run: One mode's run.
+
+    Returns:
+        (len(run.measurements) + len(run.failures)) / run.wall_s * 60.
+
+    Raises:
+        ValueError: If `run` is not a ModeRun.
+    """
+    if not isinstance(run, ModeRun):
+        raise ValueError(f"Throughput needs a ModeRun, not {type(run).__name__}.")
+    return (len(run.measurements) + len(run.failures)) / run.wall_s * 60.0
+
+
+def only_when_shared(run: ModeRun, baseline: ModeRun) -> dict[CommandId, bool]:
+    """For each command that failed in `run`: whether it succeeded in `baseline`.
+
+    Args:
+        run: The mode under test.
+        baseline: The exclusive run.
+
+    Returns:
+        (task, variant) of each failure of `run` -> True when `baseline` measured it (it fails
+        only when shared), False when it failed there too (it fails alone).
+
+    Raises:
+        ValueError: If the two runs tried different commands.
+    """
+    _same_commands(run, baseline)
+    succeeded = baseline.by_key()
+    return {f.key: f.key in succeeded for f in run.failures}
 
 
 def inflation(run: ModeRun, baseline: ModeRun) -> dict[CommandId, float]:
@@ -293,7 +436,7 @@ def inflation(run: ModeRun, baseline: ModeRun) -> dict[CommandId, float]:
         (task, variant) -> measured / baseline - 1 (0.0158 is 1.58 % slower; negative is faster).
 
     Raises:
-        ValueError: If the two runs measure different commands.
+        ValueError: If the two runs ran different commands.
     """
     measured, base = _same_commands(run, baseline)
     return {k: measured[k].median_ms / base[k].median_ms - 1.0 for k in sorted(measured)}
@@ -314,7 +457,7 @@ def inflation_percentiles(run: ModeRun, baseline: ModeRun) -> dict[str, BandStat
         band -> {"p50", "p95", "p99", "n"}; the percentiles are None when the band is empty.
 
     Raises:
-        ValueError: If the two runs measure different commands.
+        ValueError: If the two runs ran different commands.
     """
     infl = inflation(run, baseline)
     base = baseline.by_key()
@@ -402,13 +545,15 @@ def flip_rate(run: ModeRun, reference: ModeRun, order_by: ModeRun) -> dict[str, 
         gap class -> {"rate": flips / pairs or None without pairs, "pairs", "flips"}.
 
     Raises:
-        ValueError: If the three runs measure different commands.
+        ValueError: If the three runs ran different commands.
     """
     got, ref = _same_commands(run, reference)
     _, order = _same_commands(run, order_by)
+    # Only pairs whose both candidates succeeded in all three runs.
+    common = {k: got[k] for k in got.keys() & order.keys()}
     pairs = dict.fromkeys(GAP_CLASSES, 0)
     flips = dict.fromkeys(GAP_CLASSES, 0)
-    for task, variants in _by_task(got).items():
+    for task, variants in _by_task(common).items():
         for i, a in enumerate(variants):
             for b in variants[i + 1 :]:
                 ka, kb = (task, a), (task, b)
@@ -478,7 +623,7 @@ def kendall_tau_per_task(run: ModeRun, baseline: ModeRun) -> dict[str, float | N
         task -> tau-b, None for a task with one variant or all-tied medians on one side.
 
     Raises:
-        ValueError: If the two runs measure different commands.
+        ValueError: If the two runs ran different commands.
     """
     got, base = _same_commands(run, baseline)
     out: dict[str, float | None] = {}
@@ -500,7 +645,7 @@ def kendall_tau_median(run: ModeRun, baseline: ModeRun) -> float | None:
         The median tau-b, or None when no task has a defined tau.
 
     Raises:
-        ValueError: If the two runs measure different commands.
+        ValueError: If the two runs ran different commands.
     """
     taus = [t for t in kendall_tau_per_task(run, baseline).values() if t is not None]
     return _quantile_or_none(taus, 0.5)
@@ -564,6 +709,70 @@ def region_time_stats(run: ModeRun) -> RegionTimeStats:
     }
 
 
+def memory_wait_stats(run: ModeRun) -> FieldStats:
+    """p50, p95 and max of the device-memory wait of the commands that succeeded with a krex
+    report (`Measurement.memory_wait_s`), and how many had one.
+
+    Args:
+        run: One mode's run.
+
+    Returns:
+        {"p50", "p95", "max", "n"}: None statistics and n = 0 when no command had a krex report.
+
+    Raises:
+        ValueError: If `run` is not a ModeRun.
+    """
+    if not isinstance(run, ModeRun):
+        raise ValueError(f"Memory waits need a ModeRun, not {type(run).__name__}.")
+    waits = [m.memory_wait_s for m in run.measurements if m.memory_wait_s is not None]
+    return {
+        "p50": _quantile_or_none(waits, 0.5),
+        "p95": _quantile_or_none(waits, 0.95),
+        "max": max(waits) if waits else None,
+        "n": len(waits),
+    }
+
+
+def _mode_summary(run: ModeRun, base: ModeRun) -> ModeSummary:
+    """One mode's entry of results.json's "modes"."""
+    shared_only = only_when_shared(run, base)
+    return {
+        "throughput_cmds_per_min": throughput_cmds_per_min(run),
+        "throughput_all_cmds_per_min": throughput_all_cmds_per_min(run),
+        "wall_s": run.wall_s,
+        "commands": len(run.measurements) + len(run.failures),
+        "succeeded": len(run.measurements),
+        "failed": len(run.failures),
+        "failed_oom": sum(f.oom for f in run.failures),
+        "failed_only_when_shared": sum(shared_only.values()),
+        "failed_alone": sum(not v for v in shared_only.values()),
+        "memory_wait_s": memory_wait_stats(run),
+    }
+
+
+def _failure_records(run: ModeRun, base: ModeRun) -> list[FailureRecord]:
+    """results.json's "failures" of one mode, in the run's order."""
+    shared_only = only_when_shared(run, base)
+    return [
+        {
+            "task": f.task,
+            "variant": f.variant,
+            "status": f.status,
+            "oom": f.oom,
+            "only_when_shared": shared_only[f.key],
+            "reason": f.reason,
+            "attempts": f.attempts,
+            "wall_s": f.wall_s,
+        }
+        for f in run.failures
+    ]
+
+
+def _ratio(value: float, base: float) -> float | None:
+    """value / base, None when base is 0 (no command succeeded in the baseline)."""
+    return value / base if base > 0 else None
+
+
 def _pair_counts(order_by: ModeRun) -> dict[str, int]:
     """How many pairs of candidates each gap class holds, by `order_by`'s medians."""
     return {cls: s["pairs"] for cls, s in flip_rate(order_by, order_by, order_by).items()}
@@ -579,6 +788,13 @@ def summarize(
     top-level `region_share_median` is the krex mode's (None without it): that is the run whose
     regions KREX timed; every mode's is under `region_share_median_by_mode`.
 
+    Failed commands count in `commands`, `failed` and `throughput_all_cmds_per_min`, and are
+    listed under "failures"; inflation, flips and Kendall tau use only commands that succeeded
+    in both runs compared. `throughput_ratio_vs_exclusive` is of commands that succeeded (None
+    when none did in the exclusive run), `throughput_ratio_all_vs_exclusive` of all commands.
+    `flip_rate_pairs` counts the exclusive run's pairs; `flip_rate_pairs_by_mode` the pairs each
+    mode's flip rate is over (fewer where a candidate failed).
+
     Args:
         runs: mode -> its run; must hold "exclusive", and each key must equal its run's mode.
         machine: The machine's description.
@@ -591,7 +807,7 @@ def summarize(
 
     Raises:
         ValueError: If the exclusive run is missing, a key does not match its run's mode, the
-            runs measure different commands, or a field is empty or of the wrong type.
+            runs ran different commands, or a field is empty or of the wrong type.
     """
     for key, run in runs.items():
         if not isinstance(run, ModeRun):
@@ -610,6 +826,7 @@ def summarize(
     for run in ordered:
         _same_commands(run, base)
     base_tp = throughput_cmds_per_min(base)
+    base_all_tp = throughput_all_cmds_per_min(base)
     inflations = {r.mode: inflation_percentiles(r, base) for r in ordered}
     compared = [r for r in ordered if r.mode != BASELINE]
     flips = {r.mode: flip_rate(r, base, base) for r in compared}
@@ -619,17 +836,14 @@ def summarize(
         "date": date,
         "command": command,
         "concurrency": concurrency,
-        "modes": {
-            r.mode: {
-                "throughput_cmds_per_min": throughput_cmds_per_min(r),
-                "wall_s": r.wall_s,
-                "commands": len(r.measurements),
-            }
-            for r in ordered
-        },
+        "modes": {r.mode: _mode_summary(r, base) for r in ordered},
         "throughput_ratio_vs_exclusive": {
-            r.mode: throughput_cmds_per_min(r) / base_tp for r in ordered
+            r.mode: _ratio(throughput_cmds_per_min(r), base_tp) for r in ordered
         },
+        "throughput_ratio_all_vs_exclusive": {
+            r.mode: _ratio(throughput_all_cmds_per_min(r), base_all_tp) for r in ordered
+        },
+        "failures": {r.mode: _failure_records(r, base) for r in ordered},
         "inflation_p95": {
             mode: {band: s["p95"] for band, s in bands.items()}
             for mode, bands in inflations.items()
@@ -639,6 +853,9 @@ def summarize(
             mode: {cls: s["rate"] for cls, s in classes.items()} for mode, classes in flips.items()
         },
         "flip_rate_pairs": _pair_counts(base),
+        "flip_rate_pairs_by_mode": {
+            mode: {cls: s["pairs"] for cls, s in classes.items()} for mode, classes in flips.items()
+        },
         "kendall_tau_median": {r.mode: kendall_tau_median(r, base) for r in ordered},
         "kendall_tau": {r.mode: kendall_tau_per_task(r, base) for r in ordered},
         "region_share_median": by_mode_share.get("krex"),

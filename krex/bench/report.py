@@ -1,8 +1,9 @@
 """The `krex bench` report: report.md and PNG plots, rendered from results.json alone.
 
-results.json is `metrics.summarize(...)` plus `"commands"` (one `CommandRecord` per command per
-mode) and the optional `"simulated"`, `"profile"` and `"targets"` (threshold overrides, see
-`target_values`). Rendering reads nothing else, so `krex bench report DIR` can re-render a run.
+results.json is `metrics.summarize(...)` (with its per-mode failure counts and `"failures"`)
+plus `"commands"` (one `CommandRecord` per command that succeeded, per mode) and the optional
+`"simulated"`, `"profile"` and `"targets"` (threshold overrides, see `target_values`).
+Rendering reads nothing else, so `krex bench report DIR` can re-render a run.
 
 Fractions stay fractions in the JSON (0.0158 is 1.58 %); only the report shows percentages.
 matplotlib is optional: without it the report says the plots were skipped.
@@ -38,6 +39,9 @@ TARGET_INFLATION_P95: Mapping[str, float] = {">10ms": 0.0030, ">1ms": 0.0158, ">
 
 TARGET_FLIP_MARGIN = 0.03
 """Per gap class: krex's flip rate may exceed native_repeat's by at most this (3 points)."""
+
+KREX_MODES = ("krex", "krex-cold", "krex-serial")
+"""The modes that run through krex: none of their commands may fail only because it shared."""
 
 # Comparisons allow float noise far below the shown precision, so that a measured 1.58 % that
 # prints as 1.58 % is not called missed because 1.0158 / 1 - 1 is 0.015800000000000036.
@@ -207,8 +211,13 @@ def targets(results: Mapping[str, Any]) -> list[TargetRow]:
     Args:
         results: A results.json document (or `summarize` output).
 
+    The failures row is met when no command of a krex mode present (`KREX_MODES`) failed
+    only when shared (it succeeded in the exclusive run), n/a when no krex mode ran or the
+    results do not count failures.
+
     Returns:
-        One `TargetRow` per target: throughput, then each band of `BANDS`, then each gap class.
+        One `TargetRow` per target: throughput, then each band of `BANDS`, then each gap class,
+        then the failures row.
 
     Raises:
         ValueError: If results["targets"] holds a bad threshold.
@@ -245,19 +254,18 @@ def targets(results: Mapping[str, Any]) -> list[TargetRow]:
     flips = _map(results.get("flip_rate"))
     krex, native = _map(flips.get("krex")), _map(flips.get("native_repeat"))
     margin = goal["flip_margin"]
-    pairs = _map(results.get("flip_rate_pairs"))
     for cls in GAP_CLASSES:
         k, n = _num(krex.get(cls)), _num(native.get(cls))
         diff = None if k is None or n is None else k - n
         shown = "n/a"
         if diff is not None and k is not None and n is not None:
             shown = f"{diff * 100:+.2f} points ({_pct(k)} vs {_pct(n)}"
-            count = _num(pairs.get(cls))
-            if count is not None and count >= 1:
+            mk, mn = _pairs(results, "krex", cls), _pairs(results, "native_repeat", cls)
+            if mk is not None and mn is not None and mk >= 1 and mn >= 1:
                 # Few pairs resolve little: say how wide the difference could be.
-                m = int(count)
-                lo, hi = difference_interval(round(k * m), m, round(n * m), m)
-                shown += f"; {m} pairs, 95 % interval {lo * 100:+.0f} to {hi * 100:+.0f} points"
+                lo, hi = difference_interval(round(k * mk), mk, round(n * mn), mn)
+                counted = f"{mk} pairs" if mk == mn else f"{mk} and {mn} pairs"
+                shown += f"; {counted}, 95 % interval {lo * 100:+.0f} to {hi * 100:+.0f} points"
             shown += ")"
         rows.append(
             {
@@ -268,7 +276,42 @@ def targets(results: Mapping[str, Any]) -> list[TargetRow]:
                 "status": _verdict(diff, margin),
             }
         )
+    rows.append(_shared_failures_row(results))
     return rows
+
+
+def _pairs(results: Mapping[str, Any], mode: str, cls: str) -> int | None:
+    """How many pairs `mode`'s flip rate of gap class `cls` is over: its own count where the
+    results have one (fewer than the exclusive run's where a candidate failed), else the
+    exclusive run's."""
+    own = _num(_map(_map(results.get("flip_rate_pairs_by_mode")).get(mode)).get(cls))
+    count = own if own is not None else _num(_map(results.get("flip_rate_pairs")).get(cls))
+    return None if count is None else int(count)
+
+
+def _shared_failures_row(results: Mapping[str, Any]) -> TargetRow:
+    """The target that no command of a krex mode fails only because it shared the GPU."""
+    info = _map(results.get("modes"))
+    counts = {
+        m: _num(_map(info.get(m)).get("failed_only_when_shared")) for m in KREX_MODES if m in info
+    }
+    total = sum(v for v in counts.values() if v is not None)
+    status: Status = "n/a"
+    value: float | None = None
+    if total > 0:
+        status, value = "missed", total
+    elif counts and all(v is not None for v in counts.values()):
+        status, value = "met", 0.0
+    shown = "n/a"
+    if any(v is not None for v in counts.values()):
+        shown = ", ".join(f"{m} {_fmt(v, '.0f')}" for m, v in counts.items())
+    return {
+        "target": "no command fails only because it shared (krex)",
+        "goal": "0 failed only when shared",
+        "value": value,
+        "shown": shown,
+        "status": status,
+    }
 
 
 # --- formatting ----------------------------------------------------------------------------------
@@ -328,23 +371,129 @@ def _header(results: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _count(value: object) -> str:
+    """A count from results.json, or n/a."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else "n/a"
+
+
 def _throughput(results: Mapping[str, Any], modes: Sequence[str]) -> list[str]:
-    """Throughput per mode: commands, wall, cmds/min, ratio vs exclusive."""
+    """Throughput per mode: commands tried, succeeded, failed (of which out of memory), failed
+    only when shared, wall, cmds/min of commands that succeeded and of all, ratio vs exclusive
+    (of commands that succeeded)."""
     info, ratios = _map(results.get("modes")), _map(results.get("throughput_ratio_vs_exclusive"))
     rows = []
     for mode in modes:
         m = _map(info.get(mode))
+        failed = _count(m.get("failed"))
+        if failed != "n/a":
+            failed += f" ({_count(m.get('failed_oom'))})"
+        ratio = _num(ratios.get(mode))
         rows.append(
             [
                 mode,
-                str(m.get("commands", "n/a")),
+                _count(m.get("commands")),
+                _count(m.get("succeeded")),
+                failed,
+                _count(m.get("failed_only_when_shared")),
                 _fmt(_num(m.get("wall_s")), ".1f"),
                 _fmt(_num(m.get("throughput_cmds_per_min")), ".2f"),
-                _fmt(_num(ratios.get(mode)), ".2f") + ("x" if mode in ratios else ""),
+                _fmt(_num(m.get("throughput_all_cmds_per_min")), ".2f"),
+                _fmt(ratio, ".2f") + ("x" if ratio is not None else ""),
             ]
         )
-    header = ["mode", "commands", "wall (s)", "cmds/min", "vs exclusive"]
-    return ["## Throughput", "", *_table(header, rows)]
+    header = [
+        "mode",
+        "commands",
+        "succeeded",
+        "failed (out of memory)",
+        "failed only when shared",
+        "wall (s)",
+        "cmds/min",
+        "cmds/min (all)",
+        "vs exclusive",
+    ]
+    return [
+        "## Throughput",
+        "",
+        "cmds/min counts the commands that succeeded, cmds/min (all) every command run; "
+        "vs exclusive is of commands that succeeded. Failed only when shared: failed here, "
+        "succeeded in the exclusive run.",
+        "",
+        *_table(header, rows),
+    ]
+
+
+def _failures(results: Mapping[str, Any], modes: Sequence[str]) -> list[str]:
+    """Every failed command: mode, command, status, out of memory, only when shared, reason."""
+    lines = ["## Failures", ""]
+    raw = results.get("failures")
+    if not isinstance(raw, Mapping):
+        return [*lines, "n/a: these results do not record failures."]
+    order = [*modes, *sorted(set(raw) - set(modes))]
+    rows = []
+    for mode in order:
+        listed = raw.get(mode)
+        for rec in listed if isinstance(listed, list) else []:
+            f = _map(rec)
+            status = f.get("status", "n/a")
+            rows.append(
+                [
+                    mode,
+                    f"{f.get('task', '?')}/{f.get('variant', '?')}",
+                    "time-out" if status is None else str(status),
+                    _yes_no(f.get("oom")),
+                    _yes_no(f.get("only_when_shared")),
+                    _count(f.get("attempts")),
+                    str(f.get("reason", "")),
+                ]
+            )
+    if not rows:
+        return [*lines, "none: every command succeeded in every mode."]
+    header = [
+        "mode",
+        "command",
+        "status",
+        "out of memory",
+        "only when shared",
+        "earlier krex attempts",
+        "reason",
+    ]
+    return [*lines, *_table(header, rows)]
+
+
+def _yes_no(value: object) -> str:
+    """yes / no for a bool, n/a for anything else."""
+    return ("yes" if value else "no") if isinstance(value, bool) else "n/a"
+
+
+def _memory_waits(results: Mapping[str, Any], modes: Sequence[str]) -> list[str]:
+    """Per mode, the device-memory wait of the commands that succeeded with a krex report."""
+    lines = ["## Memory waits", ""]
+    info = _map(results.get("modes"))
+    rows = []
+    for mode in modes:
+        w = _map(_map(info.get(mode)).get("memory_wait_s"))
+        n = w.get("n")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            continue
+        rows.append(
+            [
+                mode,
+                _fmt(_num(w.get("p50")), ".3f"),
+                _fmt(_num(w.get("p95")), ".3f"),
+                _fmt(_num(w.get("max")), ".3f"),
+                str(n),
+            ]
+        )
+    if not rows:
+        return [*lines, "n/a: no krex report with memory figures."]
+    return [
+        *lines,
+        "Time a command waited for device memory (its krex report's `memory.wait_s`), over the "
+        "commands that succeeded.",
+        "",
+        *_table(["mode", "p50 (s)", "p95 (s)", "max (s)", "commands"], rows),
+    ]
 
 
 def _inflation(results: Mapping[str, Any], modes: Sequence[str]) -> list[str]:
@@ -389,12 +538,15 @@ def _flips(results: Mapping[str, Any], modes: Sequence[str]) -> list[str]:
         for mode in compared:
             rate = _num(_map(rates.get(mode)).get(cls))
             # results.json keeps rates and pair counts; flips = rate * pairs is exact up to float.
-            row.append("n/a" if rate is None else f"{_pct(rate)} ({round(rate * count)}/{count})")
+            own = _pairs(results, mode, cls)
+            m = count if own is None else own
+            row.append("n/a" if rate is None else f"{_pct(rate)} ({round(rate * m)}/{m})")
         rows.append(row)
     return [
         "## Ranking flips vs exclusive",
         "",
-        "Share of same-task candidate pairs ordered differently from exclusive, by exclusive gap.",
+        "Share of same-task candidate pairs ordered differently from exclusive, by exclusive gap "
+        "(pairs: the exclusive run's; a mode's own count is fewer where a candidate failed).",
         "",
         *_table(["gap class", "pairs", *compared], rows),
     ]
@@ -498,11 +650,17 @@ def _plot_throughput(
     """Bars of cmds/min per mode, each labelled with its ratio vs exclusive."""
     info, ratios = _map(results.get("modes")), _map(results.get("throughput_ratio_vs_exclusive"))
     values = [_num(_map(info.get(m)).get("throughput_cmds_per_min")) or 0.0 for m in modes]
+    every = [_num(_map(info.get(m)).get("throughput_all_cmds_per_min")) for m in modes]
     fig = mpl[0](figsize=(7, 4))
     ax = fig.add_subplot()
-    bars = ax.bar(modes, values, color="tab:blue")
+    if any(a is not None and a > v for a, v in zip(every, values, strict=True)):
+        # Where commands failed: all commands run, behind those that succeeded.
+        ax.bar(modes, [a or 0.0 for a in every], color="tab:gray", alpha=0.4, label="all run")
+    bars = ax.bar(modes, values, color="tab:blue", label="succeeded")
     labels = [_fmt(_num(ratios.get(m)), ".2f") + "x" for m in modes]
     ax.bar_label(bars, labels=labels, padding=2)
+    if len(ax.patches) > len(modes):
+        ax.legend(fontsize="small")
     ax.set_ylabel("commands / min")
     ax.set_title("Throughput per mode (label: vs exclusive)" + _title_suffix(results))
     ax.margins(y=0.15)
@@ -658,11 +816,13 @@ def render(results: Mapping[str, Any], out_dir: Path) -> list[Path]:
     sections = [
         _header(results),
         _throughput(results, modes),
+        _failures(results, modes),
         _inflation(results, modes),
         _flips(results, modes),
         _tau(results, modes),
         _region_share(results, modes),
         _region_times(results),
+        _memory_waits(results, modes),
         _targets(rows),
         [
             "## Plots",

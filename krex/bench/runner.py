@@ -6,14 +6,21 @@ protection), `krex` (C at once through `krex run`, timed parts in regions, Pytho
 warm pool workers where the daemon has a pool), `krex-cold` (the same with the pool off: every
 command its own process) and `krex-serial` (one at a time through krex). The krex modes use a
 private daemon on a socket of their own.
+
+A command that exits non-zero, runs past COMMAND_TIMEOUT_S or prints no JSON result line is a
+failure of its mode, counted and listed (`metrics.Failure`), not an abort: under sharing a
+command may die of out-of-memory only because it shared the GPU, and the bench must show that.
+Only an exclusive run in which every command failed is an error: there is nothing to compare.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -27,7 +34,7 @@ from typing import Any
 
 from rich.progress import Progress
 
-from krex.bench.metrics import Measurement, ModeRun, RegionTimes, summarize
+from krex.bench.metrics import Failure, Measurement, ModeRun, RegionTimes, summarize
 from krex.bench.suite import Command, commands
 from krex.client import ClientError, private_daemon
 from krex.errors import KrexError
@@ -36,6 +43,12 @@ from krex.paths import sim_library_dir
 
 MODES = ("exclusive", "shared", "krex", "krex-cold", "krex-serial")
 COMMAND_TIMEOUT_S = 600.0
+REASON_CHARS = 200  # a failure's reason: the last line of its stderr, at most this long
+STDERR_TAIL = 1500  # how much of a failed command's stderr an error message shows
+
+# Device out-of-memory as PyTorch (torch.cuda.OutOfMemoryError, "CUDA out of memory"), the driver
+# (CUDA_ERROR_OUT_OF_MEMORY), HIP (hipErrorOutOfMemory) and others ("out of memory") say it.
+_OOM = re.compile(r"out[ _]?of[ _]?memory", re.IGNORECASE)
 
 
 class BenchError(KrexError):
@@ -51,6 +64,31 @@ class Outcome:
     output: dict[str, Any]  # the rest of the command's JSON line (setup time, clock, ...)
     region_clocks: list[list[int]]  # per region, [SM MHz at grant, at end], where recorded
     pool: str | None  # krex modes: "warm" or "cold"
+    memory: dict[str, Any] | None = None  # krex modes: the report's `memory` (docs/memory.md)
+    attempts: int = 0  # krex modes: earlier runs krex made after a sharing-induced out-of-memory
+
+
+@dataclass
+class Failed:
+    """A command of a batch that produced no result (see `metrics.Failure`)."""
+
+    cmd: Command
+    status: int | None  # None: killed after COMMAND_TIMEOUT_S
+    wall_s: float
+    oom: bool
+    reason: str
+    attempts: int
+    stderr_tail: str
+
+    def describe(self) -> str:
+        """'CMD failed with status 1' (or timed out, or printed no result), for an error."""
+        if self.status is None:
+            what = f"timed out after {COMMAND_TIMEOUT_S:g} s"
+        elif self.status == 0:
+            what = "exited 0 but printed no JSON result line"
+        else:
+            what = f"failed with status {self.status}"
+        return f"{shlex.join(self.cmd.argv)} {what}"
 
 
 def parse_modes(text: str) -> list[str]:
@@ -128,6 +166,73 @@ def _preflight(profile: str) -> None:
         )
 
 
+def _result_line(out: str) -> dict[str, Any] | None:
+    """The command's result: the last stdout line that is a JSON object with a positive, finite
+    `median_ms`; None when there is none."""
+    for text in reversed(out.splitlines()):
+        try:
+            line = json.loads(text)
+        except ValueError:
+            continue
+        if not isinstance(line, dict):
+            continue
+        median = line.get("median_ms")
+        if (
+            isinstance(median, (int, float))
+            and not isinstance(median, bool)
+            and math.isfinite(median)
+            and median > 0
+        ):
+            return line
+    return None
+
+
+def _read_report(path: Path) -> dict[str, Any]:
+    """A `krex run --report` document; {} when krex wrote none (it could not do its part) or it
+    cannot be read."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def out_of_memory(stderr: str, memory: object = None) -> bool:
+    """Whether a failed command died of device out-of-memory: its stderr says so (PyTorch's
+    OutOfMemoryError and "CUDA out of memory", CUDA_ERROR_OUT_OF_MEMORY, hipErrorOutOfMemory,
+    "out of memory"), or its krex report's `memory` counts out-of-memory errors, alone or shared."""
+    if _OOM.search(stderr):
+        return True
+    if not isinstance(memory, dict):
+        return False
+    return any(
+        isinstance(memory.get(k), (int, float)) and memory[k] > 0
+        for k in ("oom_alone", "oom_shared")
+    )
+
+
+def _attempts(report: dict[str, Any]) -> int:
+    """How many earlier runs of the command krex made (the report's `attempts` list)."""
+    attempts = report.get("attempts")
+    return len(attempts) if isinstance(attempts, list) else 0
+
+
+def _reason(err: str, status: int | None) -> str:
+    """One line saying why a command failed (`status` None: it timed out): the last non-empty
+    line of its stderr, after what the runner saw where the status does not say it; at most
+    REASON_CHARS."""
+    last = next((ln.strip() for ln in reversed(err.splitlines()) if ln.strip()), "")
+    if status is None:
+        why = f"timed out after {COMMAND_TIMEOUT_S:g} s"
+    elif status == 0:
+        why = "printed no JSON result line"
+    else:
+        why = last or f"exit status {status}"
+        last = ""
+    text = f"{why}: {last}" if last else why
+    return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 3] + "..."
+
+
 def _batch(
     cmds: Sequence[Command],
     concurrency: int,
@@ -138,13 +243,21 @@ def _batch(
     progress: Progress,
     label: str,
     gpu: int | None = None,
+    failures: list[Failed] | None = None,
 ) -> tuple[float, list[Outcome]]:
     """Run cmds, at most `concurrency` at once (through krex on `gpu` when given); returns
-    (wall time, outcomes in suite order)."""
+    (wall time, outcomes of the commands that succeeded, in suite order).
+
+    A command fails when it exits non-zero, runs past COMMAND_TIMEOUT_S (it is killed) or prints
+    no JSON result line. With `failures`, each failure is appended to it, in suite order, and
+    the batch goes on; without, the first one raises BenchError.
+    """
     task = progress.add_task(label, total=len(cmds))
     pending = deque(enumerate(cmds))
     running: dict[int, tuple[subprocess.Popen[str], float, Path]] = {}
     results: dict[int, Outcome] = {}
+    failed: dict[int, Failed] = {}
+    killed: set[int] = set()
     t0 = time.monotonic()
     try:
         while pending or running:
@@ -179,25 +292,37 @@ def _batch(
             time.sleep(0.005)
             for i, (p, started, report) in list(running.items()):
                 if p.poll() is None:
-                    if time.monotonic() - started > COMMAND_TIMEOUT_S:
+                    if time.monotonic() - started > COMMAND_TIMEOUT_S and i not in killed:
                         p.kill()
+                        killed.add(i)
                     continue
                 del running[i]
                 out, err = p.communicate()
                 wall = time.monotonic() - started
-                if p.returncode != 0:
-                    raise BenchError(
-                        f"{shlex.join(cmds[i].argv)} failed with status "
-                        f"{p.returncode}:\n{err[-1500:]}"
+                progress.advance(task)
+                report_doc = _read_report(report) if krex_socket is not None else {}
+                memory = report_doc.get("memory")
+                memory = memory if isinstance(memory, dict) else None
+                line = _result_line(out) if p.returncode == 0 and i not in killed else None
+                if line is None:
+                    status = None if i in killed else p.returncode
+                    failed[i] = Failed(
+                        cmd=cmds[i],
+                        status=status,
+                        wall_s=wall,
+                        oom=out_of_memory(err, memory),
+                        reason=_reason(err, status),
+                        attempts=_attempts(report_doc),
+                        stderr_tail=err[-STDERR_TAIL:],
                     )
-                line = json.loads(out.strip().splitlines()[-1])
+                    if failures is None:
+                        raise BenchError(f"{failed[i].describe()}:\n{failed[i].stderr_tail}")
+                    continue
                 regions, clocks, pool = [], [], None
                 if krex_socket is not None:
-                    report_doc = json.loads(report.read_text())
                     pool = report_doc.get("pool")
-                    clocks = [
-                        r["sm_clock_mhz"] for r in report_doc["regions"] if "sm_clock_mhz" in r
-                    ]
+                    region_docs = report_doc.get("regions") or []
+                    clocks = [r["sm_clock_mhz"] for r in region_docs if "sm_clock_mhz" in r]
                     regions = [
                         RegionTimes(
                             wait_s=r["wait_s"],
@@ -206,20 +331,37 @@ def _batch(
                             duration_s=r["duration_s"],
                             clean=r["clean"],
                         )
-                        for r in report_doc["regions"]
+                        for r in region_docs
                     ]
                 rest = {k: v for k, v in line.items() if k not in ("task", "variant", "median_ms")}
                 results[i] = Outcome(
-                    cmds[i], float(line["median_ms"]), wall, regions, rest, clocks, pool
+                    cmds[i],
+                    float(line["median_ms"]),
+                    wall,
+                    regions,
+                    rest,
+                    clocks,
+                    pool,
+                    memory,
+                    _attempts(report_doc),
                 )
-                progress.advance(task)
     finally:
         for p, _, _ in running.values():
             p.kill()
-    return time.monotonic() - t0, [results[i] for i in range(len(cmds))]
+    if failures is not None:
+        failures += [failed[i] for i in sorted(failed)]
+    return time.monotonic() - t0, [results[i] for i in sorted(results)]
 
 
-def _mode_run(mode: str, wall: float, outcomes: list[Outcome]) -> ModeRun:
+def _memory_wait(memory: dict[str, Any] | None) -> float | None:
+    """A report's memory wait in seconds, None without one."""
+    wait = (memory or {}).get("wait_s")
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not math.isfinite(wait):
+        return None
+    return max(0.0, float(wait))
+
+
+def _mode_run(mode: str, wall: float, outcomes: list[Outcome], failed: list[Failed]) -> ModeRun:
     return ModeRun(
         mode=mode,
         wall_s=wall,
@@ -231,10 +373,37 @@ def _mode_run(mode: str, wall: float, outcomes: list[Outcome]) -> ModeRun:
                 wall_s=o.wall_s,
                 region_s=sum(r.duration_s for r in o.regions),
                 regions=tuple(o.regions),
+                memory_wait_s=_memory_wait(o.memory),
             )
             for o in outcomes
         ),
+        failures=tuple(
+            Failure(
+                task=f.cmd.task,
+                variant=f.cmd.variant,
+                status=f.status,
+                oom=f.oom,
+                reason=f.reason,
+                wall_s=f.wall_s,
+                attempts=f.attempts,
+            )
+            for f in failed
+        ),
     )
+
+
+def failure_lines(results: dict[str, Any]) -> list[str]:
+    """One line per mode with failures: 'krex: 2 of 24 commands failed (2 out of memory, 0 only
+    when shared)'."""
+    lines = []
+    for mode, m in results["modes"].items():
+        if m["failed"]:
+            lines.append(
+                f"{mode}: {m['failed']} of {m['commands']} commands failed "
+                f"({m['failed_oom']} out of memory, {m['failed_only_when_shared']} only when "
+                "shared)"
+            )
+    return lines
 
 
 def run(
@@ -268,6 +437,7 @@ def run(
         sim_shm = f"/krex-bench-{os.getpid()}-plain" if simulated else None
         try:
             for name, c, through_krex in plan:
+                failed: list[Failed] = []
                 env = _plain_env(sim_shm)
                 if through_krex:
                     # krex: the daemon's default pool (as many warm workers as slots on a real
@@ -282,11 +452,26 @@ def run(
                         gpus=1,
                     ) as sock:
                         wall, outcomes = _batch(
-                            cmds, c, dict(os.environ), sock, cold, tmp, progress, name
+                            cmds,
+                            c,
+                            dict(os.environ),
+                            sock,
+                            cold,
+                            tmp,
+                            progress,
+                            name,
+                            failures=failed,
                         )
                 else:
-                    wall, outcomes = _batch(cmds, c, env, None, False, tmp, progress, name)
-                runs[name] = _mode_run(name, wall, outcomes)
+                    wall, outcomes = _batch(
+                        cmds, c, env, None, False, tmp, progress, name, failures=failed
+                    )
+                if name == "exclusive" and failed and not outcomes:
+                    raise BenchError(
+                        f"every command failed in the exclusive run, the baseline; the first, "
+                        f"{failed[0].describe()}:\n{failed[0].stderr_tail}"
+                    )
+                runs[name] = _mode_run(name, wall, outcomes, failed)
                 records += [
                     {
                         "mode": name,
@@ -299,6 +484,8 @@ def run(
                         "output": o.output,
                         **({"pool": o.pool} if o.pool else {}),
                         **({"region_sm_clock_mhz": o.region_clocks} if o.region_clocks else {}),
+                        **({"memory": o.memory} if o.memory is not None else {}),
+                        **({"attempts": o.attempts} if o.attempts else {}),
                     }
                     for o in outcomes
                 ]
@@ -324,6 +511,8 @@ def run(
     results["pool"] = pool
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     render_report(results, out_dir)
+    for line in failure_lines(results):
+        print(line, file=sys.stderr)
     return results
 
 

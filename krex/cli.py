@@ -81,7 +81,8 @@ def bench_run(
         click.echo(f"krex bench: {e}", err=True)
         sys.exit(2)
     ratio = results["throughput_ratio_vs_exclusive"]
-    click.echo(f"results in {out_dir}: " + ", ".join(f"{m} {ratio[m]:.2f}x" for m in ratio))
+    shown = [f"{m} {'n/a' if r is None else f'{r:.2f}x'}" for m, r in ratio.items()]
+    click.echo(f"results in {out_dir}: " + ", ".join(shown))
 
 
 @bench.command(name="report")

@@ -141,6 +141,7 @@ class RunOptions:
     region_timeout_s: float | None = None
     mem_bytes: int = 0  # declared device memory (krex run --mem), 0: none
     mem_alone: bool = False  # admitted only with the GPU's memory to itself (a memory retry)
+    mem_rerun: int = 0  # a first memory rerun: its failed run's peak (bytes)
     no_memory_retry: bool = False
     sim: bool = False
     socket: str | None = None
@@ -242,21 +243,29 @@ def run(opts: RunOptions) -> int:
     """`krex run`: the command's exit status, or 125/127 (module docstring).
 
     A command that failed only because other commands held the GPU's memory (its report's
-    `memory.oom_shared`, docs/memory.md) runs again, admitted only where it has the GPU's memory
-    to itself, at most MEMORY_RETRIES times; the report lists the earlier attempts."""
+    `memory.oom_shared`, docs/memory.md) runs again, at most MEMORY_RETRIES times: first
+    admitted once what it showed it needs fits, then with the GPU's memory to itself; the
+    report lists the earlier attempts."""
     attempts: list[dict[str, Any]] = []
     while True:
         code, report = _run_once(opts)
         shared = (report.get("memory") or {}).get("oom_shared", 0)
         if code == 0 or not shared or opts.no_memory_retry or len(attempts) >= MEMORY_RETRIES:
             break
+        # The first rerun is admitted once what its failed run showed it needs fits beside
+        # the others (and is released last); the second has the GPU's memory to itself.
+        alone = bool(attempts)
+        how = "with the GPU's memory to itself" if alone else "once its memory fits"
         print(
             f"krex run: the command failed only because other commands held the GPU's memory "
-            f"(exit {code}); running it again with the GPU's memory to itself",
+            f"(exit {code}); running it again {how}",
             file=sys.stderr,
         )
         attempts.append(report)
-        opts = dataclasses.replace(opts, mem_alone=True)
+        peak = (report.get("memory") or {}).get("peak_bytes", 0)
+        opts = dataclasses.replace(
+            opts, mem_alone=alone, mem_rerun=0 if alone else max(1, int(peak or 0))
+        )
     if attempts:
         report["attempts"] = attempts
     if opts.report is not None and report:
@@ -286,6 +295,7 @@ def _run_once(opts: RunOptions) -> tuple[int, dict[str, Any]]:
                 "region_timeout_s": opts.region_timeout_s,
                 **({"mem_bytes": opts.mem_bytes} if opts.mem_bytes else {}),
                 **({"mem_alone": True} if opts.mem_alone else {}),
+                **({"mem_rerun": opts.mem_rerun} if opts.mem_rerun else {}),
             }
         )
         deadline = time.monotonic() + opts.queue_timeout_s

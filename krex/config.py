@@ -43,6 +43,9 @@ headroom_gib = 4.0 # kept free for contexts and libraries' workspaces when admit
                    # 0.5 per slot on real GPUs, 0 on simulated ones)
 wait_s = 600.0     # longest an allocation waits for memory before it fails as it would have
 deadlock_s = 5.0   # no memory freed this long with waiters: the youngest waiter is released
+room_gib = 1.0     # free device memory a region's owner waits for before its siblings are
+                   # frozen (default: 1, at most 1/16 of the GPU; 0: off)
+room_wait_s = 10.0 # the longest that wait lasts (then the region goes ahead)
 
 [metrics]
 port = 0           # Prometheus endpoint (0: off; needs prometheus-client)
@@ -142,6 +145,8 @@ class Config:
     memory_headroom_gib: float | None = None
     memory_wait_s: float = 600.0
     memory_deadlock_s: float = 5.0
+    memory_room_gib: float | None = None
+    memory_room_wait_s: float = 10.0
     metrics_port: int = 0
     metrics_address: str = "127.0.0.1"
     log_format: str = "text"
@@ -171,6 +176,13 @@ class Config:
             return int(self.memory_headroom_gib * (1 << 30))
         return 0 if self.sim else self.slots * (1 << 29)
 
+    def room_bytes(self, capacity: int) -> int:
+        """Free memory a region's owner waits for before its siblings are frozen: configured,
+        else 1 GiB, at most a sixteenth of the GPU's `capacity` (0: unknown)."""
+        if self.memory_room_gib is not None:
+            return int(self.memory_room_gib * (1 << 30))
+        return min(1 << 30, capacity // 16)
+
     def preload(self) -> tuple[str, ...]:
         """Modules each worker imports (those not installed are skipped by the daemon)."""
         if self.pool_preload is not None:
@@ -191,7 +203,13 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
     "mps": {"enabled": bool},
     "pool": {"workers": int, "preload": list, "max_uses": int},
     "metrics": {"port": int, "address": str},
-    "memory": {"headroom_gib": (int, float), "wait_s": (int, float), "deadlock_s": (int, float)},
+    "memory": {
+        "headroom_gib": (int, float),
+        "wait_s": (int, float),
+        "deadlock_s": (int, float),
+        "room_gib": (int, float),
+        "room_wait_s": (int, float),
+    },
 }
 # Each TOML key's Config field (the file's names are the operators'; the fields say what they are).
 _FIELDS: dict[tuple[str, str], str] = {
@@ -214,6 +232,8 @@ _FIELDS: dict[tuple[str, str], str] = {
     ("memory", "headroom_gib"): "memory_headroom_gib",
     ("memory", "wait_s"): "memory_wait_s",
     ("memory", "deadlock_s"): "memory_deadlock_s",
+    ("memory", "room_gib"): "memory_room_gib",
+    ("memory", "room_wait_s"): "memory_room_wait_s",
     ("metrics", "port"): "metrics_port",
     ("metrics", "address"): "metrics_address",
 }
@@ -295,17 +315,16 @@ def validate(cfg: Config) -> None:
             raise ConfigError(
                 f"{cfg.source}: timeouts.{key} must be > 0 and finite (seconds), got {value!r}"
             )
-    for key in ("wait_s", "deadlock_s"):
+    for key in ("wait_s", "deadlock_s", "room_wait_s"):
         value = getattr(cfg, _FIELDS["memory", key])
         if not (math.isfinite(value) and value > 0):
             raise ConfigError(
                 f"{cfg.source}: memory.{key} must be > 0 and finite (seconds), got {value!r}"
             )
-    headroom = cfg.memory_headroom_gib
-    if headroom is not None and not (math.isfinite(headroom) and headroom >= 0):
-        raise ConfigError(
-            f"{cfg.source}: memory.headroom_gib must be >= 0 and finite, got {headroom!r}"
-        )
+    for key in ("headroom_gib", "room_gib"):
+        gib = getattr(cfg, _FIELDS["memory", key])
+        if gib is not None and not (math.isfinite(gib) and gib >= 0):
+            raise ConfigError(f"{cfg.source}: memory.{key} must be >= 0 and finite, got {gib!r}")
     if cfg.pool_workers is not None and not 0 <= cfg.pool_workers <= 256:
         raise ConfigError(f"{cfg.source}: pool.workers must be 0..256, got {cfg.pool_workers}")
     if cfg.pool_max_uses < 1:

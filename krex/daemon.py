@@ -140,7 +140,13 @@ class Daemon:
             learned=self.socket.parent / f"{self.socket.name}.peaks.json",
             owner_of=self._region_owner,
             owner_stuck=self._owner_stuck,
+            can_free=self._can_free,
+            rerun=lambda tid: (t := self.tenants.get(tid)) is not None and t.mem_rerun,
+            room=cfg.room_bytes(self._capacity(0)) if n else 0,
+            room_wait_s=cfg.memory_room_wait_s,
+            device_free=self._device_free,
         )
+        self.machinery.room = self._make_room
         self.mps: Mps | None = None
         self._server: asyncio.AbstractServer | None = None
         self._stopping: asyncio.Event | None = None
@@ -171,6 +177,31 @@ class Daemon:
     def _region_owner(self, gpu: int) -> Tenant | None:
         r = self.regions.held(gpu) or self.regions.setting_up(gpu)
         return r.tenant if r is not None else None
+
+    def _can_free(self, tenant: int) -> bool:
+        """Whether a process of this tenant could free device memory now: a command's that
+        is not frozen by a region (the pool's idle workers hold only their baseline)."""
+        t = self.tenants.get(tenant)
+        if t is None:
+            return False
+        r = self.regions.held(t.gpu)
+        return r is None or t not in r.frozen
+
+    def _device_free(self, gpu: int) -> int | None:
+        """The driver's free bytes (NVML: contexts and library workspaces included)."""
+        info = self.nvml.memory(gpu) if self.nvml is not None else None
+        return info[0] - info[1] if info else None
+
+    async def _make_room(self, gpu: int, owner: int) -> float:
+        waited = await self.memory.make_room(gpu, owner)
+        if waited > 0.1:
+            log.info(
+                "region of tenant %d on GPU %d waited %.1f s for room in device memory",
+                owner,
+                gpu,
+                waited,
+            )
+        return waited
 
     def _owner_stuck(self, gpu: int, waited_s: float) -> None:
         r = self.regions.held(gpu)
@@ -319,7 +350,7 @@ class Daemon:
 
     def _reserve(self, g: Gpu, req: AdmitRequest, sign: int = 1) -> None:
         g.reserved += sign
-        g.reserved_mem += sign * self.memory.need(req.argv, req.mem)
+        g.reserved_mem += sign * self.memory.need(req.argv, req.mem, req.rerun_need)
 
     async def _take_slot(self, g: Gpu, req: AdmitRequest, conn: Conn) -> None:
         """Reserve one of g's slots (g.reserved), after waiting in its queue if all are taken
@@ -383,7 +414,17 @@ class Daemon:
         alone = msg.get("mem_alone", False)
         if not isinstance(alone, bool):
             raise ProtocolError("mem_alone must be true or false")
-        return AdmitRequest(argv, float(timeout), auto, mem, alone)
+        rerun = msg.get("mem_rerun", 0)
+        if not wire.is_int(rerun) or rerun < 0:
+            raise ProtocolError("mem_rerun must be a non-negative integer (bytes)")
+        return AdmitRequest(argv, float(timeout), auto, mem, alone, rerun > 0, self._rerun(rerun))
+
+    def _rerun(self, peak: int) -> int:
+        """What a rerun is expected to need: twice what its failed run held at its peak (it
+        failed asking for more: as often as not an output as large as its input), at most
+        what admission can give on a GPU."""
+        most = min(g.capacity for g in self.memory.state) - self.memory.headroom
+        return max(0, min(2 * peak, most))
 
     async def _op_admit(self, msg: dict[str, Any], conn: Conn) -> None:
         req = self._admission_request(msg)
@@ -439,6 +480,8 @@ class Daemon:
             t_admit=time.monotonic(),
             mem_declared=req.mem,
             mem_alone=req.alone,
+            mem_rerun=req.rerun,
+            mem_rerun_need=req.rerun_need,
         )
         self.tenants[tid] = t
         for x in gpus:

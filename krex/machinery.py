@@ -8,7 +8,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from krex import simnode
@@ -28,6 +28,10 @@ _SETTLE_TRIES = 200
 class Machinery(Protocol):
     """The effects of the protocol's steps on the node. Methods marked blocking run in a
     worker thread; each wait in them is bounded."""
+
+    async def make_room(self, gpu: int, owner: Tenant) -> float:
+        """Step 0: wait, bounded, until the GPU has room in its memory for the owner (its
+        frozen siblings could not free any for it); returns the seconds waited."""
 
     def close_gate(self, gpu: int, owner: int, deadline_s: float) -> int:
         """Step 1: close the gate to everyone but owner; returns the new epoch."""
@@ -73,6 +77,11 @@ class NodeMachinery:
         self.segments = segments
         self.nvml = nvml
         self.sim_shm = simnode.segment_name(segments.gates.name) if cfg.sim else None
+        # The memory arbiter's room step (krex/memory.py); set by the daemon once it has one.
+        self.room: Callable[[int, int], Awaitable[float]] | None = None
+
+    async def make_room(self, gpu: int, owner: Tenant) -> float:
+        return 0.0 if self.room is None else await self.room(gpu, owner.id)
 
     def close_gate(self, gpu: int, owner: int, deadline_s: float) -> int:
         return self.segments.gates.gate_close(gpu, owner, deadline_s=deadline_s)

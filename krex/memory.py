@@ -7,10 +7,16 @@ daemon's side:
 - Order: per GPU, the waiters of a region's owner first, then every other waiter in the order
   its wait began. Only the head of that order is let retry (every tick), so memory freed goes to
   it; the others wait behind it.
-- Deadlocks: when waiters exist and nothing was freed on the GPU for `deadlock_s`, the youngest
-  waiter that holds memory is released: its allocation fails once with the driver's error. A
-  caching allocator (PyTorch, CuPy) then frees its cache and retries, which waits again, behind
-  the others. One release per `deadlock_s`, youngest first.
+- Deadlocks: when waiters exist and nothing was freed on the GPU for `deadlock_s` (for
+  `ALL_WAITING_S` when no process that holds memory there could free it: all of them wait, or
+  are frozen, or are idle pool workers), the youngest waiter that holds memory is released:
+  its allocation fails once with the driver's error. A caching allocator (PyTorch, CuPy) then
+  frees its cache and retries, which waits again, behind the others. One release per period,
+  youngest first, a command's rerun (it already failed once for sharing) last.
+- Room for a region: before a region's gate closes, its owner waits (at most `room_wait_s`)
+  until the GPU has `room` bytes free, since once its siblings are frozen nobody can free
+  for it; meanwhile memory freed is not handed to other waiters, and deadlocks are broken
+  for it as for a waiter.
 - Admission: a GPU with waiters admits nobody; otherwise a command is admitted when the memory
   it is expected to need (`--mem`, else the peak learned from earlier runs of the same argv)
   fits beside what the GPU's tenants hold or are expected to need.
@@ -18,6 +24,7 @@ daemon's side:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -36,6 +43,8 @@ log = logging.getLogger("krex.daemon")
 
 GIB = 1 << 30
 _LEARNED_MAX = 10_000  # argv keys kept in the learned-peaks file
+ALL_WAITING_S = 1.0  # the release period when nobody could free: time for a free in flight
+_ROOM_POLL_S = 0.02
 
 
 def argv_key(argv: Sequence[str]) -> str:
@@ -71,6 +80,8 @@ class GpuMemory:
     progress_ns: int = 0  # last time memory was freed (or nobody waited)
     released_ns: int = 0  # last release
     releases: int = 0
+    room_for: int = 0  # a tenant whose region waits for room before its gate closes (0: none)
+    others_can_free: bool = True  # some process holding memory here is running, not waiting
 
     def status(self, now_ns: int) -> dict[str, Any]:
         oldest = min((w.slot.mem_since_ns for w in self.waiters), default=0)
@@ -80,6 +91,7 @@ class GpuMemory:
             "waiting": len(self.waiters),
             "oldest_wait_s": (now_ns - oldest) / 1e9 if oldest else 0.0,
             "releases": self.releases,
+            "region_waits_for_room": self.room_for or None,
         }
 
 
@@ -97,6 +109,11 @@ class Memory:
         learned: Path | None,
         owner_of: Callable[[int], Tenant | None],
         owner_stuck: Callable[[int, float], None] = lambda gpu, waited_s: None,
+        can_free: Callable[[int], bool] = lambda tenant: True,
+        rerun: Callable[[int], bool] = lambda tenant: False,
+        room: int = 0,
+        room_wait_s: float = 10.0,
+        device_free: Callable[[int], int | None] = lambda gpu: None,
     ) -> None:
         self.gpus = gpus
         self.slots = slots  # every process slot that is not free, with its segment
@@ -107,6 +124,11 @@ class Memory:
         self.learned: dict[str, int] = _load(learned)
         self.owner_of = owner_of  # the tenant holding a region on a GPU, if any
         self.owner_stuck = owner_stuck  # that tenant has waited deadlock_s for nothing
+        self.can_free = can_free  # a tenant that is running (not frozen, not the idle pool)
+        self.rerun = rerun  # a tenant that is a command's rerun after a sharing failure
+        self.room = room
+        self.room_wait_s = room_wait_s
+        self.device_free = device_free  # the driver's free bytes (NVML), None where unknown
 
     # The arbiter.
     def tick(self, now_ns: int) -> bool:
@@ -114,34 +136,66 @@ class Memory:
         break a deadlock. Returns whether anyone waits (the daemon then ticks faster)."""
         held = [0] * len(self.state)
         waiters: list[list[Waiter]] = [[] for _ in self.state]
+        freeing = [False] * len(self.state)
         for seg, s in self.slots():
-            if True:
-                if not s.alive or not 0 <= s.gpu < len(self.state):
-                    continue
-                held[s.gpu] += s.mem_bytes
-                if s.mem_want:
-                    owner = self.owner_of(s.gpu)
-                    waiters[s.gpu].append(
-                        Waiter(seg, s, owner is not None and owner.id == s.tenant)
-                    )
+            if not s.alive or not 0 <= s.gpu < len(self.state):
+                continue
+            held[s.gpu] += s.mem_bytes
+            if s.mem_want:
+                owner = self.owner_of(s.gpu)
+                waiters[s.gpu].append(Waiter(seg, s, owner is not None and owner.id == s.tenant))
+            elif s.mem_bytes and not freeing[s.gpu] and self.can_free(s.tenant):
+                freeing[s.gpu] = True
         anyone = False
         for i, st in enumerate(self.state):
             if held[i] < st.held or not st.waiters or len(waiters[i]) < len(st.waiters):
                 # Memory came back, a waiter was served, or the waiting has just begun.
                 st.progress_ns = now_ns
-            st.held = held[i]
+            st.held, st.others_can_free = held[i], freeing[i]
             st.waiters = sorted(waiters[i], key=lambda w: (not w.owner, w.slot.mem_since_ns))
+            if st.room_for:
+                anyone = True
             if not st.waiters:
                 continue
             anyone = True
             head = st.waiters[0]
-            head.seg.mem_grant(head.slot.index)
+            if head.owner or not st.room_for or self.free(i) >= self.room:
+                # While a region waits for room, what is freed stays free for it.
+                head.seg.mem_grant(head.slot.index)
             self._break_deadlock(i, st, now_ns)
         return anyone
 
+    def free(self, gpu: int) -> int:
+        """The GPU's free bytes: the driver's where known, else its capacity less what the
+        tenants' processes hold."""
+        known = self.device_free(gpu)
+        if known is not None:
+            return known
+        st = self.state[gpu]
+        return max(0, st.capacity - st.held)
+
+    async def make_room(self, gpu: int, owner: int) -> float:
+        """Before tenant `owner`'s region closes the gate of `gpu`: wait, at most room_wait_s,
+        until `room` bytes are free there (nothing to wait for when room is 0 or the capacity
+        unknown). Returns the seconds waited."""
+        st = self.state[gpu]
+        if self.room <= 0 or st.capacity <= 0 or st.room_for:
+            return 0.0
+        t0 = time.monotonic()
+        st.room_for = owner
+        try:
+            while self.free(gpu) < self.room and time.monotonic() - t0 < self.room_wait_s:
+                await asyncio.sleep(_ROOM_POLL_S)
+        finally:
+            st.room_for = 0
+        return time.monotonic() - t0
+
     def _break_deadlock(self, gpu: int, st: GpuMemory, now_ns: int) -> None:
         stuck = now_ns - max(st.progress_ns, st.released_ns)
-        if stuck < self.deadlock_ns:
+        period = self.deadlock_ns
+        if not st.others_can_free:
+            period = min(period, int(ALL_WAITING_S * 1e9))
+        if stuck < period:
             return
         head = st.waiters[0]
         if head.owner:
@@ -151,9 +205,14 @@ class Memory:
             self.owner_stuck(gpu, (now_ns - head.slot.mem_since_ns) / 1e9)
             return
         # Youngest first: it has waited least, and its framework (a caching allocator) can free
-        # what it holds and ask again.
-        for w in reversed(st.waiters[1:]):
-            if w.slot.mem_bytes > 0:
+        # what it holds and ask again. A rerun last: it already failed once for sharing. While
+        # a region waits for room, the head is a candidate too (the region is ahead of it).
+        candidates = st.waiters if st.room_for else st.waiters[1:]
+        order = sorted(
+            reversed(candidates), key=lambda w: self.rerun(w.slot.tenant)
+        )  # stable: youngest first within each group
+        for w in order:
+            if w.slot.mem_bytes > 0 and w.slot.tenant != st.room_for:
                 log.warning(
                     "GPU %d: no memory freed for %.1f s with %d waiting: releasing the wait of "
                     "process %d (tenant %d, holds %.2f GiB, wants %.2f GiB)",
@@ -178,11 +237,12 @@ class Memory:
     # Admission.
     def expected(self, t: Tenant) -> int:
         """What t is expected to need: its declared budget, else its learned peak, else 0."""
-        return self.need(t.argv, t.mem_declared)
+        return self.need(t.argv, t.mem_declared, t.mem_rerun_need)
 
-    def need(self, argv: Sequence[str], declared: int) -> int:
-        """What a command about to be admitted is expected to need (0: unknown)."""
-        return declared or self.learned.get(argv_key(argv), 0)
+    def need(self, argv: Sequence[str], declared: int, rerun: int = 0) -> int:
+        """What a command about to be admitted is expected to need (0: unknown): its declared
+        budget, else its learned peak; for a rerun at least what its failed run showed."""
+        return max(declared or self.learned.get(argv_key(argv), 0), rerun)
 
     def fits(self, g: Gpu, req: AdmitRequest, *, reserved: int = 0) -> bool:
         """Whether a command may be admitted to g now, as far as memory goes (`reserved`: the
@@ -192,7 +252,7 @@ class Memory:
             return False  # waiters first; a memory retry has the GPU's memory to itself
         if req.alone:
             return alone
-        need = self.need(req.argv, req.mem)
+        need = self.need(req.argv, req.mem, req.rerun_need)
         capacity = self.state[g.index].capacity
         if need == 0 or capacity == 0 or alone:
             return True  # unknown, or alone: it gets the GPU whatever it was expected to need

@@ -39,7 +39,9 @@ class Tenant:
     # Device memory (docs/memory.md): the declared budget (krex run --mem, 0: none), and what
     # its processes that are gone did (folded from their process slots).
     mem_declared: int = 0
-    mem_alone: bool = False  # admitted with the GPU's memory to itself (a memory retry)
+    mem_alone: bool = False  # admitted with the GPU's memory to itself (a second memory retry)
+    mem_rerun: bool = False  # a rerun after a sharing out-of-memory: released last
+    mem_rerun_need: int = 0  # what it is expected to need, from its failed run's peak
     mem_peak: int = 0
     mem_wait_ns: int = 0
     mem_waits: int = 0
@@ -66,6 +68,7 @@ class Region:
     epochs: dict[int, int] = field(default_factory=dict)
     t_grant: float = 0.0  # 0 until every GPU is held
     wait_s: float = 0.0
+    room_s: float = 0.0  # waited for room in device memory before closing the gates
     drain_s: float = 0.0  # measured: quiesce and drain, over its GPUs
     freeze_s: float = 0.0  # measured
     frozen: list[Tenant] = field(default_factory=list)  # siblings on any of its GPUs
@@ -127,7 +130,9 @@ class AdmitRequest:
     timeout: float  # the command's region time-out
     auto: str | None  # auto-regions
     mem: int  # declared device memory in bytes (krex run --mem), 0: none
-    alone: bool = False  # a memory retry: admitted only with the GPU's memory to itself
+    alone: bool = False  # a second memory rerun: admitted only with the GPU's memory to itself
+    rerun: bool = False  # a first memory rerun (released last)
+    rerun_need: int = 0  # what that rerun is expected to need (bytes)
 
 
 @dataclass(eq=False)

@@ -217,6 +217,7 @@ class Regions:
                 _fail(req, "the region ended while waiting")
                 return
             try:
+                r.room_s += await self.m.make_room(gpu, t)
                 hold = await self._close_and_drain(gpu, r)
                 await self._freeze(gpu, r, siblings)
                 await self._pin(gpu, r, hold)

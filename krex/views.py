@@ -149,6 +149,8 @@ def effective_config(cfg: Config) -> dict[str, Any]:
             "headroom_gib": cfg.headroom_bytes() / (1 << 30),
             "wait_s": cfg.memory_wait_s,
             "deadlock_s": cfg.memory_deadlock_s,
+            "room_gib": cfg.memory_room_gib,
+            "room_wait_s": cfg.memory_room_wait_s,
         },
         "metrics": {"port": cfg.metrics_port, "address": cfg.metrics_address},
         "cores_available": sorted(os.sched_getaffinity(0)),
@@ -166,13 +168,17 @@ def config_toml(doc: dict[str, Any]) -> str:
         "freezer": ("backend",),
         "pool": ("workers", "preload", "max_uses"),
         "mps": ("enabled",),
-        "memory": ("headroom_gib", "wait_s", "deadlock_s"),
+        "memory": ("headroom_gib", "wait_s", "deadlock_s", "room_gib", "room_wait_s"),
         "metrics": ("port", "address"),
     }
     for section, keys in settable.items():
         lines.append(f"\n[{section}]")
         for k in keys:
-            lines.append(f"{k} = {_toml(doc[section][k])}")
+            value = doc[section][k]
+            # None: derived per GPU when the daemon starts (e.g. memory.room_gib).
+            lines.append(
+                f"# {k}: per GPU, the default" if value is None else f"{k} = {_toml(value)}"
+            )
         if section == "freezer":
             lines.append(f"# in use here: {doc['freezer']['in_use']}")
         if section == "pool":

@@ -3,6 +3,7 @@ process slots: the order waiters are served in, deadlock releases, and who may b
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from pathlib import Path
 from typing import cast
@@ -55,7 +56,16 @@ def slot(index: int, tenant: int, *, held: float = 0, want: float = 0, since: in
 class Node:
     """One GPU, its tenants' slots (editable), and a Memory over them."""
 
-    def __init__(self, tmp: Path | None = None, owner: int | None = None) -> None:
+    def __init__(
+        self,
+        tmp: Path | None = None,
+        owner: int | None = None,
+        *,
+        deadlock_s: float = 1.0,
+        running: set[int] | None = None,
+        reruns: set[int] | None = None,
+        room: float = 0,
+    ) -> None:
         self.seg = FakeSeg()
         self.view: list[SlotView] = []
         self.gpu = Gpu(index=0, slots=8, slice=Slice(0, frozenset({0}), frozenset({1})))
@@ -65,9 +75,13 @@ class Node:
             lambda: [(cast(Pokable, self.seg), s) for s in self.view],
             [CAP],
             headroom=GIB,
-            deadlock_s=1.0,
+            deadlock_s=deadlock_s,
             learned=tmp / "peaks.json" if tmp else None,
             owner_of=lambda g: self.tenant(owner) if owner else None,
+            can_free=lambda t: running is None or t in running,
+            rerun=lambda t: t in (reruns or set()),
+            room=int(room * GIB),
+            room_wait_s=5.0,
         )
 
     def tenant(self, tid: int, argv: list[str] | None = None, declared: float = 0) -> Tenant:
@@ -267,3 +281,101 @@ def test_a_memory_retry_is_admitted_only_alone_and_then_admits_nobody_beside_it(
     retry.mem_alone = True
     node.gpu.tenants.append(retry)
     assert not node.mem.fits(node.gpu, req(["other"]))
+
+
+def test_nobody_able_to_free_is_a_deadlock_broken_within_a_second() -> None:
+    """Every process that holds memory waits (or cannot run): the release comes after
+    ALL_WAITING_S, not after deadlock_s; while one of them runs, after deadlock_s."""
+    stuck = [slot(0, 1, held=4, want=3, since=1 * S), slot(1, 2, held=4, want=3, since=2 * S)]
+    node = Node(deadlock_s=5.0, running={1, 2})
+    node.view = list(stuck)
+    node.mem.tick(10 * S)
+    node.mem.tick(11 * S + 1)
+    assert node.seg.released == [1]
+    busy = Node(deadlock_s=5.0, running={1, 2, 3})
+    busy.view = [*stuck, slot(2, 3, held=2)]  # tenant 3 runs and may free its 2 GiB
+    busy.mem.tick(10 * S)
+    busy.mem.tick(11 * S + 1)
+    assert busy.seg.released == []
+    busy.mem.tick(15 * S + 1)
+    assert busy.seg.released == [1]
+    frozen = Node(deadlock_s=5.0, running={1, 2})
+    frozen.view = [*stuck, slot(2, 3, held=2)]  # tenant 3 holds memory but is frozen
+    frozen.mem.tick(10 * S)
+    frozen.mem.tick(11 * S + 1)
+    assert frozen.seg.released == [1]
+
+
+def test_a_rerun_is_released_last() -> None:
+    node = Node(reruns={3})
+    node.view = [
+        slot(0, 1, held=4, want=3, since=1 * S),
+        slot(1, 2, held=2, want=3, since=2 * S),
+        slot(2, 3, held=2, want=3, since=3 * S),  # youngest, but a rerun
+    ]
+    node.mem.tick(10 * S)
+    node.mem.tick(11 * S + 1)
+    assert node.seg.released == [1]
+
+
+def test_a_region_waiting_for_room_keeps_freed_memory_and_gets_deadlocks_broken() -> None:
+    """While tenant 9's region waits for 2 GiB free, the head waiter is not let retry (what is
+    freed stays free for the region), and a deadlock may release even the head: the region is
+    ahead of it."""
+    node = Node(room=2, running={1, 2})
+    node.view = [
+        slot(0, 1, held=6, want=3, since=1 * S),
+        slot(1, 2, want=3, since=2 * S),  # holds nothing to give
+        slot(2, 3, held=3.5),  # frozen or idle: cannot free
+    ]
+    node.mem.state[0].room_for = 9
+    node.mem.tick(10 * S)
+    assert node.seg.granted == []  # 0.5 GiB free < 2: nobody else takes it
+    node.mem.tick(11 * S + 1)
+    assert node.seg.released == [0]
+    node.view[0] = dataclasses.replace(node.view[0], mem_bytes=0, mem_want=0)  # gave back 6
+    node.mem.tick(11 * S + 2)
+    assert node.seg.granted == [1]  # 6.5 GiB free: room enough, the waiter may retry
+
+
+def test_making_room_waits_until_enough_is_free_and_no_longer_than_its_bound() -> None:
+    node = Node(room=2)
+    node.view = [slot(0, 1, held=9)]
+    node.mem.tick(1 * S)
+
+    async def scenario() -> tuple[float, float]:
+        async def free_later() -> None:
+            await asyncio.sleep(0.3)
+            node.view = [slot(0, 1, held=7)]
+            node.mem.tick(2 * S)
+
+        asyncio.get_running_loop().create_task(free_later())
+        waited = await node.mem.make_room(0, owner=5)
+        assert node.mem.state[0].room_for == 0
+        node.mem.room_wait_s = 0.2
+        node.view = [slot(0, 1, held=9.5)]
+        node.mem.tick(3 * S)
+        return waited, await node.mem.make_room(0, owner=5)
+
+    waited, bounded = asyncio.run(scenario())
+    assert 0.25 <= waited < 2.0 and 0.2 <= bounded < 1.0
+    assert asyncio.run(Node().mem.make_room(0, owner=5)) == 0.0  # room 0: off
+
+
+def test_a_first_rerun_is_admitted_with_twice_its_failed_peak_beside_others() -> None:
+    node = Node()
+    node.gpu.tenants.append(node.tenant(1))
+    node.view = [slot(0, 1, held=4)]
+    rerun = dataclasses.replace(req(["again"]), rerun=True, rerun_need=4 * GIB)
+    assert node.mem.fits(node.gpu, rerun)  # 4 + 4 <= 10 - 1
+    assert not node.mem.fits(node.gpu, dataclasses.replace(rerun, rerun_need=6 * GIB))
+
+
+def test_room_config_defaults_and_bounds() -> None:
+    cfg = from_toml("")
+    assert cfg.room_bytes(140 * GIB) == GIB and cfg.room_bytes(GIB) == GIB // 16
+    assert from_toml("[memory]\nroom_gib = 0\n").room_bytes(140 * GIB) == 0
+    with pytest.raises(ConfigError, match=r"memory\.room_gib must be >= 0"):
+        from_toml("[memory]\nroom_gib = -1\n", "t.toml")
+    with pytest.raises(ConfigError, match=r"memory\.room_wait_s must be > 0"):
+        from_toml("[memory]\nroom_wait_s = inf\n", "t.toml")

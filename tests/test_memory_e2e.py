@@ -214,6 +214,36 @@ def test_a_region_owner_allocating_while_frozen_siblings_hold_memory_ends(
     assert_nothing_left(memd)
 
 
+def test_a_region_waits_for_room_before_it_freezes_the_holders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sibling holds 800 MiB for 2 s; the owner asks for its region and then allocates 300
+    MiB inside it. With room for 300 MiB asked, the region waits (the sibling still runs and
+    frees) instead of freezing the holder: the owner never waits inside its region, and the
+    region is clean."""
+    monkeypatch.setenv("KREX_SIM_MEM_BYTES", str(CAPACITY))
+    cfg = tmp_path / "krex.toml"
+    cfg.write_text("[memory]\ndeadlock_s = 0.5\nroom_gib = 0.3\nroom_wait_s = 20\n")
+    d = Daemon(tmp_path / "krex.sock", "--slots", "4", "--config", str(cfg))
+    d.start()
+    try:
+        with ThreadPoolExecutor(2) as ex:
+            sib = ex.submit(through, d, memhog([800], hold=2.0), tmp_path / "sib.json")
+            time.sleep(0.8)
+            owner = ex.submit(
+                through, d, memhog([10, 300], hold=0.1, region=True), tmp_path / "owner.json"
+            )
+            rs, ro = sib.result(), owner.result()
+    finally:
+        d.stop()
+    assert rs["rc"] == 0 and ro["rc"] == 0, (rs["err"][-400:], ro["err"][-400:])
+    (region,) = ro["report"]["regions"]
+    assert region["clean"] and not region["revoked"], region
+    assert region["wait_s"] >= 0.5  # it waited for the sibling's 800 MiB to go
+    assert ro["report"]["memory"]["waits"] == 0, ro["report"]["memory"]
+    assert "waited" in d.log.read_text() and "room in device memory" in d.log.read_text()
+
+
 def test_a_wait_for_memory_shows_in_status_and_top(memd: Daemon, tmp_path: Path) -> None:
     """While one command holds 800 MiB, another's 400 MiB allocation waits: `krex status`
     shows who waits and for how long, and `krex top` shows it in its tables."""

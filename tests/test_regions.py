@@ -76,6 +76,10 @@ class FakeNode:
             raise KrexError("cannot pin")
         self.log("pin", tenant.id, frozenset(cores))
 
+    async def make_room(self, gpu: int, owner: Tenant) -> float:
+        self.log("room", owner.id)
+        return 0.0
+
     def has_processes(self, tenant: Tenant) -> bool:
         return tenant.id in self.procs
 
@@ -154,19 +158,19 @@ async def until(cond: Callable[[], bool]) -> None:
 
 
 def test_steps_run_in_protocol_order_and_exit_undoes_them() -> None:
-    """Close, drain, freeze, pin, grant; exit pins back, thaws and opens the gate."""
+    """Room, close, drain, freeze, pin, grant; exit pins back, thaws and opens the gate."""
 
     async def main() -> None:
         regions, node, gpus = make()
         owner, sib = tenant(gpus, 1), tenant(gpus, 2)
         r = await regions.acquire(owner, plain_wait)
         assert r.granted and r.clean and r.gpus == [0] and node.frozen == {2}
-        assert node.names() == ["close", "drain", "freeze", "pin"]
-        assert node.events[3] == ("pin", 1, frozenset({10}))  # the region cores
+        assert node.names() == ["room", "close", "drain", "freeze", "pin"]
+        assert node.events[4] == ("pin", 1, frozenset({10}))  # the region cores
         assert regions.held(0) is r and owner.region is r
         rec = regions.release(r, why="region_end")
-        assert node.names()[4:] == ["pin", "thaw", "open"]
-        assert node.events[4] == ("pin", 1, frozenset({0}))  # back on the shared cores
+        assert node.names()[5:] == ["pin", "thaw", "open"]
+        assert node.events[5] == ("pin", 1, frozenset({0}))  # back on the shared cores
         assert rec["clean"] and not rec["revoked"] and rec["problems"] == []
         assert rec["sm_clock_mhz"] == [1980, 1980] and rec["throttled"] is False
         assert owner.regions == [rec] and region_of(owner) is None and regions.held(0) is None

@@ -14,9 +14,11 @@ daemon's side:
   frees its cache and retries, which waits again, behind the others. One release per period,
   youngest first, a command's rerun (it already failed once for sharing) last.
 - Room for a region: before a region's gate closes, its owner waits (at most `room_wait_s`)
-  until the GPU has `room` bytes free, since once its siblings are frozen nobody can free
-  for it; meanwhile memory freed is not handed to other waiters, and deadlocks are broken
-  for it as for a waiter.
+  until the GPU has room for it free: `room` bytes, or what its processes gave back since
+  their peak if more (a benchmark's region runs again what its warm-up ran, and a caching
+  allocator that was released has freed its cache), since once its siblings are frozen
+  nobody can free for it; meanwhile memory freed is not handed to other waiters, and
+  deadlocks are broken for it as for a waiter.
 - Admission: a GPU with waiters admits nobody; otherwise a command is admitted when the memory
   it is expected to need (`--mem`, else the peak learned from earlier runs of the same argv)
   fits beside what the GPU's tenants hold or are expected to need.
@@ -81,6 +83,7 @@ class GpuMemory:
     released_ns: int = 0  # last release
     releases: int = 0
     room_for: int = 0  # a tenant whose region waits for room before its gate closes (0: none)
+    room_want: int = 0  # the bytes free it waits for
     others_can_free: bool = True  # some process holding memory here is running, not waiting
 
     def status(self, now_ns: int) -> dict[str, Any]:
@@ -159,7 +162,7 @@ class Memory:
                 continue
             anyone = True
             head = st.waiters[0]
-            if head.owner or not st.room_for or self.free(i) >= self.room:
+            if head.owner or not st.room_for or self.free(i) >= st.room_want:
                 # While a region waits for room, what is freed stays free for it.
                 head.seg.mem_grant(head.slot.index)
             self._break_deadlock(i, st, now_ns)
@@ -176,19 +179,30 @@ class Memory:
 
     async def make_room(self, gpu: int, owner: int) -> float:
         """Before tenant `owner`'s region closes the gate of `gpu`: wait, at most room_wait_s,
-        until `room` bytes are free there (nothing to wait for when room is 0 or the capacity
-        unknown). Returns the seconds waited."""
+        until the room it wants (`room_for`) is free there (nothing to wait for when room is 0
+        or the capacity unknown). Returns the seconds waited."""
         st = self.state[gpu]
         if self.room <= 0 or st.capacity <= 0 or st.room_for:
             return 0.0
         t0 = time.monotonic()
-        st.room_for = owner
+        st.room_for, st.room_want = owner, self.room_for(gpu, owner)
         try:
-            while self.free(gpu) < self.room and time.monotonic() - t0 < self.room_wait_s:
+            while self.free(gpu) < st.room_want and time.monotonic() - t0 < self.room_wait_s:
                 await asyncio.sleep(_ROOM_POLL_S)
         finally:
-            st.room_for = 0
+            st.room_for = st.room_want = 0
         return time.monotonic() - t0
+
+    def room_for(self, gpu: int, owner: int) -> int:
+        """The free bytes tenant `owner`'s region waits for on `gpu`: `room`, or what its
+        processes there gave back since their peaks if more, within what admission can give."""
+        regrow = sum(
+            max(0, s.mem_peak - s.mem_bytes)
+            for _, s in self.slots()
+            if s.alive and s.tenant == owner and s.gpu == gpu
+        )
+        most = self.state[gpu].capacity - self.headroom
+        return max(self.room, min(regrow, most))
 
     def _break_deadlock(self, gpu: int, st: GpuMemory, now_ns: int) -> None:
         stuck = now_ns - max(st.progress_ns, st.released_ns)

@@ -328,7 +328,7 @@ def test_a_region_waiting_for_room_keeps_freed_memory_and_gets_deadlocks_broken(
         slot(1, 2, want=3, since=2 * S),  # holds nothing to give
         slot(2, 3, held=3.5),  # frozen or idle: cannot free
     ]
-    node.mem.state[0].room_for = 9
+    node.mem.state[0].room_for, node.mem.state[0].room_want = 9, 2 * GIB
     node.mem.tick(10 * S)
     assert node.seg.granted == []  # 0.5 GiB free < 2: nobody else takes it
     node.mem.tick(11 * S + 1)
@@ -379,3 +379,15 @@ def test_room_config_defaults_and_bounds() -> None:
         from_toml("[memory]\nroom_gib = -1\n", "t.toml")
     with pytest.raises(ConfigError, match=r"memory\.room_wait_s must be > 0"):
         from_toml("[memory]\nroom_wait_s = inf\n", "t.toml")
+
+
+def test_a_region_waits_for_what_its_owner_gave_back_since_its_peak() -> None:
+    """The owner peaked at 6 GiB and holds 1 now (its warm-up's memory went back: a released
+    cache): its region waits for 5 GiB free, not the 1 GiB room; never more than admission
+    can give."""
+    node = Node(room=1)
+    node.view = [dataclasses.replace(slot(0, 5, held=1), mem_peak=6 * GIB), slot(1, 2, held=3)]
+    assert node.mem.room_for(0, 5) == 5 * GIB
+    assert node.mem.room_for(0, 2) == 1 * GIB  # tenant 2 gave nothing back
+    node.view[0] = dataclasses.replace(node.view[0], mem_peak=40 * GIB)
+    assert node.mem.room_for(0, 5) == 9 * GIB  # capacity 10 less 1 of headroom

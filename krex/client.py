@@ -29,6 +29,8 @@ from krex import wire
 from krex.config import default_socket, load
 from krex.errors import KrexError, ProtocolError
 from krex.pool import Invocation, plan
+from krex.trust import TrustError, check_daemon, check_env
+from krex.watch import DaemonWatch
 
 EXIT_KREX = 125
 EXIT_NOT_STARTED = 127
@@ -49,7 +51,13 @@ class Connection:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout_s)
         self.sock.connect(str(path))
+        try:
+            check_daemon(self.sock, path)  # never talk to someone else's listener
+        except TrustError as e:
+            self.sock.close()
+            raise ClientError(str(e)) from e
         self.file = self.sock.makefile("rwb")
+        self.watch: DaemonWatch | None = None  # while a command runs (krex/watch.py)
 
     def send(self, msg: dict[str, Any]) -> None:
         self.file.write(wire.encode(msg))
@@ -72,6 +80,8 @@ class Connection:
         return dict(msg)
 
     def close(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
         with contextlib.suppress(OSError):
             self.file.close()
             self.sock.close()
@@ -196,6 +206,11 @@ def _run_warm(lease: dict[str, Any], inv: Invocation, env: dict[str, str]) -> in
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(30)
     sock.connect(lease["socket"])
+    try:
+        check_daemon(sock, Path(lease["socket"]))  # the command's env and stdio go there
+    except TrustError as e:
+        sock.close()
+        raise OSError(str(e)) from e
     sock.settimeout(None)
     job = {
         "token": lease["token"],
@@ -309,7 +324,16 @@ def _run_once(opts: RunOptions) -> tuple[int, dict[str, Any]]:
         print(f"krex run: {e}", file=sys.stderr)
         return EXIT_KREX, {}
     env = dict(os.environ)
-    extra: dict[str, str] = reply["env"]
+    try:
+        # Only what a krex daemon sets, and libraries only we or root can change.
+        extra = check_env(reply.get("env") or {}, path)
+    except TrustError as e:
+        print(f"krex run: {e}", file=sys.stderr)
+        conn.close()
+        return EXIT_KREX, {}
+    if extra.get("KREX_SHM"):
+        # Should the daemon die while the command runs, what it froze is thawed.
+        conn.watch = DaemonWatch(conn.sock, path, extra["KREX_SHM"].lstrip("/")).start()
     for key in ("LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", "PYTHONPATH"):
         if key in extra and env.get(key):
             extra[key] = f"{extra[key]}:{env[key]}"
@@ -389,6 +413,8 @@ def _finish(
         "pool": "warm" if warm else "cold",
         "pool_reason": reason,
     }
+    if conn.watch is not None:
+        conn.watch.stop()  # the daemon closes this connection after its reply
     try:
         conn.send({"op": "finished", "exit_code": code, "worker_lost": worker_lost})
         done = conn.recv()

@@ -99,9 +99,14 @@ def parse_size(text: str) -> int:
 
 
 def runtime_dir() -> Path:
-    """Where the per-user daemon keeps its socket, lock and log."""
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    return Path(xdg) / "krex" if xdg else Path(f"/tmp/krex-{os.getuid()}")
+    """Where the per-user daemon keeps its socket, lock and log (checked: krex/trust.py)."""
+    from krex.trust import TrustError
+    from krex.trust import runtime_dir as checked
+
+    try:
+        return checked()
+    except TrustError as e:
+        raise ConfigError(str(e)) from e
 
 
 def default_socket(sim: bool) -> Path:

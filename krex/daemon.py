@@ -845,7 +845,8 @@ def run(cfg: Config) -> int:
     try:
         daemon = Daemon(cfg)
         asyncio.run(daemon.serve())
-    except ConfigError as e:
+    except (ConfigError, SegmentError, TenantsError) as e:
+        # What it cannot start with (a foreign or locked segment, an unsafe directory): one line.
         log.error("%s", e)
         return 2
     return 0

@@ -18,11 +18,16 @@ from krex.model import Gpu, Tenant
 from krex.nvml import Nvml
 from krex.procs import running
 from krex.segments import Segments
+from krex.shm import SlotView
 from krex.tenants import TenantsError
 
 log = logging.getLogger("krex.daemon")
 
 _SETTLE_TRIES = 200
+
+
+def _on(s: SlotView, gpu: int) -> bool:
+    return s.gpu == gpu or bool(s.gpus & (1 << gpu))
 
 
 class Machinery(Protocol):
@@ -61,6 +66,12 @@ class Machinery(Protocol):
 
     def foreign(self, gpu: int) -> set[int]:
         """Processes on the GPU that krex does not manage. Blocking."""
+
+    def audit(self, gpu: int, owner: Tenant, since: float | None = None) -> list[str]:
+        """What may run on the GPU beside the owner without krex's say (foreign processes,
+        tenants' processes with no slot, drivers loaded apart; with `since`, a wall-clock
+        time, GPU work of others since then where the platform records it): the problems.
+        Blocking."""
 
     def clock(self, gpu: int) -> dict[str, int] | None:
         """The GPU's SM clock and throttle reasons now (None where unknown)."""
@@ -141,18 +152,74 @@ class NodeMachinery:
     def foreign(self, gpu: int) -> set[int]:
         """Processes using the GPU that krex does not manage (seen through NVML, or through
         the simulated node); only those visible in our pid namespace."""
+        users = self._users(gpu)
+        return self._foreign(gpu, users) if users else set()
+
+    def audit(self, gpu: int, owner: Tenant, since: float | None = None) -> list[str]:
+        users = self._users(gpu)
+        problems: list[str] = []
+        if users:
+            if foreign := self._foreign(gpu, users):
+                # Not gated, not drained, not frozen: the region cannot vouch for the GPU.
+                problems.append(f"foreign GPU process(es) {sorted(foreign)} on GPU {gpu}")
+            for t, pids in self._slotless(gpu, users).items():
+                problems.append(
+                    f"process(es) {pids} of tenant {t} use GPU {gpu} without the krex shim (no "
+                    "slot: started without LD_PRELOAD, or after its segment was removed): "
+                    "their work is neither gated nor drained"
+                )
+        ungated = sorted(
+            s.pid
+            for _, s in self.segments.live_slots()
+            if s.alive and s.ungated and s.tenant != owner.id and _on(s, gpu)
+        )
+        if ungated:
+            problems.append(
+                f"process(es) {ungated} on GPU {gpu} loaded a GPU driver apart (dlmopen): "
+                "its work is neither gated nor drained"
+            )
+        if since is not None and self.nvml is not None:
+            active = self.nvml.active(gpu, since)
+            if active:
+                mine = set(self._pids(owner))
+                others = sorted(p for p in active - mine if running(p))
+                if others:
+                    problems.append(
+                        f"GPU work of process(es) {others} on GPU {gpu} during the region "
+                        "(NVML's process samples)"
+                    )
+        return problems
+
+    def _users(self, gpu: int) -> set[int] | None:
         if self.sim_shm is not None:
-            users = simnode.users(self.sim_shm, gpu)
-        else:
-            users = self.nvml.processes(gpu) if self.nvml is not None else None
-        if not users:
-            return set()
+            return simnode.users(self.sim_shm, gpu)
+        return self.nvml.processes(gpu) if self.nvml is not None else None
+
+    def _foreign(self, gpu: int, users: set[int]) -> set[int]:
         g = self.gpus[gpu]
         ours = {os.getpid(), *(w.proc.pid for w in g.pool)}
         for t in [*g.tenants, *([g.pool_tenant] if g.pool_tenant else [])]:
-            with contextlib.suppress(TenantsError):
-                ours.update(t.group.pids())
+            ours.update(self._pids(t))
         return {p for p in users - ours if running(p)}
+
+    def _slotless(self, gpu: int, users: set[int]) -> dict[int, list[int]]:
+        """Per tenant of the GPU, its processes that use it but hold no live slot."""
+        slotted = {s.pid for _, s in self.segments.live_slots() if s.alive}
+        g = self.gpus[gpu]
+        out: dict[int, list[int]] = {}
+        for t in [*g.tenants, *([g.pool_tenant] if g.pool_tenant else [])]:
+            bare = sorted(
+                p for p in self._pids(t) if p in users and p not in slotted and running(p)
+            )
+            if bare:
+                out[t.id] = bare
+        return out
+
+    @staticmethod
+    def _pids(t: Tenant) -> list[int]:
+        with contextlib.suppress(TenantsError):
+            return t.group.pids()
+        return []
 
     def clock(self, gpu: int) -> dict[str, int] | None:
         return self.nvml.sample(gpu) if self.nvml is not None else None

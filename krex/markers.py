@@ -20,11 +20,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from krex import wire
 from krex.errors import KrexError, ProtocolError
+from krex.trust import TrustError, check_daemon
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -203,7 +205,6 @@ def _connect(path: str) -> socket.socket:
         try:
             conn.settimeout(max(deadline - time.monotonic(), 0.01))
             conn.connect(path)
-            return conn
         except OSError as exc:
             conn.close()
             why = exc.strerror or str(exc)
@@ -218,6 +219,13 @@ def _connect(path: str) -> socket.socket:
             # The socket appears when the daemon starts: there is nothing to block on.
             time.sleep(min(delay, remaining))
             delay = min(delay * 2, 0.25)
+            continue
+        try:
+            check_daemon(conn, Path(path))  # someone else's listener grants no region
+        except TrustError as e:
+            conn.close()
+            raise RegionError(str(e)) from None
+        return conn
 
 
 def _exchange(conn: socket.socket, request: dict[str, Any], limit_s: float) -> dict[str, Any]:

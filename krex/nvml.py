@@ -73,6 +73,22 @@ class Nvml:
             return None
         return {int(p.pid): int(p.usedGpuMemory or 0) for p in procs}
 
+    def active(self, gpu: int, since: float) -> set[int]:
+        """Pids NVML saw doing work (SM or memory utilisation above 0) on GPU `gpu` since the
+        wall-clock time `since`; empty where it has no samples (they come about every 1/6 s,
+        so work shorter than that may have none). Not yet checked on a GPU."""
+        lib = self._lib
+        try:
+            h = lib.nvmlDeviceGetHandleByIndex(gpu)
+            samples = lib.nvmlDeviceGetProcessUtilization(h, int(since * 1e6))
+        except Exception:
+            return set()
+        return {
+            int(x.pid)
+            for x in samples
+            if int(x.timeStamp) >= int(since * 1e6) and (int(x.smUtil) > 0 or int(x.memUtil) > 0)
+        }
+
     def processes(self, gpu: int) -> set[int] | None:
         """Pids of the compute processes on GPU `gpu` (an NVML index), or None."""
         lib = self._lib

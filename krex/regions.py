@@ -294,10 +294,8 @@ class Regions:
         r.gpus.append(gpu)
         r.epochs[gpu] = hold.epoch
         await loop.run_in_executor(None, self.m.pin, r.tenant, self.cores(r.tenant))
-        foreign = await loop.run_in_executor(None, self.m.foreign, gpu)
-        if foreign:
-            # Not gated, not drained, not frozen: the region cannot vouch for the GPU.
-            r.problems.append(f"foreign GPU process(es) {sorted(foreign)} present on GPU {gpu}")
+        # Not gated, not drained, not frozen: the region cannot vouch for the GPU.
+        r.problems += await loop.run_in_executor(None, self.m.audit, gpu, r.tenant)
         r.drain_s += hold.quiesce_s + hold.drain_s
 
     def _grant(self, r: Region) -> None:
@@ -363,6 +361,14 @@ class Regions:
                 self._q[i].region = None
         if t.region is r:
             t.region = None
+        if r.granted:
+            # Again at the end, siblings still frozen: what started beside the owner meanwhile
+            # (a foreign process, a tenant's process with no shim) makes the region unclean.
+            since = time.time() - (t_end - r.t_grant)
+            for i in r.gpus:
+                for p in self.m.audit(i, t, since):
+                    if p not in r.problems:
+                        r.problems.append(f"{p} (at the region's end)")
         self._pin_back(t)
         for s in r.frozen:
             self._thaw(s)

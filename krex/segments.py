@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import logging
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from krex.model import Tenant
-from krex.shm import Segment, SegmentError, SlotView
+from krex.shm import ForeignSegment, Segment, SegmentError, SlotView
 from krex.tenants import recover
 
 log = logging.getLogger("krex.daemon")
@@ -29,6 +30,7 @@ class Segments:
 
     def __init__(self, name: str, n_gpus: int, slots_per_gpu: int, root: str) -> None:
         self.n_gpus = n_gpus
+        self.lock_fd: int | None = None  # the gates segment, flock'ed for the daemon's life
         self.next_id = 1  # above every tenant id a predecessor used
         self.gates = self._gates(name, n_gpus, slots_per_gpu, root)
         self.inode = _inode(self.gates.name)
@@ -40,9 +42,15 @@ class Segments:
 
     def _gates(self, name: str, n: int, slots_per_gpu: int, root: str) -> Segment:
         try:
-            seg: Segment | None = Segment.attach(name)
+            seg: Segment | None = Segment.attach(name, owner=os.geteuid())
+        except ForeignSegment:
+            raise  # someone else's: never "recovered"
         except SegmentError:
-            seg = None
+            seg = None  # none, or damaged: made anew
+        if seg is not None:
+            # One daemon per segment: a second one (on another socket, same daemon.segment)
+            # must not reopen the first one's gates and thaw its siblings mid-region.
+            self.lock_fd = _lock(name)
         if seg is not None and seg.n_gpus == n:
             # A predecessor died: its gates may be closed and its tenants frozen. Reopen and
             # thaw everything; tenants that are still running carry on with this segment.
@@ -55,10 +63,16 @@ class Segments:
         if seg is not None:
             seg.close()
         unlink(name)
+        if self.lock_fd is not None:  # the lock of the old file, now gone
+            os.close(self.lock_fd)
+            self.lock_fd = None
         recover(root)
         # Readable by all (gates are no secret; tenants map them read-only), writable by us.
         slots = min(4096, max(64, 16 * n * slots_per_gpu))
-        return Segment.create(name, n_gpus=n, n_slots=slots, mode=0o644)
+        created = Segment.create(name, n_gpus=n, n_slots=slots, mode=0o644)
+        if self.lock_fd is None:
+            self.lock_fd = _lock(name)
+        return created
 
     def _adopt(self) -> list[Segment]:
         """Tenants' slot segments a crashed predecessor left: keep draining their live slots."""
@@ -70,7 +84,10 @@ class Segments:
                     continue
                 self.next_id = max(self.next_id, int(entry[len(prefix) :]) + 1)
                 try:
-                    seg = Segment.attach("/" + entry)
+                    seg = Segment.attach("/" + entry, owner=os.geteuid())
+                except ForeignSegment as e:
+                    log.warning("not adopting %s: %s", entry, e)
+                    continue
                 except SegmentError:
                     unlink("/" + entry)
                     continue
@@ -183,6 +200,9 @@ class Segments:
         if not _in_use(self.gates):
             self.gates.unlink()
         self.gates.close()
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
 
 
 def _fold(t: Tenant, s: SlotView) -> None:
@@ -194,6 +214,21 @@ def _fold(t: Tenant, s: SlotView) -> None:
     t.mem_waits += s.mem_waits
     t.mem_oom_alone += s.mem_oom_alone
     t.mem_oom_shared += s.mem_oom_shared
+
+
+def _lock(name: str) -> int:
+    """Hold an exclusive flock on the segment's file for as long as the fd stays open; refuse
+    when another process (another daemon) holds it."""
+    fd = os.open(Path("/dev/shm", name.lstrip("/")), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SegmentError(
+            f"segment {name} is in use by another krex daemon: give this one another "
+            "daemon.segment (or socket)"
+        ) from None
+    return fd
 
 
 def _in_use(seg: Segment) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import mmap
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,10 @@ _NO_WAIT_LIMIT = 2**64 - 1
 
 class SegmentError(KrexError):
     """The shared segment is missing, foreign, corrupt or of another layout version."""
+
+
+class ForeignSegment(SegmentError):
+    """A segment that is not this daemon's own (another uid's, or writable by others)."""
 
 
 class WaitTimeout(KrexError):
@@ -79,6 +84,7 @@ class SlotView:
     drain_req: int
     drain_ack: int
     alive: bool
+    ungated: int = 0  # 1.3: GPU drivers loaded where the shim cannot gate them (dlmopen)
     # Device memory (layout 1.2, docs/memory.md).
     mem_bytes: int = 0
     mem_peak: int = 0
@@ -145,13 +151,22 @@ class Segment:
         return cls(name, mm)
 
     @classmethod
-    def attach(cls, name: str) -> Segment:
-        """Map an existing segment and check its layout."""
+    def attach(cls, name: str, owner: int | None = None) -> Segment:
+        """Map an existing segment and check its layout; with `owner`, also that it belongs to
+        that uid and nobody else can write it (a daemon never adopts someone else's)."""
         try:
             shm = posix_ipc.SharedMemory(name)
         except posix_ipc.ExistentialError as e:
             raise SegmentError(f"{name}: no such KREX segment") from e
         try:
+            if owner is not None:
+                st = os.fstat(shm.fd)
+                if st.st_uid != owner or st.st_mode & 0o022:
+                    raise ForeignSegment(
+                        f"{name} belongs to uid {st.st_uid} (mode {st.st_mode & 0o777:o}), not "
+                        f"to this daemon's uid {owner} alone: refusing it (remove it, or set "
+                        "another daemon.segment)"
+                    )
             if shm.size < int(ffi.sizeof("struct krex_header")):
                 raise SegmentError(f"{name}: {shm.size} bytes is too small for a KREX segment")
             mm = mmap.mmap(shm.fd, shm.size)
@@ -263,6 +278,7 @@ class Segment:
             intercepted=int(v.intercepted),
             blocked=int(v.blocked),
             unmatched=int(v.unmatched),
+            ungated=int(v.ungated),
             drain_req=int(v.drain_req),
             drain_ack=int(v.drain_ack),
             alive=bool(v.alive),

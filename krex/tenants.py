@@ -227,8 +227,12 @@ _STATE_LOCK = threading.Lock()
 
 
 def _state_dir() -> Path:
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    return Path(runtime) / "krex" if runtime else Path(f"/tmp/krex-{os.getuid()}")
+    from krex.trust import TrustError, runtime_dir
+
+    try:
+        return runtime_dir()
+    except TrustError as e:
+        raise TenantsError(str(e)) from e
 
 
 def _state_path(root: str) -> Path:

@@ -250,6 +250,7 @@ int krex_slot_read(const struct krex_segment *seg, uint32_t i, struct krex_slot_
     out->intercepted = KREX_LOAD(&s->intercepted);
     out->blocked = KREX_LOAD(&s->blocked);
     out->unmatched = KREX_LOAD(&s->unmatched);
+    out->ungated = KREX_LOAD(&s->ungated);
     out->mem_bytes = KREX_LOAD(&s->mem_bytes);
     out->mem_peak = KREX_LOAD(&s->mem_peak);
     out->mem_want = KREX_LOAD(&s->mem_want);

@@ -20,7 +20,7 @@
 
 #define KREX_SHM_MAGIC 0x5845524BU /* "KREX" read as little-endian bytes */
 #define KREX_LAYOUT_MAJOR 1U
-#define KREX_LAYOUT_MINOR 2U
+#define KREX_LAYOUT_MINOR 3U
 #define KREX_MAX_GPUS 16U
 #define KREX_MAX_SLOTS 4096U
 #define KREX_CACHELINE 64U
@@ -88,7 +88,8 @@ struct krex_slot {
     uint64_t blocked;      /* of those, calls that waited at a closed gate first */
     uint64_t unmatched;    /* gated look-ups whose pointer matched no known export */
     uint32_t gpus;         /* 1.1: bit i = works on GPU i (a command of several); 0 = just gpu */
-    uint32_t reserved0;
+    uint32_t ungated;      /* 1.3: GPU drivers this process loaded where the shim cannot gate
+                              them (dlmopen into another link-map namespace) */
     /* Cache line 1: drain requests and device memory (1.2). drain_req, mem_grant and
      * mem_release are written by the controller, the rest by the owning process. Allocations
      * are rare next to launches, so the two writers sharing this line costs nothing measurable. */

@@ -86,6 +86,10 @@ class FakeNode:
     def foreign(self, gpu: int) -> set[int]:
         return self.foreigners.get(gpu, set())
 
+    def audit(self, gpu: int, owner: Tenant, since: float | None = None) -> list[str]:
+        found = self.foreigners.get(gpu, set())
+        return [f"foreign GPU process(es) {sorted(found)} on GPU {gpu}"] if found else []
+
     def clock(self, gpu: int) -> dict[str, int] | None:
         return {"sm_clock_mhz": 1980, "throttle_reasons": 0}
 

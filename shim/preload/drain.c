@@ -111,8 +111,10 @@ void krex_drain_forget(void)
 KREX_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     PASS(cuDevicePrimaryCtxRetain, (pctx, dev));
-    if (r == CUDA_SUCCESS && pctx)
+    if (r == CUDA_SUCCESS && pctx) {
         krex_ctx_track(*pctx, dev);
+        krex_register(); /* a process with a context has a slot: one without is not ours */
+    }
     return r;
 }
 
@@ -120,8 +122,10 @@ KREX_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     KREX_EXPORT CUresult name params                                                             \
     {                                                                                            \
         PASS(name, args);                                                                        \
-        if (r == CUDA_SUCCESS && pctx)                                                           \
+        if (r == CUDA_SUCCESS && pctx) {                                                         \
             krex_ctx_track(*pctx, -1);                                                           \
+            krex_register();                                                                     \
+        }                                                                                        \
         return r;                                                                                \
     }
 CREATE(cuCtxCreate, (CUcontext * pctx, unsigned int flags, CUdevice dev), (pctx, flags, dev))

@@ -101,3 +101,39 @@ KREX_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cud
         *pfn = identify(symbol, *pfn);
     return r;
 }
+
+/* dlmopen into a namespace of its own loads a second copy of the driver that LD_PRELOAD does
+ * not reach: its work is never gated nor drained (docs/security.md, case 3). Passed through,
+ * and counted in the process's slot (`ungated`), so that regions beside it say so. */
+typedef void *(*dlmopen_fn)(Lmid_t, const char *, int);
+
+static int is_gpu_driver(const char *file)
+{
+    const char *base = strrchr(file, '/');
+    base = base ? base + 1 : file;
+    return strncmp(base, "libcuda.so", 10) == 0 || strncmp(base, "libamdhip64.so", 14) == 0 ||
+           strncmp(base, "libcudart.so", 12) == 0;
+}
+
+KREX_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int flags)
+{
+    static dlmopen_fn real;
+    dlmopen_fn f = __atomic_load_n(&real, __ATOMIC_ACQUIRE);
+    if (KREX_UNLIKELY(!f)) {
+        static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.3.4"};
+        for (size_t i = 0; !f && i < sizeof versions / sizeof versions[0]; i++)
+            f = (dlmopen_fn)dlvsym(RTLD_NEXT, "dlmopen", versions[i]);
+        if (!f)
+            return NULL;
+        __atomic_store_n(&real, f, __ATOMIC_RELEASE);
+    }
+    if (lmid != LM_ID_BASE && file && is_gpu_driver(file)) {
+        struct krex_slot *s = krex_register();
+        krex_warn("dlmopen(%s) into a namespace of its own: the GPU work through it is not "
+                  "gated or drained, and regions beside this process are reported unclean",
+                  file);
+        if (s)
+            KREX_ADD(&s->ungated, 1);
+    }
+    return f(lmid, file, flags);
+}

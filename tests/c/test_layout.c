@@ -66,7 +66,7 @@ int main(void)
     AT(krex_slot, blocked, 40);
     AT(krex_slot, unmatched, 48);
     AT(krex_slot, gpus, 56);
-    AT(krex_slot, reserved0, 60);
+    AT(krex_slot, ungated, 60);
     AT(krex_slot, drain_req, 64);
     AT(krex_slot, mem_grant, 68);
     AT(krex_slot, mem_bytes, 72);

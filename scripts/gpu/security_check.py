@@ -1,0 +1,152 @@
+"""Issue #16 on a real GPU: regions beside work krex cannot gate are reported unclean, with the
+reason, and a normal 8-slot run raises no false flag.
+
+1. normal: 7 torch siblings under `krex run` (matmuls outside regions) and an owner taking 20
+   regions (do_bench of a matmul): every region must be clean.
+2. dlmopen: one sibling that loads libcuda.so.1 again with dlmopen(LM_ID_NEWLM) (the shim
+   counts it) beside the owner: its regions must be unclean, naming dlmopen.
+3. late foreign: an owner region of 3 s; 1 s into it a process outside krex starts matmuls:
+   the region must be unclean, naming the foreign process at the region's end.
+
+    python3 scripts/gpu/security_check.py --out DIR      (writes DIR/security_check.json)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+KREX = [sys.executable, "-m", "krex.cli"]
+
+SIBLING = textwrap.dedent("""
+    import ctypes, sys, time, torch
+    if sys.argv[1] == "dlmopen":
+        libc = ctypes.CDLL(None)
+        libc.dlmopen.restype = ctypes.c_void_p
+        libc.dlmopen.argtypes = [ctypes.c_long, ctypes.c_char_p, ctypes.c_int]
+        assert libc.dlmopen(-1, b"libcuda.so.1", 2)
+    a = torch.randn(4096, 4096, device="cuda")
+    print("ready", flush=True)
+    while True:
+        (a @ a).sum().item()
+        time.sleep(0.01)
+""")
+
+OWNER = textwrap.dedent("""
+    import json, sys, torch, triton.testing, krex
+    a = torch.randn(4096, 4096, device="cuda")
+    out = []
+    for _ in range(int(sys.argv[1])):
+        with krex.region():
+            ms = triton.testing.do_bench(lambda: a @ a, return_mode="median")
+        out.append({"ms": ms, **{k: krex.last_region()[k] for k in ("clean", "problems")}})
+    print(json.dumps(out), flush=True)
+""")
+
+HOLD = textwrap.dedent("""
+    import json, time, torch, krex
+    a = torch.randn(4096, 4096, device="cuda")
+    with krex.region():
+        print("in region", flush=True)
+        t = time.monotonic()
+        while time.monotonic() - t < 3:
+            (a @ a).sum().item()
+    print(json.dumps(krex.last_region()), flush=True)
+""")
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
+    env.pop("LD_PRELOAD", None)
+    return env
+
+
+def _run(sock: Path, *argv: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*KREX, "run", "--socket", str(sock), "--no-pool", "--", *argv],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    with tempfile.TemporaryDirectory(prefix="krex-sec-") as d:
+        tmp = Path(d)
+        (tmp / "sibling.py").write_text(SIBLING)
+        (tmp / "owner.py").write_text(OWNER)
+        (tmp / "hold.py").write_text(HOLD)
+        sock = tmp / "krex.sock"
+        log = open(args.out / "daemon.log", "wb")  # noqa: SIM115
+        daemon = subprocess.Popen(
+            [*KREX, "daemon", "--socket", str(sock), "--slots", "8", "--pool", "0"],
+            stdout=log,
+            stderr=log,
+        )
+        try:
+            for _ in range(200):
+                if subprocess.run([*KREX, "status", "--socket", str(sock)],
+                                  capture_output=True).returncode == 0:  # fmt: skip
+                    break
+                time.sleep(0.1)
+            for case, kinds in (("normal", ["plain"] * 7), ("dlmopen", ["dlmopen"])):
+                sibs = [_run(sock, sys.executable, str(tmp / "sibling.py"), k) for k in kinds]
+                for s in sibs:
+                    assert s.stdout is not None and s.stdout.readline().strip() == "ready"
+                owner = _run(sock, sys.executable, str(tmp / "owner.py"), "20")
+                out, err = owner.communicate(timeout=300)
+                for s in sibs:
+                    s.kill()
+                    s.wait()
+                regions = json.loads(out.strip().splitlines()[-1]) if owner.returncode == 0 else []
+                doc[case] = {"rc": owner.returncode, "regions": regions, "stderr": err[-1500:]}
+                unclean = sum(not r["clean"] for r in regions)
+                print(f"{case}: {len(regions)} regions, {unclean} unclean", flush=True)
+            holder = _run(sock, sys.executable, str(tmp / "hold.py"))
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "in region"
+            time.sleep(1.0)
+            foreign = subprocess.Popen(
+                [sys.executable, str(tmp / "sibling.py"), "plain"], env=_env(),
+                stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            out, err = holder.communicate(timeout=120)
+            foreign.kill()
+            foreign.wait()
+            rec = json.loads(out.strip().splitlines()[-1]) if holder.returncode == 0 else {}
+            doc["late_foreign"] = {"rc": holder.returncode, "region": rec, "stderr": err[-1500:]}
+            print(f"late foreign: clean={rec.get('clean')} problems={rec.get('problems')}")
+        finally:
+            daemon.terminate()
+            daemon.wait(timeout=60)
+            log.close()
+    normal = doc.get("normal", {}).get("regions", [])
+    dl = doc.get("dlmopen", {}).get("regions", [])
+    late = doc.get("late_foreign", {}).get("region", {})
+    doc["verdict"] = {
+        "normal_all_clean": bool(normal) and all(r["clean"] for r in normal),
+        "dlmopen_all_unclean": bool(dl)
+        and all(not r["clean"] and any("dlmopen" in p for p in r["problems"]) for r in dl),
+        "late_foreign_unclean": late.get("clean") is False
+        and any("foreign" in p for p in late.get("problems", [])),
+    }
+    (args.out / "security_check.json").write_text(json.dumps(doc, indent=1))
+    print(json.dumps(doc["verdict"]))
+    return 0 if all(doc["verdict"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

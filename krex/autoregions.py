@@ -84,6 +84,8 @@ class _Registry:
         # (a.b.c + f, a.b + c.f, a + b.c.f): which prefix is the module is known only on import.
         self.watched: dict[str, set[str]] = {}
         self.inductor = False
+        self.requested: set[str] = set()  # the names install() was given
+        self.resolved: set[str] = set()  # those found (and wrapped) in this process
 
 
 _registry = _Registry()
@@ -100,6 +102,7 @@ def install(names: Iterable[str] = DEFAULT_AUTO_REGIONS, *, inductor: bool = Tru
     """
     names = parse(",".join(names))
     with _registry.lock:
+        _registry.requested.update(names)
         for name in names:
             parts = name.split(".")
             for cut in range(len(parts) - 1, 0, -1):
@@ -141,10 +144,49 @@ def _wrap(module: ModuleType, path: str) -> None:
         return
     kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
     fn = raw.__func__ if kind is not None else raw
-    if not callable(fn) or getattr(fn, WRAPPED_MARK, False):
+    if not callable(fn):
+        return
+    with _registry.lock:
+        _registry.resolved.add(f"{module.__name__}.{path}")
+    if getattr(fn, WRAPPED_MARK, False):
         return
     wrapped: Any = region()(fn)
     setattr(owner, attr, kind(wrapped) if kind is not None else wrapped)
+
+
+LOG_VAR = "KREX_AUTO_REGIONS_LOG"  # where each process notes, at exit, the names it resolved
+
+
+def resolution() -> dict[str, list[str]]:
+    """The names install() was given and those resolved in this process so far."""
+    with _registry.lock:
+        return {"requested": sorted(_registry.requested), "resolved": sorted(_registry.resolved)}
+
+
+def note_at_exit(path: str) -> None:
+    """At this process's exit, append what it resolved to `path` (one JSON line), so that
+    `krex run` can say which names no process of the command ever found."""
+    import atexit
+    import json
+
+    def note() -> None:
+        with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"pid": os.getpid(), **resolution()}) + "\n")
+
+    atexit.register(note)
+
+
+def unresolved(path: Path, requested: Sequence[str]) -> list[str]:
+    """Of `requested`, the names no process that noted in `path` resolved (all of them when
+    none noted: the command ran no Python, or none of its processes got that far)."""
+    found: set[str] = set()
+    with contextlib.suppress(OSError):
+        import json
+
+        for line in path.read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                found.update(str(n) for n in json.loads(line).get("resolved", []))
+    return [n for n in requested if n not in found]
 
 
 def _lookup(owner: Any, attr: str) -> Any:

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from krex import wire
+from krex.autoregions import DEFAULT_AUTO_REGIONS, unresolved
+from krex.autoregions import LOG_VAR as AUTO_LOG_VAR
 from krex.config import default_socket, load
 from krex.errors import KrexError, ProtocolError
 from krex.pool import Invocation, plan
@@ -338,6 +341,8 @@ def _run_once(opts: RunOptions) -> tuple[int, dict[str, Any]]:
         if key in extra and env.get(key):
             extra[key] = f"{extra[key]}:{env[key]}"
     env.update(extra)
+    if opts.auto_regions:
+        env[AUTO_LOG_VAR] = str(_auto_log(reply))
     pool = reply.get("pool") or {}
     how = plan(
         opts.argv,
@@ -431,8 +436,35 @@ def _finish(
         code = EXIT_KREX
         report.setdefault("error", "the warm worker vanished and the daemon did not say how")
     report["exit_code"] = code
+    _check_auto_regions(opts, reply, report)
     report["wall_s"] = wall
     return code, report
+
+
+def _auto_log(reply: dict[str, Any]) -> Path:
+    """Where the command's processes note the auto-region names they resolved."""
+    return Path(tempfile.gettempdir()) / f"krex-auto-{os.getpid()}-{reply['tenant']}.jsonl"
+
+
+def _check_auto_regions(opts: RunOptions, reply: dict[str, Any], report: dict[str, Any]) -> None:
+    """Names given to --auto-regions that no process of the command ever found: a warning and
+    the report's `auto_regions_unresolved` (a typo would otherwise protect nothing, silently).
+    The default names are not checked: a program need not use every harness."""
+    if not opts.auto_regions:
+        return
+    log = _auto_log(reply)
+    names = [n for n in opts.auto_regions.split(",") if n]
+    missing = [] if names == list(DEFAULT_AUTO_REGIONS) else unresolved(log, names)
+    with contextlib.suppress(OSError):
+        log.unlink()
+    if missing:
+        report["auto_regions_unresolved"] = missing
+        for name in missing:
+            print(
+                f"krex run: --auto-regions {name} was never found in the command's processes: "
+                "nothing was protected by it (a typo, or a module never imported)",
+                file=sys.stderr,
+            )
 
 
 def _await_pool(sock: Path, deadline: float) -> None:

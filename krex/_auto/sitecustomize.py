@@ -32,6 +32,9 @@ def _install(value: str) -> None:
             sys.path.remove(_KREX_PARENT)
             raise
     krex.autoregions.install(krex.autoregions.parse(value))
+    log = os.environ.get(krex.autoregions.LOG_VAR)
+    if log:
+        krex.autoregions.note_at_exit(log)
 
 
 def _chain() -> None:

@@ -1,0 +1,70 @@
+"""Names given to `krex run --auto-regions` that never resolve are said, not silently ignored
+(issue #18): a warning at exit and the report's `auto_regions_unresolved`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import Daemon, run_argv
+
+MYBENCH = """
+def time_kernel():
+    return 1
+"""
+
+SCRIPT = """
+import subprocess, sys
+import mybench
+mybench.time_kernel()
+"""
+
+PARENT_ONLY = """
+import subprocess, sys
+subprocess.run([sys.executable, "-c", "import mybench; mybench.time_kernel()"], check=True)
+"""
+
+
+@pytest.fixture
+def sim(tmp_path: Path) -> Iterator[Daemon]:
+    d = Daemon(tmp_path / "krex.sock")
+    d.start()
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def _run(d: Daemon, tmp_path: Path, names: str, script: str) -> tuple[int, str, dict[str, object]]:
+    (tmp_path / "mybench.py").write_text(MYBENCH)
+    (tmp_path / "main.py").write_text(script)
+    report = tmp_path / "report.json"
+    p = subprocess.run(
+        [*run_argv(d), "--report", str(report), "--auto-regions", names, "--",
+         sys.executable, str(tmp_path / "main.py")],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    return p.returncode, p.stderr, json.loads(report.read_text())
+
+
+def test_a_typo_in_a_name_is_warned_about_and_reported(sim: Daemon, tmp_path: Path) -> None:
+    rc, err, report = _run(sim, tmp_path, "mybench.tme_kernel", SCRIPT)
+    assert rc == 0, err
+    assert report["auto_regions_unresolved"] == ["mybench.tme_kernel"]
+    assert "--auto-regions mybench.tme_kernel was never found" in err
+    assert report["regions"] == []
+
+
+def test_a_name_resolved_in_a_child_process_is_not_warned_about(
+    sim: Daemon, tmp_path: Path
+) -> None:
+    """The parent never imports the module; its child does, and that counts."""
+    rc, err, report = _run(sim, tmp_path, "mybench.time_kernel", PARENT_ONLY)
+    assert rc == 0, err
+    assert "auto_regions_unresolved" not in report and "never found" not in err
+    assert len(report["regions"]) == 1  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ import os
 import socket
 import stat
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from krex.errors import KrexError
@@ -81,6 +81,13 @@ def check_daemon(sock: socket.socket, where: Path) -> None:
 def trusted_file(path: str) -> bool:
     """Whether path is a regular file that only we or root can change (it and every directory
     above it owned by us or root, none writable by group or others unless sticky)."""
+    return _trusted(path, stat.S_ISREG)
+
+
+def _trusted(path: str, kind: Callable[[int], bool]) -> bool:
+    """path is absolute, of `kind`, ours or root's and not writable by others; and so is every
+    directory above it, except that sticky ones (/tmp) may be: nobody can replace what is
+    ours in them."""
     p = Path(path)
     if not p.is_absolute():
         return False
@@ -88,14 +95,14 @@ def trusted_file(path: str) -> bool:
         st = os.stat(p)
     except OSError:
         return False
-    if not stat.S_ISREG(st.st_mode) or not _safe(st):
+    if not kind(st.st_mode) or not _safe(st):
         return False
     for parent in p.resolve().parents:
         try:
             pst = os.stat(parent)
         except OSError:
             return False
-        if not _safe(pst) and not (pst.st_mode & stat.S_ISVTX):
+        if not _safe(pst) and not pst.st_mode & stat.S_ISVTX:
             return False
     return True
 
@@ -152,22 +159,4 @@ def check_env(env: Mapping[str, str], where: Path) -> dict[str, str]:
 
 
 def _trusted_dir(path: str) -> bool:
-    """Whether path is a directory only we or root can change (above it, sticky ones such as
-    /tmp are allowed: nobody can replace what is ours in them)."""
-    p = Path(path)
-    if not p.is_absolute():
-        return False
-    try:
-        st = os.stat(p)
-    except OSError:
-        return False
-    if not stat.S_ISDIR(st.st_mode) or not _safe(st):
-        return False
-    for parent in p.resolve().parents:
-        try:
-            pst = os.stat(parent)
-        except OSError:
-            return False
-        if not _safe(pst) and not pst.st_mode & stat.S_ISVTX:
-            return False
-    return True
+    return _trusted(path, stat.S_ISDIR)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import platform
 import shutil
 import subprocess
@@ -12,6 +13,30 @@ from pathlib import Path
 import click
 
 from krex import __version__, paths
+
+MAX_SECONDS = 1e9  # about 31 years: longer waits overflow the socket and timer calls
+
+
+class Seconds(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2 on
+    """A duration in seconds: a finite number above 0 (and at least `least`), at most
+    MAX_SECONDS. nan, inf and 1e300 pass click's FloatRange and crash later."""
+
+    name = "seconds"
+
+    def __init__(self, least: float = 0.0) -> None:
+        self.least = least
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        try:
+            seconds = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not (math.isfinite(seconds) and seconds > 0 and self.least <= seconds <= MAX_SECONDS):
+            low = f"at least {self.least:g}" if self.least else "more than 0"
+            self.fail(f"{value!r}: seconds must be {low} and at most {MAX_SECONDS:g}", param, ctx)
+        return seconds
 
 
 @click.group(name="krex", context_settings={"help_option_names": ["-h", "--help"]})
@@ -30,7 +55,8 @@ def bench() -> None:
     "--modes",
     default="exclusive,shared,krex",
     show_default=True,
-    help="Comma-separated: exclusive (also gives native_repeat), shared, krex, krex-serial.",
+    help="Comma-separated: exclusive (also gives native_repeat), shared, krex, krex-cold (krex "
+    "with no warm workers), krex-serial (one at a time through krex).",
 )
 @click.option(
     "--concurrency",
@@ -102,9 +128,9 @@ def bench_report(out_dir: Path) -> None:
         click.echo(path)
 
 
-@main.command(
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
-)
+# Options end at `--` or at the command's first word: what follows is the command's own, and an
+# unknown option before it is a usage error (not a command named after the typo).
+@main.command(context_settings={"allow_interspersed_args": False})
 @click.option(
     "--gpu",
     "gpu_text",
@@ -133,7 +159,7 @@ def bench_report(out_dir: Path) -> None:
 )
 @click.option(
     "--region-timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(),
     metavar="S",
     help="Revoke any region of this command that lasts longer than S seconds.",
 )
@@ -156,13 +182,13 @@ def bench_report(out_dir: Path) -> None:
 @click.option("--socket", "socket_path", metavar="PATH", help="The daemon's socket.")
 @click.option(
     "--queue-timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(),
     default=3600.0,
     show_default=True,
     metavar="S",
     help="Give up waiting for a slot after S seconds.",
 )
-@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="[--] CMD...")
 def run(
     argv: tuple[str, ...],
     gpu_text: str | None,
@@ -177,7 +203,14 @@ def run(
     socket_path: str | None,
     queue_timeout: float,
 ) -> None:
-    """Run CMD in a GPU slot with libkrex.so preloaded: krex run [OPTIONS] -- CMD..."""
+    """Run CMD in a GPU slot with libkrex.so preloaded: krex run [OPTIONS] -- CMD...
+
+    \b
+    Exit status: CMD's own (128+N when a signal N killed it), or
+      125  krex could not do its part (daemon unreachable, no slot in time, a bad
+           configuration, a refused request, a report that cannot be written)
+      127  CMD could not start
+    """
     from krex import client
 
     if auto_regions == "default":
@@ -332,7 +365,12 @@ def status(as_json: bool, sim: bool, socket_path: str | None) -> None:
 @click.option("--sim", is_flag=True, help="Watch the simulated-GPU daemon.")
 @click.option("--socket", "socket_path", metavar="PATH", help="The daemon's socket.")
 @click.option(
-    "--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True, metavar="S"
+    "--interval",
+    type=Seconds(least=0.1),
+    default=1.0,
+    show_default=True,
+    metavar="S",
+    help="Seconds between frames (at least 0.1).",
 )
 @click.option("--once", is_flag=True, help="Print one frame and exit (for scripts).")
 def top(sim: bool, socket_path: str | None, interval: float, once: bool) -> None:
@@ -399,9 +437,7 @@ def config_show(config_path: Path | None, sim: bool, as_json: bool) -> None:
     click.echo(json.dumps(doc, indent=2) if as_json else config_toml(doc), nl=as_json)
 
 
-@main.command(
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
-)
+@main.command(context_settings={"allow_interspersed_args": False})
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD...")
 def region(argv: tuple[str, ...]) -> None:
     """Run a command as one exclusive region: krex region -- CMD...

@@ -333,7 +333,13 @@ def daemon(
         changes["metrics_port"] = metrics_port
     if log_format is not None:
         changes["log_format"] = log_format
-    sys.exit(kdaemon.run(dataclasses.replace(cfg, **changes)))  # type: ignore[arg-type]
+    cfg = dataclasses.replace(cfg, **changes)  # type: ignore[arg-type]
+    try:
+        kconfig.validate(cfg)  # the flags' values too (a --socket path too long to bind)
+    except kconfig.ConfigError as e:
+        click.echo(f"krex daemon: {e}", err=True)
+        sys.exit(2)
+    sys.exit(kdaemon.run(cfg))
 
 
 @main.command()
@@ -345,9 +351,13 @@ def status(as_json: bool, sim: bool, socket_path: str | None) -> None:
     import json
 
     from krex import client
+    from krex.config import ConfigError
 
     try:
         st = client.status(sim, socket_path)
+    except ConfigError as e:
+        click.echo(f"krex status: {e}", err=True)
+        sys.exit(2)
     except (client.ClientError, OSError) as e:
         click.echo(f"krex status: {e}", err=True)
         sys.exit(1)
@@ -382,12 +392,20 @@ def top(sim: bool, socket_path: str | None, interval: float, once: bool) -> None
     from rich.live import Live
 
     from krex import client
+    from krex.config import ConfigError
+    from krex.errors import KrexError
     from krex.views import status_tables
+
+    try:
+        client.socket_for(sim, socket_path)  # a bad configuration: one line, not a live error
+    except ConfigError as e:
+        click.echo(f"krex top: {e}", err=True)
+        sys.exit(2)
 
     def frame() -> object:
         try:
             return status_tables(client.status(sim, socket_path))
-        except (client.ClientError, OSError) as e:
+        except (KrexError, OSError) as e:  # the configuration may be edited while watching
             return f"krex top: {e}"
 
     if once:

@@ -281,8 +281,8 @@ def run(opts: RunOptions) -> int:
 def _run_once(opts: RunOptions) -> tuple[int, dict[str, Any]]:
     """One attempt: the exit status and the report ({} when krex could not do its part)."""
     t0 = time.monotonic()
-    path = socket_for(opts.sim, opts.socket)
     try:
+        path = socket_for(opts.sim, opts.socket)
         conn = connect(path, sim=opts.sim, start=True)
         conn.send(
             {
@@ -305,7 +305,7 @@ def _run_once(opts: RunOptions) -> tuple[int, dict[str, Any]]:
             if left <= 0:
                 raise ClientError(f"no slot became free within {opts.queue_timeout_s:g} s")
             reply = conn.recv(timeout_s=left)
-    except (ClientError, OSError) as e:
+    except (KrexError, OSError) as e:  # ConfigError too: one line, exit 125 (user guide)
         print(f"krex run: {e}", file=sys.stderr)
         return EXIT_KREX, {}
     env = dict(os.environ)

@@ -3,6 +3,7 @@ time-outs, the auto-started daemon and `krex daemon stop`, on the command line."
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,6 +95,44 @@ def test_a_time_out_that_is_not_a_positive_finite_number_is_a_usage_error(
     p = krex(*(a.format(value) for a in args), "--socket", nowhere)
     assert p.returncode == 2, p.stderr
     assert "Invalid value for" in p.stderr and value in p.stderr, p.stderr
+
+
+# 2. A bad configuration file: one line naming the key (and the type expected), never a traceback.
+CONFIGS = {
+    "typo": (b"[gpus]\nslot = 3\n", "unknown key gpus.slot (did you mean gpus.slots?)"),
+    "invalid": (b"[gpus\n", "not valid TOML"),
+    "wrong type": (b'[gpus]\nslots = "8"\n', "gpus.slots has the wrong type: an integer"),
+    "missing": (None, "cannot read the configuration"),
+    "not utf-8": (b'[daemon]\nsocket = "\xff\xfe"\n', "not UTF-8"),
+    "deep": (b"a = " + b"[" * 5000 + b"]" * 5000 + b"\n", "nested too deeply"),
+    "long segment": (b'[daemon]\nsegment = "/' + b"x" * 300 + b'"\n', "daemon.segment"),
+    "long socket": (b'[daemon]\nsocket = "/tmp/' + b"x" * 200 + b'"\n', "too long"),
+}
+COMMANDS = {
+    "run": (["run", "--sim", "--", "true"], 125),
+    "status": (["status"], 2),
+    "top": (["top", "--once"], 2),
+    "daemon": (["daemon", "--sim", "--socket", "{tmp}/d.sock"], 2),
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("case", CONFIGS)
+def test_a_bad_configuration_is_one_line_and_the_documented_exit(
+    tmp_path: Path, case: str, command: str
+) -> None:
+    content, words = CONFIGS[case]
+    cfg = tmp_path / "config.toml"
+    if content is not None:
+        cfg.write_bytes(content)
+    env = {k: v for k, v in os.environ.items() if k != "KREX_SOCKET"}
+    env |= {"KREX_CONFIG": str(cfg), "XDG_RUNTIME_DIR": str(tmp_path / "xdg")}
+    args, code = COMMANDS[command]
+    p = krex(*(a.format(tmp=tmp_path) for a in args), env=env)
+    assert p.returncode == code, p.stderr
+    line = one_line(p.stderr)
+    assert line.startswith(f"krex {command}: ") and words in line, line
+    assert not (tmp_path / "d.sock").exists()
 
 
 # Friction: the help says what a first user looks for.

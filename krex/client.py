@@ -3,7 +3,8 @@
 `krex run -- CMD` asks the daemon for a slot (starting the per-user daemon if none answers),
 forks CMD held before exec until the daemon has put it in the tenant's group and on its GPU's
 shared cores, then execs it with the tenant's environment. CMD's stdin, stdout, stderr and exit
-status are its own (killed by signal N: 128+N); signals sent to `krex run` are forwarded to it.
+status are its own (killed by signal N: 128+N); signals sent to `krex run` once it is admitted
+are forwarded to it, whenever they come (a terminal's Ctrl-C reaches CMD directly, once).
 Exit statuses of krex itself: 125 (krex could not do its part), 127 (CMD could not start).
 """
 
@@ -35,6 +36,11 @@ EXIT_NOT_STARTED = 127
 _PR_SET_PDEATHSIG = 1
 _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+# Signals meant for the command: held (blocked) in `krex run` from its admission until its
+# report is written, so that none is lost before the command can take it, and none that
+# arrives as the command ends kills `krex run` before its report.
+HELD = frozenset({signal.SIGINT, *FORWARDED})
+_SI_KERNEL = 0x80  # siginfo.si_code of a signal the kernel sent (a terminal's Ctrl-C, hang-up)
 
 
 class ClientError(KrexError):
@@ -149,9 +155,11 @@ class RunOptions:
     no_pool: bool = False
 
 
-def _spawn_held(argv: list[str], env: dict[str, str]) -> tuple[int, int, int]:
+def _spawn_held(argv: list[str], env: dict[str, str], mask: set[int]) -> tuple[int, int, int]:
     """Fork argv held before exec. Returns (pid, go_fd, err_fd): a byte on go_fd lets it exec;
-    err_fd yields the reason if exec fails, or EOF once it succeeded."""
+    err_fd yields the reason if exec fails, or EOF once it succeeded. The child execs with
+    signal mask `mask` (krex run's own before it held signals): a signal forwarded to it
+    before then waits, and acts (with its default action) just before the exec."""
     parent = os.getpid()
     go_r, go_w = os.pipe()
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -168,6 +176,7 @@ def _spawn_held(argv: list[str], env: dict[str, str]) -> tuple[int, int, int]:
             os.close(go_r)
             for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, *FORWARDED):
                 signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             os.execvpe(argv[0], argv, env)
         except OSError as e:
             os.write(err_w, f"{e.strerror or e}".encode())
@@ -209,13 +218,17 @@ def _run_warm(lease: dict[str, Any], inv: Invocation, env: dict[str, str]) -> in
         with contextlib.suppress(OSError):
             wire.send_frame(sock, {"signal": n})
 
-    # The worker is in no terminal's process group: Ctrl-C reaches it through us.
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, *FORWARDED)}
+    # The worker is in no terminal's process group: Ctrl-C reaches it through us. Signals held
+    # since admission (sent before the job was handed over) are forwarded as they are let through.
+    previous = {s: signal.signal(s, forward) for s in HELD}
+    ours = HELD - (_mask or set())
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, ours)
     try:
         msg, _ = wire.recv_frame(sock)
     except (OSError, ProtocolError):
         msg = None
     finally:
+        signal.pthread_sigmask(signal.SIG_BLOCK, ours)  # held again until the report is out
         for s, h in previous.items():
             signal.signal(s, h)
         sock.close()
@@ -224,16 +237,66 @@ def _run_warm(lease: dict[str, Any], inv: Invocation, env: dict[str, str]) -> in
     return int(msg["status"])
 
 
-def _wait(pid: int) -> int:
+def _wait(pid: int, flags: int = 0) -> int | None:
+    """pid's exit status (128+N: killed by signal N); None with os.WNOHANG while it runs."""
     while True:
         try:
-            _, status = os.waitpid(pid, 0)
+            done, status = os.waitpid(pid, flags)
         except ChildProcessError:
             return EXIT_KREX
+        if done == 0:
+            return None
         if os.WIFEXITED(status):
             return os.WEXITSTATUS(status)
         if os.WIFSIGNALED(status):
             return 128 + os.WTERMSIG(status)
+
+
+_mask: set[int] | None = None  # krex run's signal mask before it held HELD (None: not held)
+
+
+def _hold_signals() -> None:
+    """From here on, signals sent to `krex run` are the command's: block them (and SIGCHLD,
+    which _supervise waits for) until _release_signals."""
+    global _mask
+    if _mask is None:
+        _mask = signal.pthread_sigmask(signal.SIG_BLOCK, {*HELD, signal.SIGCHLD})
+
+
+def _take_pending() -> list[int]:
+    """The held signals pending now, taken (each once)."""
+    assert _mask is not None
+    taken = []
+    while (info := signal.sigtimedwait(HELD - _mask, 0)) is not None:
+        taken.append(info.si_signo)
+    return taken
+
+
+def _release_signals() -> None:
+    """The command has ended: drop what was held for it, and unblock."""
+    global _mask
+    if _mask is None:
+        return
+    _take_pending()
+    if signal.SIGCHLD not in _mask:
+        signal.sigtimedwait({signal.SIGCHLD}, 0)
+    signal.pthread_sigmask(signal.SIG_SETMASK, _mask)
+    _mask = None
+
+
+def _supervise(pid: int) -> int:
+    """Wait for the command, forwarding to it each signal sent to `krex run` (held since
+    admission). Not the kernel's: a terminal sends Ctrl-C, Ctrl-\\ and hang-ups to its whole
+    foreground process group, the command's too, which must not get them twice."""
+    while True:
+        code = _wait(pid, os.WNOHANG)
+        if code is not None:
+            return code
+        info = signal.sigwaitinfo({*HELD, signal.SIGCHLD})
+        if info.si_signo == signal.SIGCHLD or info.si_code == _SI_KERNEL:
+            continue
+        with contextlib.suppress(ProcessLookupError):  # it has just exited
+            os.kill(pid, info.si_signo)
 
 
 MEMORY_RETRIES = 2  # reruns of a command that failed only because others held the memory
@@ -246,6 +309,13 @@ def run(opts: RunOptions) -> int:
     `memory.oom_shared`, docs/memory.md) runs again, at most MEMORY_RETRIES times: first
     admitted once what it showed it needs fits, then with the GPU's memory to itself; the
     report lists the earlier attempts."""
+    try:
+        return _run(opts)
+    finally:
+        _release_signals()
+
+
+def _run(opts: RunOptions) -> int:
     attempts: list[dict[str, Any]] = []
     while True:
         code, report = _run_once(opts)
@@ -280,6 +350,7 @@ def run(opts: RunOptions) -> int:
 
 def _run_once(opts: RunOptions) -> tuple[int, dict[str, Any]]:
     """One attempt: the exit status and the report ({} when krex could not do its part)."""
+    _release_signals()  # an earlier attempt's command is over: Ctrl-C while queued ends us
     t0 = time.monotonic()
     try:
         path = socket_for(opts.sim, opts.socket)
@@ -305,9 +376,13 @@ def _run_once(opts: RunOptions) -> tuple[int, dict[str, Any]]:
             if left <= 0:
                 raise ClientError(f"no slot became free within {opts.queue_timeout_s:g} s")
             reply = conn.recv(timeout_s=left)
+        _hold_signals()
     except (KrexError, OSError) as e:  # ConfigError too: one line, exit 125 (user guide)
         print(f"krex run: {e}", file=sys.stderr)
         return EXIT_KREX, {}
+    except KeyboardInterrupt:  # Ctrl-C before the command started: nothing of it to report
+        print("krex run: interrupted before the command started", file=sys.stderr)
+        return 128 + signal.SIGINT, {}
     env = dict(os.environ)
     extra: dict[str, str] = reply["env"]
     for key in ("LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", "PYTHONPATH"):
@@ -340,29 +415,27 @@ def _run_once(opts: RunOptions) -> tuple[int, dict[str, Any]]:
             lost = warm_status is None
             return _finish(opts, conn, reply, t0, warm_status, lost, how.reason, warm=True)
         how.reason = str(lease.get("cold", "no warm worker"))
-    pid, go, err = _spawn_held(opts.argv, env)
-    previous = {s: signal.signal(s, lambda n, _f: os.kill(pid, n)) for s in FORWARDED}
-    # Ctrl-C reaches the command directly (same process group): krex run itself ignores it.
-    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    assert _mask is not None
+    pid, go, err = _spawn_held(opts.argv, env, _mask)
+    # Signals that came before the fork never reached the command: forward them. The child
+    # holds them blocked until its exec, so one that reached it too counts once.
+    for n in _take_pending():
+        os.kill(pid, n)
     try:
-        try:
-            conn.send({"op": "started", "pid": pid})
-            conn.recv()
-        except (ClientError, OSError) as e:
-            os.kill(pid, signal.SIGKILL)
-            _wait(pid)
-            print(f"krex run: the daemon could not take the command in: {e}", file=sys.stderr)
-            return EXIT_KREX, {}
-        os.write(go, b"g")
-        os.close(go)
-        why = os.read(err, 4096).decode(errors="replace")
-        os.close(err)
-        if why:
-            print(f"krex run: cannot start {opts.argv[0]}: {why}", file=sys.stderr)
-        code = _wait(pid)
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+        conn.send({"op": "started", "pid": pid})
+        conn.recv()
+    except (ClientError, OSError) as e:
+        os.kill(pid, signal.SIGKILL)
+        _wait(pid)
+        print(f"krex run: the daemon could not take the command in: {e}", file=sys.stderr)
+        return EXIT_KREX, {}
+    os.write(go, b"g")
+    os.close(go)
+    why = os.read(err, 4096).decode(errors="replace")
+    os.close(err)
+    if why:
+        print(f"krex run: cannot start {opts.argv[0]}: {why}", file=sys.stderr)
+    code = _supervise(pid)
     return _finish(opts, conn, reply, t0, code, False, how.reason, warm=False)
 
 

@@ -144,7 +144,7 @@ def bench_report(out_dir: Path) -> None:
 )
 @click.option(
     "--report",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),  # checked by krex run itself: exit 125, as other failures
     help="Write a JSON report (exit code, GPU, wall time, counts, regions) here.",
 )
 @click.option(

@@ -18,8 +18,10 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -299,6 +301,85 @@ def _supervise(pid: int) -> int:
             os.kill(pid, info.si_signo)
 
 
+def _report_target(path: Path) -> tuple[Path, bool]:
+    """Where the report goes, and whether whole or not at all (a temporary file beside it,
+    renamed over it): so for a new or regular file in a directory krex run can write to.
+    Otherwise in place: a device or pipe, a file krex run has open (`--report /dev/stdout`),
+    or an existing file in a directory it cannot write to. ValueError: why it cannot be
+    written at all."""
+    try:
+        st: os.stat_result | None = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise ValueError(e.strerror or str(e)) from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise ValueError("is a directory")
+    if st is not None and (not stat.S_ISREG(st.st_mode) or _open_here(st)):
+        # Renaming over (or truncating) a file krex run has open, `--report /dev/stdout >
+        # out.txt`, would lose what the command wrote to it: _write_report appends.
+        if not os.access(path, os.W_OK):
+            raise ValueError("cannot be written to")
+        return path, False
+    target = Path(os.path.realpath(path))  # a symlink's target is replaced, not the symlink
+    if not target.parent.is_dir():
+        raise ValueError(f"{target.parent} is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as e:
+        if st is not None and os.access(path, os.W_OK):
+            return path, False
+        raise ValueError(f"cannot create a file in {target.parent} ({e.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)
+    return target, True
+
+
+def _open_here(st: os.stat_result) -> bool:
+    """Whether this process has the file open (its stdout, or a /dev/fd/N)."""
+    with contextlib.suppress(OSError):
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                mine = os.fstat(int(fd))
+                if (mine.st_dev, mine.st_ino) == (st.st_dev, st.st_ino):
+                    return True
+    return False
+
+
+def _write_report(path: Path, report: dict[str, Any]) -> None:
+    """Write the report (see _report_target): a full disk leaves the previous file, or none,
+    never a truncated one, wherever a temporary file can be renamed over it."""
+    text = json.dumps(report, indent=2) + "\n"
+    tmp: str | None = None
+    try:
+        target, whole = _report_target(path)
+        if not whole:
+            with open(target, "a" if _open_here(os.stat(target)) else "w") as f:
+                f.write(text)
+            return
+        try:
+            mode = os.stat(target).st_mode & 0o7777
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask  # as open() makes it, not mkstemp's 0600
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), mode)
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        tmp = None
+    except (OSError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        print(f"krex run: cannot write the report to {path}: {why}", file=sys.stderr)
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
 MEMORY_RETRIES = 2  # reruns of a command that failed only because others held the memory
 
 
@@ -309,6 +390,12 @@ def run(opts: RunOptions) -> int:
     `memory.oom_shared`, docs/memory.md) runs again, at most MEMORY_RETRIES times: first
     admitted once what it showed it needs fits, then with the GPU's memory to itself; the
     report lists the earlier attempts."""
+    if opts.report is not None:
+        try:
+            _report_target(opts.report)
+        except ValueError as e:
+            print(f"krex run: --report {opts.report}: {e}", file=sys.stderr)
+            return EXIT_KREX
     try:
         return _run(opts)
     finally:
@@ -339,12 +426,7 @@ def _run(opts: RunOptions) -> int:
     if attempts:
         report["attempts"] = attempts
     if opts.report is not None and report:
-        try:
-            opts.report.write_text(json.dumps(report, indent=2) + "\n")
-        except OSError as e:
-            print(
-                f"krex run: cannot write the report to {opts.report}: {e.strerror}", file=sys.stderr
-            )
+        _write_report(opts.report, report)
     return code
 
 

@@ -3,7 +3,9 @@ time-outs, the auto-started daemon and `krex daemon stop`, on the command line."
 
 from __future__ import annotations
 
+import json
 import os
+import resource
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -133,6 +135,96 @@ def test_a_bad_configuration_is_one_line_and_the_documented_exit(
     line = one_line(p.stderr)
     assert line.startswith(f"krex {command}: ") and words in line, line
     assert not (tmp_path / "d.sock").exists()
+
+
+# 7. --report: checked before the command runs, written whole or not at all.
+@pytest.mark.parametrize("where", ["a directory", "missing parent", "unwritable"])
+def test_a_report_that_cannot_be_written_stops_krex_run_before_the_command(
+    daemon: Daemon, tmp_path: Path, where: str
+) -> None:
+    report = {
+        "a directory": tmp_path,
+        "missing parent": tmp_path / "no" / "r.json",
+        "unwritable": Path("/proc/krex-report.json"),  # nobody creates files there, not root
+    }[where]
+    marker = tmp_path / "ran"
+    p = subprocess.run(
+        [*run_argv(daemon), "--report", str(report), "--", "touch", str(marker)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 125, p.stderr
+    assert one_line(p.stderr).startswith(f"krex run: --report {report}: ")
+    assert not marker.exists(), "the command ran"
+
+
+def test_a_report_that_does_not_fit_leaves_the_previous_one(daemon: Daemon, tmp_path: Path) -> None:
+    """A full disk (here: a file size limit, which fails the write the same way) must not
+    leave a truncated or empty report."""
+    report = tmp_path / "r.json"
+    report.write_text("previous\n")
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+
+    p = subprocess.run(
+        [*run_argv(daemon), "--report", str(report), "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=small_files,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "cannot write the report" in one_line(p.stderr)
+    assert report.read_text() == "previous\n"
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["r.json"], "a temporary file is left"
+    # And without the limit it is written whole, replacing the previous one.
+    p = subprocess.run(
+        [*run_argv(daemon), "--report", str(report), "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0 and json.loads(report.read_text())["exit_code"] == 0, p.stderr
+    umask = os.umask(0)
+    os.umask(umask)
+    assert report.stat().st_mode & 0o777 == 0o666 & ~umask, "open()'s mode, not mkstemp's"
+
+
+def test_a_report_to_a_device_or_through_a_symlink(daemon: Daemon, tmp_path: Path) -> None:
+    """A device, pipe or file krex run has open is written in place (never replaced by a new
+    file); a symlink's target is replaced and the symlink stays."""
+    p = subprocess.run(
+        [*run_argv(daemon), "--report", "/dev/stdout", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0 and json.loads(p.stdout)["exit_code"] == 0, p.stderr
+    out = tmp_path / "out.txt"  # stdout a regular file: written in place, not renamed over
+    with out.open("w") as f:
+        p = subprocess.run(
+            [*run_argv(daemon), "--report", "/dev/stdout", "--", "echo", "from the command"],
+            stdout=f,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    assert p.returncode == 0, p.stderr
+    first, rest = out.read_text().split("\n", 1)
+    assert first == "from the command" and json.loads(rest)["exit_code"] == 0
+    real = tmp_path / "real.json"
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    p = subprocess.run(
+        [*run_argv(daemon), "--report", str(link), "--", "sh", "-c", "exit 3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 3, p.stderr
+    assert link.is_symlink() and json.loads(real.read_text())["exit_code"] == 3
 
 
 # Friction: the help says what a first user looks for.

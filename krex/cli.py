@@ -263,7 +263,8 @@ def run(
     )
 
 
-@main.command()
+@main.group(invoke_without_command=True)
+@click.pass_context
 @click.option(
     "--config",
     "config_path",
@@ -295,6 +296,7 @@ def run(
     help="Human log lines, or one JSON object per line (default: daemon.log_format).",
 )
 def daemon(
+    ctx: click.Context,
     config_path: Path | None,
     sim: bool,
     socket_path: str | None,
@@ -305,7 +307,12 @@ def daemon(
     metrics_port: int | None,
     log_format: str | None,
 ) -> None:
-    """Run the KREX controller in the foreground (for systemd or a terminal)."""
+    """Run the KREX controller in the foreground (for systemd or a terminal).
+
+    `krex daemon stop` stops a running one.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
     import dataclasses
 
     from krex import config as kconfig
@@ -340,6 +347,78 @@ def daemon(
         click.echo(f"krex daemon: {e}", err=True)
         sys.exit(2)
     sys.exit(kdaemon.run(cfg))
+
+
+@daemon.command(name="stop")
+@click.option("--sim", is_flag=True, help="Stop the simulated-GPU daemon.")
+@click.option("--socket", "socket_path", metavar="PATH", help="The daemon's socket.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=Seconds(),
+    default=60.0,
+    show_default=True,
+    metavar="S",
+    help="Give up waiting for it to stop after S seconds (exit 1).",
+)
+def daemon_stop(sim: bool, socket_path: str | None, timeout_s: float) -> None:
+    """Stop the daemon on the socket (as `krex status` finds it): SIGTERM to the pid its lock
+    file names, then wait until it has ended its regions and released the lock. Exits 0 also
+    when no daemon runs there."""
+    import fcntl
+    import os
+    import signal
+    import time
+
+    from krex import client
+    from krex.config import ConfigError
+
+    try:
+        sock = client.socket_for(sim, socket_path)
+    except ConfigError as e:
+        click.echo(f"krex daemon stop: {e}", err=True)
+        sys.exit(2)
+    try:
+        fd = os.open(f"{sock}.pid", os.O_RDONLY)
+    except FileNotFoundError:
+        click.echo(f"krex daemon stop: no krex daemon runs on {sock}", err=True)
+        return
+
+    def held() -> bool:
+        """Whether a daemon holds the lock (it does for as long as it runs)."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+
+    try:
+        if not held():
+            click.echo(f"krex daemon stop: no krex daemon runs on {sock}", err=True)
+            return
+        text = os.read(fd, 64).decode(errors="replace").strip()
+        if not text.isdigit():
+            click.echo(f"krex daemon stop: {sock}.pid names no process ({text!r})", err=True)
+            sys.exit(1)
+        try:
+            os.kill(int(text), signal.SIGTERM)
+        except OSError as e:
+            click.echo(f"krex daemon stop: cannot signal process {text}: {e.strerror}", err=True)
+            sys.exit(1)
+        deadline = time.monotonic() + timeout_s
+        while held():
+            if time.monotonic() > deadline:
+                click.echo(
+                    f"krex daemon stop: the daemon (pid {text}) has not stopped within "
+                    f"{timeout_s:g} s",
+                    err=True,
+                )
+                sys.exit(1)
+            time.sleep(0.05)
+        click.echo(f"krex daemon stop: stopped the daemon on {sock} (pid {text})", err=True)
+    finally:
+        os.close(fd)
 
 
 @main.command()

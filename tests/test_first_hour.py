@@ -89,6 +89,7 @@ def test_options_after_the_command_or_after_dashes_are_the_commands(daemon: Daem
         ["run", "--queue-timeout", "{}", "--", "true"],
         ["run", "--region-timeout", "{}", "--", "true"],
         ["top", "--once", "--interval", "{}"],
+        ["daemon", "stop", "--timeout", "{}"],
     ],
 )
 def test_a_time_out_that_is_not_a_positive_finite_number_is_a_usage_error(
@@ -225,6 +226,11 @@ def test_a_report_to_a_device_or_through_a_symlink(daemon: Daemon, tmp_path: Pat
     )
     assert p.returncode == 3, p.stderr
     assert link.is_symlink() and json.loads(real.read_text())["exit_code"] == 3
+
+
+def test_daemon_stop_without_a_daemon_says_so(tmp_path: Path) -> None:
+    p = krex("daemon", "stop", "--socket", str(tmp_path / "krex.sock"))
+    assert p.returncode == 0 and "no krex daemon runs on" in one_line(p.stderr)
 
 
 # Friction: the help says what a first user looks for.

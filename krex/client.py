@@ -113,7 +113,7 @@ def connect(path: Path, *, sim: bool, start: bool) -> Connection:
         with contextlib.suppress(FileNotFoundError, ConnectionRefusedError):
             return Connection(path)
         log_path = path.parent / (path.stem + ".log")
-        cmd = [sys.executable, "-m", "krex.cli", "daemon", "--socket", str(path)]
+        cmd = [sys.executable, "-m", "krex.cli", "daemon", "--socket", str(path.absolute())]
         if sim:
             cmd.append("--sim")
         with open(log_path, "ab") as logf:
@@ -124,6 +124,7 @@ def connect(path: Path, *, sim: bool, start: bool) -> Connection:
                 stderr=logf,
                 start_new_session=True,
                 close_fds=True,
+                **_daemon_place(),
             )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -137,6 +138,16 @@ def connect(path: Path, *, sim: bool, start: bool) -> Connection:
         raise ClientError(f"the krex daemon did not answer at {path} within 20 s")
     finally:
         os.close(lock)
+
+
+def _daemon_place() -> dict[str, Any]:
+    """Where a daemon krex starts runs: in /, so that `python -m` puts no directory of the
+    user's first on sys.path (a source checkout's krex/ would shadow the installed one), with
+    $KREX_CONFIG made absolute to match."""
+    env = dict(os.environ)
+    if env.get("KREX_CONFIG"):
+        env["KREX_CONFIG"] = os.path.abspath(env["KREX_CONFIG"])
+    return {"cwd": "/", "env": env}
 
 
 @dataclass
@@ -602,6 +613,7 @@ def private_daemon(
     `pool`: warm workers per GPU (None: the daemon's default); `gpus`: how many (None: every
     GPU the driver shows, or 1 simulated). ClientError when the daemon does not come up within
     30 s."""
+    directory = directory.absolute()  # the daemon runs in / (_daemon_place)
     directory.mkdir(parents=True, exist_ok=True)
     sock = directory / "krex.sock"
     log_path = directory / "daemon.log"
@@ -619,7 +631,7 @@ def private_daemon(
         *(["--gpus", str(gpus)] if gpus is not None else []),
     ]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=log)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log, **_daemon_place())
     try:
         deadline = time.monotonic() + 30
         while not sock.exists():

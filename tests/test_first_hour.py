@@ -7,6 +7,7 @@ import json
 import os
 import resource
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -226,6 +227,33 @@ def test_a_report_to_a_device_or_through_a_symlink(daemon: Daemon, tmp_path: Pat
     )
     assert p.returncode == 3, p.stderr
     assert link.is_symlink() and json.loads(real.read_text())["exit_code"] == 3
+
+
+# 8. The daemon krex run starts does not import krex from the current directory.
+def test_the_auto_started_daemon_does_not_depend_on_the_current_directory(tmp_path: Path) -> None:
+    fake = tmp_path / "checkout"
+    (fake / "krex").mkdir(parents=True)
+    (fake / "krex" / "__init__.py").write_text("raise SystemExit('the fake krex was imported')\n")
+    (fake / "config.toml").write_text("[gpus]\nslots = 3\n")
+    sock = tmp_path / "auto" / "krex.sock"
+    console = Path(sys.executable).with_name("krex")  # as a user runs it: not `python -m`
+    env = {**os.environ, "KREX_CONFIG": "config.toml"}  # relative to the user's directory
+    try:
+        p = subprocess.run(
+            [str(console), "run", "--sim", "--socket", str(sock), "--", "true"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=fake,
+            env=env,
+        )
+        assert p.returncode == 0, p.stderr + (sock.parent / "krex.log").read_text()
+        st = krex("status", "--json", "--socket", str(sock))
+        assert json.loads(st.stdout)["gpus"][0]["slots"] == 3, "the relative config was read"
+    finally:
+        stopped = krex("daemon", "stop", "--socket", str(sock), "--timeout", "30")
+    assert stopped.returncode == 0 and "stopped the daemon" in stopped.stderr, stopped.stderr
+    assert not sock.exists()
 
 
 def test_daemon_stop_without_a_daemon_says_so(tmp_path: Path) -> None:

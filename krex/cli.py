@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import platform
 import shutil
 import subprocess
@@ -12,6 +13,30 @@ from pathlib import Path
 import click
 
 from krex import __version__, paths
+
+MAX_SECONDS = 1e9  # about 31 years: longer waits overflow the socket and timer calls
+
+
+class Seconds(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2 on
+    """A duration in seconds: a finite number above 0 (and at least `least`), at most
+    MAX_SECONDS. nan, inf and 1e300 pass click's FloatRange and crash later."""
+
+    name = "seconds"
+
+    def __init__(self, least: float = 0.0) -> None:
+        self.least = least
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        try:
+            seconds = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not (math.isfinite(seconds) and seconds > 0 and self.least <= seconds <= MAX_SECONDS):
+            low = f"at least {self.least:g}" if self.least else "more than 0"
+            self.fail(f"{value!r}: seconds must be {low} and at most {MAX_SECONDS:g}", param, ctx)
+        return seconds
 
 
 @click.group(name="krex", context_settings={"help_option_names": ["-h", "--help"]})
@@ -30,7 +55,8 @@ def bench() -> None:
     "--modes",
     default="exclusive,shared,krex",
     show_default=True,
-    help="Comma-separated: exclusive (also gives native_repeat), shared, krex, krex-serial.",
+    help="Comma-separated: exclusive (also gives native_repeat), shared, krex, krex-cold (krex "
+    "with no warm workers), krex-serial (one at a time through krex).",
 )
 @click.option(
     "--concurrency",
@@ -102,9 +128,9 @@ def bench_report(out_dir: Path) -> None:
         click.echo(path)
 
 
-@main.command(
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
-)
+# Options end at `--` or at the command's first word: what follows is the command's own, and an
+# unknown option before it is a usage error (not a command named after the typo).
+@main.command(context_settings={"allow_interspersed_args": False})
 @click.option(
     "--gpu",
     "gpu_text",
@@ -118,7 +144,7 @@ def bench_report(out_dir: Path) -> None:
 )
 @click.option(
     "--report",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),  # checked by krex run itself: exit 125, as other failures
     help="Write a JSON report (exit code, GPU, wall time, counts, regions) here.",
 )
 @click.option(
@@ -133,7 +159,7 @@ def bench_report(out_dir: Path) -> None:
 )
 @click.option(
     "--region-timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(),
     metavar="S",
     help="Revoke any region of this command that lasts longer than S seconds.",
 )
@@ -156,13 +182,13 @@ def bench_report(out_dir: Path) -> None:
 @click.option("--socket", "socket_path", metavar="PATH", help="The daemon's socket.")
 @click.option(
     "--queue-timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(),
     default=3600.0,
     show_default=True,
     metavar="S",
     help="Give up waiting for a slot after S seconds.",
 )
-@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="[--] CMD...")
 def run(
     argv: tuple[str, ...],
     gpu_text: str | None,
@@ -177,7 +203,14 @@ def run(
     socket_path: str | None,
     queue_timeout: float,
 ) -> None:
-    """Run CMD in a GPU slot with libkrex.so preloaded: krex run [OPTIONS] -- CMD..."""
+    """Run CMD in a GPU slot with libkrex.so preloaded: krex run [OPTIONS] -- CMD...
+
+    \b
+    Exit status: CMD's own (128+N when a signal N killed it), or
+      125  krex could not do its part (daemon unreachable, no slot in time, a bad
+           configuration, a refused request, a report that cannot be written)
+      127  CMD could not start
+    """
     from krex import client
 
     if auto_regions == "default":
@@ -230,7 +263,8 @@ def run(
     )
 
 
-@main.command()
+@main.group(invoke_without_command=True)
+@click.pass_context
 @click.option(
     "--config",
     "config_path",
@@ -262,6 +296,7 @@ def run(
     help="Human log lines, or one JSON object per line (default: daemon.log_format).",
 )
 def daemon(
+    ctx: click.Context,
     config_path: Path | None,
     sim: bool,
     socket_path: str | None,
@@ -272,7 +307,12 @@ def daemon(
     metrics_port: int | None,
     log_format: str | None,
 ) -> None:
-    """Run the KREX controller in the foreground (for systemd or a terminal)."""
+    """Run the KREX controller in the foreground (for systemd or a terminal).
+
+    `krex daemon stop` stops a running one.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
     import dataclasses
 
     from krex import config as kconfig
@@ -300,7 +340,85 @@ def daemon(
         changes["metrics_port"] = metrics_port
     if log_format is not None:
         changes["log_format"] = log_format
-    sys.exit(kdaemon.run(dataclasses.replace(cfg, **changes)))  # type: ignore[arg-type]
+    cfg = dataclasses.replace(cfg, **changes)  # type: ignore[arg-type]
+    try:
+        kconfig.validate(cfg)  # the flags' values too (a --socket path too long to bind)
+    except kconfig.ConfigError as e:
+        click.echo(f"krex daemon: {e}", err=True)
+        sys.exit(2)
+    sys.exit(kdaemon.run(cfg))
+
+
+@daemon.command(name="stop")
+@click.option("--sim", is_flag=True, help="Stop the simulated-GPU daemon.")
+@click.option("--socket", "socket_path", metavar="PATH", help="The daemon's socket.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=Seconds(),
+    default=60.0,
+    show_default=True,
+    metavar="S",
+    help="Give up waiting for it to stop after S seconds (exit 1).",
+)
+def daemon_stop(sim: bool, socket_path: str | None, timeout_s: float) -> None:
+    """Stop the daemon on the socket (as `krex status` finds it): SIGTERM to the pid its lock
+    file names, then wait until it has ended its regions and released the lock. Exits 0 also
+    when no daemon runs there."""
+    import fcntl
+    import os
+    import signal
+    import time
+
+    from krex import client
+    from krex.config import ConfigError
+
+    try:
+        sock = client.socket_for(sim, socket_path)
+    except ConfigError as e:
+        click.echo(f"krex daemon stop: {e}", err=True)
+        sys.exit(2)
+    try:
+        fd = os.open(f"{sock}.pid", os.O_RDONLY)
+    except FileNotFoundError:
+        click.echo(f"krex daemon stop: no krex daemon runs on {sock}", err=True)
+        return
+
+    def held() -> bool:
+        """Whether a daemon holds the lock (it does for as long as it runs)."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+
+    try:
+        if not held():
+            click.echo(f"krex daemon stop: no krex daemon runs on {sock}", err=True)
+            return
+        text = os.read(fd, 64).decode(errors="replace").strip()
+        if not text.isdigit():
+            click.echo(f"krex daemon stop: {sock}.pid names no process ({text!r})", err=True)
+            sys.exit(1)
+        try:
+            os.kill(int(text), signal.SIGTERM)
+        except OSError as e:
+            click.echo(f"krex daemon stop: cannot signal process {text}: {e.strerror}", err=True)
+            sys.exit(1)
+        deadline = time.monotonic() + timeout_s
+        while held():
+            if time.monotonic() > deadline:
+                click.echo(
+                    f"krex daemon stop: the daemon (pid {text}) has not stopped within "
+                    f"{timeout_s:g} s",
+                    err=True,
+                )
+                sys.exit(1)
+            time.sleep(0.05)
+        click.echo(f"krex daemon stop: stopped the daemon on {sock} (pid {text})", err=True)
+    finally:
+        os.close(fd)
 
 
 @main.command()
@@ -312,9 +430,13 @@ def status(as_json: bool, sim: bool, socket_path: str | None) -> None:
     import json
 
     from krex import client
+    from krex.config import ConfigError
 
     try:
         st = client.status(sim, socket_path)
+    except ConfigError as e:
+        click.echo(f"krex status: {e}", err=True)
+        sys.exit(2)
     except (client.ClientError, OSError) as e:
         click.echo(f"krex status: {e}", err=True)
         sys.exit(1)
@@ -332,7 +454,12 @@ def status(as_json: bool, sim: bool, socket_path: str | None) -> None:
 @click.option("--sim", is_flag=True, help="Watch the simulated-GPU daemon.")
 @click.option("--socket", "socket_path", metavar="PATH", help="The daemon's socket.")
 @click.option(
-    "--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True, metavar="S"
+    "--interval",
+    type=Seconds(least=0.1),
+    default=1.0,
+    show_default=True,
+    metavar="S",
+    help="Seconds between frames (at least 0.1).",
 )
 @click.option("--once", is_flag=True, help="Print one frame and exit (for scripts).")
 def top(sim: bool, socket_path: str | None, interval: float, once: bool) -> None:
@@ -344,12 +471,20 @@ def top(sim: bool, socket_path: str | None, interval: float, once: bool) -> None
     from rich.live import Live
 
     from krex import client
+    from krex.config import ConfigError
+    from krex.errors import KrexError
     from krex.views import status_tables
+
+    try:
+        client.socket_for(sim, socket_path)  # a bad configuration: one line, not a live error
+    except ConfigError as e:
+        click.echo(f"krex top: {e}", err=True)
+        sys.exit(2)
 
     def frame() -> object:
         try:
             return status_tables(client.status(sim, socket_path))
-        except (client.ClientError, OSError) as e:
+        except (KrexError, OSError) as e:  # the configuration may be edited while watching
             return f"krex top: {e}"
 
     if once:
@@ -399,9 +534,7 @@ def config_show(config_path: Path | None, sim: bool, as_json: bool) -> None:
     click.echo(json.dumps(doc, indent=2) if as_json else config_toml(doc), nl=as_json)
 
 
-@main.command(
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
-)
+@main.command(context_settings={"allow_interspersed_args": False})
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED, metavar="-- CMD...")
 def region(argv: tuple[str, ...]) -> None:
     """Run a command as one exclusive region: krex region -- CMD...

@@ -3,7 +3,8 @@
 `krex run -- CMD` asks the daemon for a slot (starting the per-user daemon if none answers),
 forks CMD held before exec until the daemon has put it in the tenant's group and on its GPU's
 shared cores, then execs it with the tenant's environment. CMD's stdin, stdout, stderr and exit
-status are its own (killed by signal N: 128+N); signals sent to `krex run` are forwarded to it.
+status are its own (killed by signal N: 128+N); signals sent to `krex run` once it is admitted
+are forwarded to it, whenever they come (a terminal's Ctrl-C reaches CMD directly, once).
 Exit statuses of krex itself: 125 (krex could not do its part), 127 (CMD could not start).
 """
 
@@ -17,6 +18,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -40,6 +42,11 @@ EXIT_NOT_STARTED = 127
 _PR_SET_PDEATHSIG = 1
 _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+# Signals meant for the command: held (blocked) in `krex run` from its admission until its
+# report is written, so that none is lost before the command can take it, and none that
+# arrives as the command ends kills `krex run` before its report.
+HELD = frozenset({signal.SIGINT, *FORWARDED})
+_SI_KERNEL = 0x80  # siginfo.si_code of a signal the kernel sent (a terminal's Ctrl-C, hang-up)
 
 
 class ClientError(KrexError):
@@ -118,7 +125,7 @@ def connect(path: Path, *, sim: bool, start: bool) -> Connection:
         with contextlib.suppress(FileNotFoundError, ConnectionRefusedError):
             return Connection(path)
         log_path = path.parent / (path.stem + ".log")
-        cmd = [sys.executable, "-m", "krex.cli", "daemon", "--socket", str(path)]
+        cmd = [sys.executable, "-m", "krex.cli", "daemon", "--socket", str(path.absolute())]
         if sim:
             cmd.append("--sim")
         with open(log_path, "ab") as logf:
@@ -129,6 +136,7 @@ def connect(path: Path, *, sim: bool, start: bool) -> Connection:
                 stderr=logf,
                 start_new_session=True,
                 close_fds=True,
+                **_daemon_place(),
             )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -142,6 +150,16 @@ def connect(path: Path, *, sim: bool, start: bool) -> Connection:
         raise ClientError(f"the krex daemon did not answer at {path} within 20 s")
     finally:
         os.close(lock)
+
+
+def _daemon_place() -> dict[str, Any]:
+    """Where a daemon krex starts runs: in /, so that `python -m` puts no directory of the
+    user's first on sys.path (a source checkout's krex/ would shadow the installed one), with
+    $KREX_CONFIG made absolute to match."""
+    env = dict(os.environ)
+    if env.get("KREX_CONFIG"):
+        env["KREX_CONFIG"] = os.path.abspath(env["KREX_CONFIG"])
+    return {"cwd": "/", "env": env}
 
 
 @dataclass
@@ -162,9 +180,11 @@ class RunOptions:
     no_pool: bool = False
 
 
-def _spawn_held(argv: list[str], env: dict[str, str]) -> tuple[int, int, int]:
+def _spawn_held(argv: list[str], env: dict[str, str], mask: set[int]) -> tuple[int, int, int]:
     """Fork argv held before exec. Returns (pid, go_fd, err_fd): a byte on go_fd lets it exec;
-    err_fd yields the reason if exec fails, or EOF once it succeeded."""
+    err_fd yields the reason if exec fails, or EOF once it succeeded. The child execs with
+    signal mask `mask` (krex run's own before it held signals): a signal forwarded to it
+    before then waits, and acts (with its default action) just before the exec."""
     parent = os.getpid()
     go_r, go_w = os.pipe()
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -181,6 +201,7 @@ def _spawn_held(argv: list[str], env: dict[str, str]) -> tuple[int, int, int]:
             os.close(go_r)
             for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, *FORWARDED):
                 signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             os.execvpe(argv[0], argv, env)
         except OSError as e:
             os.write(err_w, f"{e.strerror or e}".encode())
@@ -227,13 +248,17 @@ def _run_warm(lease: dict[str, Any], inv: Invocation, env: dict[str, str]) -> in
         with contextlib.suppress(OSError):
             wire.send_frame(sock, {"signal": n})
 
-    # The worker is in no terminal's process group: Ctrl-C reaches it through us.
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, *FORWARDED)}
+    # The worker is in no terminal's process group: Ctrl-C reaches it through us. Signals held
+    # since admission (sent before the job was handed over) are forwarded as they are let through.
+    previous = {s: signal.signal(s, forward) for s in HELD}
+    ours = HELD - (_mask or set())
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, ours)
     try:
         msg, _ = wire.recv_frame(sock)
     except (OSError, ProtocolError):
         msg = None
     finally:
+        signal.pthread_sigmask(signal.SIG_BLOCK, ours)  # held again until the report is out
         for s, h in previous.items():
             signal.signal(s, h)
         sock.close()
@@ -242,16 +267,145 @@ def _run_warm(lease: dict[str, Any], inv: Invocation, env: dict[str, str]) -> in
     return int(msg["status"])
 
 
-def _wait(pid: int) -> int:
+def _wait(pid: int, flags: int = 0) -> int | None:
+    """pid's exit status (128+N: killed by signal N); None with os.WNOHANG while it runs."""
     while True:
         try:
-            _, status = os.waitpid(pid, 0)
+            done, status = os.waitpid(pid, flags)
         except ChildProcessError:
             return EXIT_KREX
+        if done == 0:
+            return None
         if os.WIFEXITED(status):
             return os.WEXITSTATUS(status)
         if os.WIFSIGNALED(status):
             return 128 + os.WTERMSIG(status)
+
+
+_mask: set[int] | None = None  # krex run's signal mask before it held HELD (None: not held)
+
+
+def _hold_signals() -> None:
+    """From here on, signals sent to `krex run` are the command's: block them (and SIGCHLD,
+    which _supervise waits for) until _release_signals."""
+    global _mask
+    if _mask is None:
+        _mask = signal.pthread_sigmask(signal.SIG_BLOCK, {*HELD, signal.SIGCHLD})
+
+
+def _take_pending() -> list[int]:
+    """The held signals pending now, taken (each once)."""
+    assert _mask is not None
+    taken = []
+    while (info := signal.sigtimedwait(HELD - _mask, 0)) is not None:
+        taken.append(info.si_signo)
+    return taken
+
+
+def _release_signals() -> None:
+    """The command has ended: drop what was held for it, and unblock."""
+    global _mask
+    if _mask is None:
+        return
+    _take_pending()
+    if signal.SIGCHLD not in _mask:
+        signal.sigtimedwait({signal.SIGCHLD}, 0)
+    signal.pthread_sigmask(signal.SIG_SETMASK, _mask)
+    _mask = None
+
+
+def _supervise(pid: int) -> int:
+    """Wait for the command, forwarding to it each signal sent to `krex run` (held since
+    admission). Not the kernel's: a terminal sends Ctrl-C, Ctrl-\\ and hang-ups to its whole
+    foreground process group, the command's too, which must not get them twice."""
+    while True:
+        code = _wait(pid, os.WNOHANG)
+        if code is not None:
+            return code
+        info = signal.sigwaitinfo({*HELD, signal.SIGCHLD})
+        if info.si_signo == signal.SIGCHLD or info.si_code == _SI_KERNEL:
+            continue
+        with contextlib.suppress(ProcessLookupError):  # it has just exited
+            os.kill(pid, info.si_signo)
+
+
+def _report_target(path: Path) -> tuple[Path, bool]:
+    """Where the report goes, and whether whole or not at all (a temporary file beside it,
+    renamed over it): so for a new or regular file in a directory krex run can write to.
+    Otherwise in place: a device or pipe, a file krex run has open (`--report /dev/stdout`),
+    or an existing file in a directory it cannot write to. ValueError: why it cannot be
+    written at all."""
+    try:
+        st: os.stat_result | None = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise ValueError(e.strerror or str(e)) from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise ValueError("is a directory")
+    if st is not None and (not stat.S_ISREG(st.st_mode) or _open_here(st)):
+        # Renaming over (or truncating) a file krex run has open, `--report /dev/stdout >
+        # out.txt`, would lose what the command wrote to it: _write_report appends.
+        if not os.access(path, os.W_OK):
+            raise ValueError("cannot be written to")
+        return path, False
+    target = Path(os.path.realpath(path))  # a symlink's target is replaced, not the symlink
+    if not target.parent.is_dir():
+        raise ValueError(f"{target.parent} is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as e:
+        if st is not None and os.access(path, os.W_OK):
+            return path, False
+        raise ValueError(f"cannot create a file in {target.parent} ({e.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)
+    return target, True
+
+
+def _open_here(st: os.stat_result) -> bool:
+    """Whether this process has the file open (its stdout, or a /dev/fd/N)."""
+    with contextlib.suppress(OSError):
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                mine = os.fstat(int(fd))
+                if (mine.st_dev, mine.st_ino) == (st.st_dev, st.st_ino):
+                    return True
+    return False
+
+
+def _write_report(path: Path, report: dict[str, Any]) -> None:
+    """Write the report (see _report_target): a full disk leaves the previous file, or none,
+    never a truncated one, wherever a temporary file can be renamed over it."""
+    text = json.dumps(report, indent=2) + "\n"
+    tmp: str | None = None
+    try:
+        target, whole = _report_target(path)
+        if not whole:
+            with open(target, "a" if _open_here(os.stat(target)) else "w") as f:
+                f.write(text)
+            return
+        try:
+            mode = os.stat(target).st_mode & 0o7777
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask  # as open() makes it, not mkstemp's 0600
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), mode)
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        tmp = None
+    except (OSError, ValueError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        print(f"krex run: cannot write the report to {path}: {why}", file=sys.stderr)
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 MEMORY_RETRIES = 2  # reruns of a command that failed only because others held the memory
@@ -264,6 +418,19 @@ def run(opts: RunOptions) -> int:
     `memory.oom_shared`, docs/memory.md) runs again, at most MEMORY_RETRIES times: first
     admitted once what it showed it needs fits, then with the GPU's memory to itself; the
     report lists the earlier attempts."""
+    if opts.report is not None:
+        try:
+            _report_target(opts.report)
+        except ValueError as e:
+            print(f"krex run: --report {opts.report}: {e}", file=sys.stderr)
+            return EXIT_KREX
+    try:
+        return _run(opts)
+    finally:
+        _release_signals()
+
+
+def _run(opts: RunOptions) -> int:
     attempts: list[dict[str, Any]] = []
     while True:
         code, report = _run_once(opts)
@@ -287,20 +454,16 @@ def run(opts: RunOptions) -> int:
     if attempts:
         report["attempts"] = attempts
     if opts.report is not None and report:
-        try:
-            opts.report.write_text(json.dumps(report, indent=2) + "\n")
-        except OSError as e:
-            print(
-                f"krex run: cannot write the report to {opts.report}: {e.strerror}", file=sys.stderr
-            )
+        _write_report(opts.report, report)
     return code
 
 
 def _run_once(opts: RunOptions) -> tuple[int, dict[str, Any]]:
     """One attempt: the exit status and the report ({} when krex could not do its part)."""
+    _release_signals()  # an earlier attempt's command is over: Ctrl-C while queued ends us
     t0 = time.monotonic()
-    path = socket_for(opts.sim, opts.socket)
     try:
+        path = socket_for(opts.sim, opts.socket)
         conn = connect(path, sim=opts.sim, start=True)
         conn.send(
             {
@@ -323,9 +486,13 @@ def _run_once(opts: RunOptions) -> tuple[int, dict[str, Any]]:
             if left <= 0:
                 raise ClientError(f"no slot became free within {opts.queue_timeout_s:g} s")
             reply = conn.recv(timeout_s=left)
-    except (ClientError, OSError) as e:
+        _hold_signals()
+    except (KrexError, OSError) as e:  # ConfigError too: one line, exit 125 (user guide)
         print(f"krex run: {e}", file=sys.stderr)
         return EXIT_KREX, {}
+    except KeyboardInterrupt:  # Ctrl-C before the command started: nothing of it to report
+        print("krex run: interrupted before the command started", file=sys.stderr)
+        return 128 + signal.SIGINT, {}
     env = dict(os.environ)
     try:
         # Only what a krex daemon sets, and libraries only we or root can change.
@@ -369,29 +536,27 @@ def _run_once(opts: RunOptions) -> tuple[int, dict[str, Any]]:
             lost = warm_status is None
             return _finish(opts, conn, reply, t0, warm_status, lost, how.reason, warm=True)
         how.reason = str(lease.get("cold", "no warm worker"))
-    pid, go, err = _spawn_held(opts.argv, env)
-    previous = {s: signal.signal(s, lambda n, _f: os.kill(pid, n)) for s in FORWARDED}
-    # Ctrl-C reaches the command directly (same process group): krex run itself ignores it.
-    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    assert _mask is not None
+    pid, go, err = _spawn_held(opts.argv, env, _mask)
+    # Signals that came before the fork never reached the command: forward them. The child
+    # holds them blocked until its exec, so one that reached it too counts once.
+    for n in _take_pending():
+        os.kill(pid, n)
     try:
-        try:
-            conn.send({"op": "started", "pid": pid})
-            conn.recv()
-        except (ClientError, OSError) as e:
-            os.kill(pid, signal.SIGKILL)
-            _wait(pid)
-            print(f"krex run: the daemon could not take the command in: {e}", file=sys.stderr)
-            return EXIT_KREX, {}
-        os.write(go, b"g")
-        os.close(go)
-        why = os.read(err, 4096).decode(errors="replace")
-        os.close(err)
-        if why:
-            print(f"krex run: cannot start {opts.argv[0]}: {why}", file=sys.stderr)
-        code = _wait(pid)
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+        conn.send({"op": "started", "pid": pid})
+        conn.recv()
+    except (ClientError, OSError) as e:
+        os.kill(pid, signal.SIGKILL)
+        _wait(pid)
+        print(f"krex run: the daemon could not take the command in: {e}", file=sys.stderr)
+        return EXIT_KREX, {}
+    os.write(go, b"g")
+    os.close(go)
+    why = os.read(err, 4096).decode(errors="replace")
+    os.close(err)
+    if why:
+        print(f"krex run: cannot start {opts.argv[0]}: {why}", file=sys.stderr)
+    code = _supervise(pid)
     return _finish(opts, conn, reply, t0, code, False, how.reason, warm=False)
 
 
@@ -505,6 +670,7 @@ def private_daemon(
     `pool`: warm workers per GPU (None: the daemon's default); `gpus`: how many (None: every
     GPU the driver shows, or 1 simulated). ClientError when the daemon does not come up within
     30 s."""
+    directory = directory.absolute()  # the daemon runs in / (_daemon_place)
     directory.mkdir(parents=True, exist_ok=True)
     sock = directory / "krex.sock"
     log_path = directory / "daemon.log"
@@ -522,7 +688,7 @@ def private_daemon(
         *(["--gpus", str(gpus)] if gpus is not None else []),
     ]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=log)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log, **_daemon_place())
     try:
         deadline = time.monotonic() + 30
         while not sock.exists():

@@ -55,6 +55,7 @@ address = "127.0.0.1"
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import sys
@@ -72,6 +73,10 @@ from krex.errors import KrexError
 from krex.slices import SliceError, parse_cpu_list
 
 DEFAULT_PATH = Path("/etc/krex/config.toml")
+# A unix socket's path has at most 107 bytes (sun_path, with its NUL); a segment's name becomes a
+# file in /dev/shm (NAME_MAX 255) with suffixes of its own added (`-t<tenant>`, `-sim`).
+SOCKET_PATH_MAX = 107
+SEGMENT_NAME_MAX = 200
 FREEZERS = ("auto", "cgroup-v2", "cgroup-v1", "signal")
 VENDORS = ("auto", "nvidia", "amd")
 
@@ -244,6 +249,37 @@ _FIELDS: dict[tuple[str, str], str] = {
 }
 
 
+def _type_name(want: type | tuple[type, ...]) -> str:
+    """What a key takes, in words (a TOML value's kind, not a Python type)."""
+    names = {int: "an integer", bool: "true or false", str: "a string", list: "a list"}
+    if isinstance(want, tuple):
+        return "a number"
+    return names.get(want, want.__name__)
+
+
+def _kind(value: object) -> str:
+    """What a TOML value is, in words."""
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a table"
+    return "a date or time"
+
+
+def _unknown(name: str, known: list[str], prefix: str = "") -> str:
+    """A hint for an unknown name: the closest known one, else all of them."""
+    close = difflib.get_close_matches(name, known, n=1)
+    if close:
+        return f" (did you mean {prefix}{close[0]}?)"
+    return f" (known: {', '.join(prefix + k for k in sorted(known))})"
+
+
 def _check(doc: dict[str, Any], where: str) -> None:
     for section, body in doc.items():
         if section == "slices":
@@ -260,16 +296,22 @@ def _check(doc: dict[str, Any], where: str) -> None:
                         raise ConfigError(f"{where}: {key}.{k} must be a CPU list string")
             continue
         if section not in _SCHEMA:
-            raise ConfigError(f"{where}: unknown section [{section}]")
+            hint = _unknown(section, [*_SCHEMA, "slices"])
+            raise ConfigError(f"{where}: unknown section [{section}]{hint}")
         if not isinstance(body, dict):
             raise ConfigError(f"{where}: [{section}] must be a table")
         for key, value in body.items():
             want = _SCHEMA[section].get(key)
             if want is None:
-                raise ConfigError(f"{where}: unknown key {section}.{key}")
+                hint = _unknown(key, list(_SCHEMA[section]), f"{section}.")
+                raise ConfigError(f"{where}: unknown key {section}.{key}{hint}")
             bad_bool = isinstance(value, bool) and want is not bool
             if bad_bool or not isinstance(value, want):
-                raise ConfigError(f"{where}: {section}.{key} has the wrong type ({value!r})")
+                shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+                raise ConfigError(
+                    f"{where}: {section}.{key} has the wrong type: {_type_name(want)} is "
+                    f"expected, got {shown} ({_kind(value)})"
+                )
 
 
 def from_toml(text: str, where: str = "config") -> Config:
@@ -278,6 +320,8 @@ def from_toml(text: str, where: str = "config") -> Config:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{where}: not valid TOML: {e}") from e
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise ConfigError(f"{where}: not valid TOML: nested too deeply") from None
     _check(doc, where)
     values: dict[str, Any] = {"source": where}
     for section, body in doc.items():
@@ -348,8 +392,33 @@ def validate(cfg: Config) -> None:
             f"{cfg.source}: freezer.backend must be one of {', '.join(FREEZERS)}, "
             f"got {cfg.freezer!r}"
         )
-    if cfg.segment is not None and not (cfg.segment.startswith("/") and "/" not in cfg.segment[1:]):
-        raise ConfigError(f"{cfg.source}: daemon.segment must look like '/name'")
+    seg = cfg.segment
+    if seg is not None and not (
+        seg.startswith("/")
+        and 1 < len(seg) <= SEGMENT_NAME_MAX + 1
+        and "/" not in seg[1:]
+        and seg.isprintable()
+    ):
+        shown = repr(seg[:40]) + ("..." if len(seg) > 40 else "")
+        raise ConfigError(
+            f"{cfg.source}: daemon.segment must look like '/name' (at most {SEGMENT_NAME_MAX} "
+            f"printable characters after the slash, none of them '/'), got {shown} "
+            f"({len(seg)} characters)"
+        )
+    if cfg.socket is not None:
+        check_socket_path(cfg.socket, f"{cfg.source}: daemon.socket")
+
+
+def check_socket_path(path: Path, where: str) -> None:
+    """ConfigError unless `path` can be a unix socket's path (length, no NUL byte)."""
+    raw = os.fsencode(path)
+    if b"\0" in raw or not raw:
+        raise ConfigError(f"{where}: not a usable path ({str(path)!r})")
+    if len(raw) > SOCKET_PATH_MAX:
+        raise ConfigError(
+            f"{where}: {str(path)[:40]}... is too long for a unix socket "
+            f"({len(raw)} bytes, at most {SOCKET_PATH_MAX})"
+        )
 
 
 def load(path: Path | None = None) -> Config:
@@ -362,7 +431,13 @@ def load(path: Path | None = None) -> Config:
     if path is None:
         return Config()
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the configuration ({e.strerror})") from e
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{path}: not valid TOML: not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})"
+        ) from None
     return from_toml(text, str(path))

@@ -47,6 +47,7 @@ from krex.procs import parent
 from krex.regions import Regions
 from krex.segments import Segments
 from krex.shm import SegmentError
+from krex.simnode import remove as remove_sim_segment
 from krex.simnode import segment_name as sim_segment
 from krex.tenants import FreezerKind, TenantGroup, TenantsError, detect_freezer, prune
 from krex.workers import Pool
@@ -270,6 +271,8 @@ class Daemon:
             self.socket.unlink()
         await self._close_connections()
         self.segments.close()
+        if self.cfg.sim and not remove_sim_segment(sim_segment(self.segments.gates.name)):
+            log.info("the simulated GPU's segment stays: processes still use it")
 
     # Connections.
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

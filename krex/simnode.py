@@ -3,7 +3,9 @@ GPU, and who holds the simulated driver's shared locks. Nothing here runs on a r
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import os
 from pathlib import Path
 from typing import Any
 
@@ -59,3 +61,33 @@ def lock_holders(sim_shm: str) -> set[int]:
             pids.add(pid)
     pids.discard(0)
     return pids
+
+
+def mapped_by(sim_shm: str) -> set[int]:
+    """Processes (other than this one) that have the simulated node's segment mapped: every
+    process that has used a simulated GPU of the node, whether it holds streams or not."""
+    where = f" /dev/shm/{sim_shm.lstrip('/')}"
+    pids = set()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/maps") as f:
+                    # A name that is gone shows with " (deleted)" after it: not this segment.
+                    if any(line.rstrip("\n").endswith(where) for line in f):
+                        pids.add(int(entry.name))
+            except OSError:  # exited meanwhile, or another user's (who cannot map ours)
+                continue
+    return pids
+
+
+def remove(sim_shm: str) -> bool:
+    """At a clean stop: remove the simulated node's segment unless a process still maps it
+    (it would go on with the old node while new processes made another). True when no
+    segment is left under the name."""
+    if mapped_by(sim_shm):
+        return False
+    with contextlib.suppress(FileNotFoundError):
+        Path("/dev/shm", sim_shm.lstrip("/")).unlink()
+    return True

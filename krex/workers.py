@@ -238,6 +238,12 @@ class Pool:
     def _done(self, w: PoolWorker, retire: object) -> None:
         self.give_back(w)
         w.uses += 1
+        own = self.d.segments.tenants.get(w.slots_id)
+        if not retire and own is not None and own.overflow:
+            # Processes of its command found no slot in the worker's segment. The count cannot
+            # tell when they are gone, and every region of another tenant would stay unclean
+            # for the worker's life: its segment goes with it (once no process of it is left).
+            retire = f"{own.overflow} process(es) of its command had no slot"
         if retire or w.uses >= self.d.cfg.pool_max_uses:
             log.info("pool worker %d retires: %s", w.id, retire or f"{w.uses} uses")
             w.state = "retiring"

@@ -6,12 +6,15 @@ the freezer this machine has (cgroup v1 in CI).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
 import signal
 import statistics
 import subprocess
 import sys
+import termios
 import textwrap
 import time
 from collections.abc import Iterator
@@ -351,7 +354,9 @@ def test_bad_configuration_is_one_clear_error_and_nothing_starts(
 
 def test_ctrl_c_reaches_the_command_once(daemon: Daemon) -> None:
     """Ctrl-C in a terminal signals the whole foreground process group: the command gets one
-    SIGINT (krex run itself ignores it) and its exit status is its own."""
+    SIGINT (krex run forwards only the signals sent to it by processes, not the terminal's)
+    and its exit status is its own."""
+    master, slave = pty.openpty()  # a real terminal: os.killpg would be a process's signal
     p = subprocess.Popen(
         [
             *run_argv(daemon),
@@ -360,14 +365,20 @@ def test_ctrl_c_reaches_the_command_once(daemon: Daemon) -> None:
             "-c",
             "n=0; trap 'n=$((n+1))' INT; echo ready; sleep 1; echo \"ints $n\"; exit 4",
         ],
+        stdin=slave,
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
     )
-    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
-    os.killpg(p.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
-    assert p.wait(timeout=30) == 4
-    assert p.stdout.read().strip() == "ints 1"
+    os.close(slave)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        os.write(master, b"\x03")  # Ctrl-C
+        assert p.wait(timeout=30) == 4
+        assert p.stdout.read().strip() == "ints 1"
+    finally:
+        os.close(master)
 
 
 def test_killing_krex_run_kills_its_command(daemon: Daemon, tmp_path: Path) -> None:

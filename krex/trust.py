@@ -8,7 +8,10 @@ for.
 
 from __future__ import annotations
 
+import functools
+import grp
 import os
+import pwd
 import socket
 import stat
 import struct
@@ -108,7 +111,25 @@ def _trusted(path: str, kind: Callable[[int], bool]) -> bool:
 
 
 def _safe(st: os.stat_result) -> bool:
-    return st.st_uid in trusted_uids() and not st.st_mode & 0o022
+    """Owned by us or root, writable by nobody else: not by others, and by its group only when
+    that group is ours alone (a user private group, as umask 002 systems give everyone)."""
+    if st.st_uid not in trusted_uids() or st.st_mode & 0o002:
+        return False
+    return not st.st_mode & 0o020 or _private_group(st.st_gid)
+
+
+@functools.cache
+def _private_group(gid: int) -> bool:
+    """Whether nobody but us is in group gid (as a member or by primary group)."""
+    me = os.geteuid()
+    try:
+        members = grp.getgrgid(gid).gr_mem
+        name = pwd.getpwuid(me).pw_name
+        if any(m != name for m in members):
+            return False
+        return all(u.pw_uid == me for u in pwd.getpwall() if u.pw_gid == gid)
+    except (KeyError, OSError):
+        return False
 
 
 # What a daemon may set in a tenant's environment (docs/protocol.md, `admit`), and how each

@@ -24,7 +24,7 @@ from helpers import HOLDER, KREX, Counter, Daemon, krex_run
 
 from krex.autoregions import AUTO_DIR
 from krex.paths import shim_library
-from krex.trust import TrustError, check_env, private_dir, runtime_dir
+from krex.trust import TrustError, _private_group, check_env, private_dir, runtime_dir
 
 NOBODY = 65534
 # The second uid runs a system interpreter (the test's may live where it cannot go, e.g. /root).
@@ -166,6 +166,19 @@ def test_the_environment_of_a_daemon_is_only_what_krex_sets(tmp_path: Path) -> N
         check_env({"PYTHONPATH": str(open_dir)}, where)
     with pytest.raises(TrustError, match=r"LD_PRELOAD=relative\.so"):
         check_env({"LD_PRELOAD": "relative.so"}, where)
+    # Group-writable is fine when the group is ours alone (umask 002 systems), not otherwise.
+    group = tmp_path / "group"
+    group.mkdir()
+    lib = group / "libkrex.so"
+    lib.write_bytes(b"\0")
+    for p in (group, lib):
+        os.chown(p, -1, os.getegid())
+        p.chmod(0o775 if p.is_dir() else 0o664)
+    if _private_group(os.getegid()):
+        assert check_env({"LD_PRELOAD": str(lib)}, where)
+    else:
+        with pytest.raises(TrustError):
+            check_env({"LD_PRELOAD": str(lib)}, where)
 
 
 def _config(tmp_path: Path, segment: str, name: str = "krex.toml") -> Path:

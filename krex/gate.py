@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from krex.procs import running
 from krex.shm import Segment, WaitTimeout
 
 
@@ -60,7 +61,7 @@ def quiesce_and_drain(
             hold.clean = False
             hold.problems.append(f"drain: {e}")
     hold.quiesce_s, hold.drain_s = t1 - t0, time.perf_counter() - t1
-    overflow = sum(s.overflow for s in segs)
+    overflow = sum(_overflowing(s) for s in segs)
     if overflow:
         hold.clean = False
         hold.problems.append(f"{overflow} process(es) had no slot and could not drain")
@@ -86,3 +87,10 @@ def exclusive(
         yield hold
     finally:
         seg.gate_open(gpu)
+
+
+def _overflowing(seg: Segment) -> int:
+    """Processes of seg that found no slot and may still run: those recorded by pid count while
+    they run; any beyond the record count for as long as the segment lives."""
+    recorded = seg.overflow_pids
+    return max(0, seg.overflow - len(recorded)) + sum(running(p) for p in recorded)

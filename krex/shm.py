@@ -321,6 +321,11 @@ class Segment:
         return int(lib.krex_slots_reap(self._seg))
 
     @property
+    def overflow_pids(self) -> list[int]:
+        """Pids of the first processes that found no free slot (layout 1.3)."""
+        return [int(p) for p in self._seg.header.overflow_pids if p]
+
+    @property
     def overflow(self) -> int:
         """Processes that found no free slot (gated but invisible to the drain)."""
         return int(self._seg.header.overflow)

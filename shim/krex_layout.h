@@ -49,6 +49,8 @@
 #define KREX_E_ARG -6        /* bad argument (GPU index, tenant 0, ...) */
 #define KREX_E_TIMEOUT -7    /* a wait ran out of time */
 
+#define KREX_OVERFLOW_PIDS 8
+
 struct krex_header {
     uint32_t magic;        /* KREX_SHM_MAGIC */
     uint16_t major;        /* KREX_LAYOUT_MAJOR */
@@ -63,7 +65,9 @@ struct krex_header {
     uint64_t created_ns;   /* CLOCK_REALTIME at creation, for diagnostics */
     uint32_t creator_pid;
     uint32_t overflow;     /* processes that found no free slot (their regions are unclean) */
-    uint64_t reserved[9];
+    uint32_t overflow_pids[KREX_OVERFLOW_PIDS]; /* 1.3: the first of them, so that the count
+                                                   ends when they do (0: an unused entry) */
+    uint64_t reserved[5];
 };
 
 struct krex_gate {

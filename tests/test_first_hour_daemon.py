@@ -140,3 +140,45 @@ def test_processes_without_a_slot_in_a_worker_do_not_spoil_later_regions(tmp_pat
         assert p.returncode == 0, p.stderr
         record = json.loads(p.stdout.strip().splitlines()[-1])
         assert record["clean"] and record["problems"] == [], record
+
+
+# N processes using the GPU at once, then gone; the command itself stays a while.
+USERS_THEN_STAY = FORK_USERS + textwrap.dedent("""
+    print("users gone", flush=True)
+    import time
+    time.sleep(float(sys.argv[2]))
+""")
+
+
+def test_processes_without_a_slot_that_are_gone_do_not_spoil_regions_while_their_tenant_runs(
+    tmp_path: Path,
+) -> None:
+    """A cold command forks more processes using the GPU than its segment has slots (64); they
+    exit and the command stays: another tenant's region is clean (the segment records the
+    overflowing pids, and the count ends with them)."""
+    d = Daemon(tmp_path / "krex.sock", "--slots", "2")
+    with running(d):
+        script = tmp_path / "users_then_stay.py"
+        script.write_text(USERS_THEN_STAY)
+        holder = subprocess.Popen(
+            [*run_argv(d), "--", sys.executable, str(script), "68", "30"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert holder.stdout is not None
+            assert holder.stdout.readline().strip() == "users gone"
+            p = subprocess.run(
+                [*run_argv(d), "--", sys.executable, "-c", REGION],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert p.returncode == 0, p.stderr
+            record = json.loads(p.stdout.strip().splitlines()[-1])
+            assert record["clean"] and record["problems"] == [], record
+        finally:
+            holder.kill()
+            _, err = holder.communicate(timeout=30)
+        assert "slots of the KREX segment are taken" in err, "no process overflowed"

@@ -32,7 +32,8 @@ LAYOUT = {
             "created_ns": 40,
             "creator_pid": 48,
             "overflow": 52,
-            "reserved": 56,
+            "overflow_pids": 56,
+            "reserved": 88,
         },
     ),
     "struct krex_gate": (

@@ -249,6 +249,14 @@ struct krex_slot *krex_register(void)
         s = claim_slot();
         if (!s) {
             KREX_ADD(&slots_seg->header.overflow, 1);
+            /* Our pid in a free entry, so the controller can tell when we are gone. */
+            for (int i = 0; i < KREX_OVERFLOW_PIDS; i++) {
+                uint32_t none = 0;
+                if (__atomic_compare_exchange_n(&slots_seg->header.overflow_pids[i], &none,
+                                                (uint32_t)getpid(), 0, __ATOMIC_SEQ_CST,
+                                                __ATOMIC_SEQ_CST))
+                    break;
+            }
             krex_warn("all %u slots of the KREX segment are taken: this process is gated but "
                       "invisible to the drain (its regions' neighbours report clean = false)",
                       slots_seg->header.n_slots);

@@ -45,7 +45,8 @@ int main(void)
     AT(krex_header, created_ns, 40);
     AT(krex_header, creator_pid, 48);
     AT(krex_header, overflow, 52);
-    AT(krex_header, reserved, 56);
+    AT(krex_header, overflow_pids, 56);
+    AT(krex_header, reserved, 88);
 
     SIZE(krex_gate, 64);
     AT(krex_gate, word, 0);

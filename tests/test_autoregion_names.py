@@ -68,3 +68,41 @@ def test_a_name_resolved_in_a_child_process_is_not_warned_about(
     assert rc == 0, err
     assert "auto_regions_unresolved" not in report and "never found" not in err
     assert len(report["regions"]) == 1  # type: ignore[arg-type]
+
+
+KB_TIMING = """
+def time_execution_with_cuda_event(kernel_fn, args, num_warmup=3, num_trials=10):
+    return [kernel_fn(*args) for _ in range(num_trials)]
+
+
+def get_timing_function(method="cuda_event"):
+    return time_execution_with_cuda_event
+"""
+
+KB_MAIN = """
+import json, krex
+from kernelbench.timing import get_timing_function
+times = get_timing_function("cuda_event")(lambda: 1.0, [], num_trials=3)
+print(json.dumps({"times": times, "region": krex.last_region() is not None}))
+"""
+
+
+def test_kernelbench_s_timers_are_regions_by_default(sim: Daemon, tmp_path: Path) -> None:
+    """`--auto-regions` alone covers KernelBench's harness: the timer get_timing_function
+    hands out is the wrapped one, one region per timing call."""
+    pkg = tmp_path / "kernelbench"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "timing.py").write_text(KB_TIMING)
+    (tmp_path / "main.py").write_text(KB_MAIN)
+    report = tmp_path / "report.json"
+    p = subprocess.run(
+        [*run_argv(sim), "--report", str(report), "--auto-regions", "--",
+         sys.executable, str(tmp_path / "main.py")],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == {"times": [1.0] * 3, "region": True}
+    doc = json.loads(report.read_text())
+    assert len(doc["regions"]) == 1 and "auto_regions_unresolved" not in doc

@@ -46,7 +46,7 @@ from krex.pool import preinit
 from krex.procs import parent
 from krex.regions import Regions
 from krex.segments import Segments
-from krex.shm import SegmentError
+from krex.shm import SegmentError, SlotView
 from krex.simnode import remove as remove_sim_segment
 from krex.simnode import segment_name as sim_segment
 from krex.tenants import FreezerKind, TenantGroup, TenantsError, detect_freezer, prune
@@ -679,12 +679,13 @@ class Daemon:
         missed shows as a gap between the two."""
         if self.nvml is None:
             return
+        live = self.segments.live_by_tenant()
         for g in self.gpus:
             used = self.nvml.process_memory(g.index)
             if used is None:
                 continue
             for t in g.tenants:
-                n = sum(used.get(s.pid, 0) for s in self.segments.live(t))
+                n = sum(used.get(s.pid, 0) for s in live.get(t.id, []))
                 t.nvml_bytes = n
                 t.nvml_peak = max(t.nvml_peak or 0, n)
 
@@ -706,6 +707,7 @@ class Daemon:
 
     # Status.
     def status(self) -> dict[str, Any]:
+        live = self.segments.live_by_tenant()
         return {
             "version": __version__,
             "pid": os.getpid(),
@@ -717,10 +719,10 @@ class Daemon:
             "vendor": self.vendor,
             "freezer": self.freezer.value,
             "mps": self.mps is not None,
-            "gpus": [self._gpu_status(g, time.monotonic()) for g in self.gpus],
+            "gpus": [self._gpu_status(g, time.monotonic(), live) for g in self.gpus],
         }
 
-    def _gpu_status(self, g: Gpu, now: float) -> dict[str, Any]:
+    def _gpu_status(self, g: Gpu, now: float, live: dict[int, list[SlotView]]) -> dict[str, Any]:
         held, pending = self.regions.held(g.index), self.regions.setting_up(g.index)
         return {
             "gpu": g.index,
@@ -751,16 +753,15 @@ class Daemon:
                     "pids": t.pids,
                     "age_s": now - t.t_admit,
                     "regions": len(t.regions),
-                    "memory": self._tenant_memory(t),
+                    "memory": self._tenant_memory(t, live.get(t.id, [])),
                 }
                 for t in g.tenants
             ],
         }
 
-    def _tenant_memory(self, t: Tenant) -> dict[str, Any]:
-        """What t's live processes hold now (the shim's count and NVML's), its peak, and how
-        long it has been waiting for memory (0: not waiting)."""
-        live = self.segments.live(t)
+    def _tenant_memory(self, t: Tenant, live: list[SlotView]) -> dict[str, Any]:
+        """What t's live processes (`live`, their slots) hold now (the shim's count and
+        NVML's), its peak, and how long it has been waiting for memory (0: not waiting)."""
         since = [s.mem_since_ns for s in live if s.mem_want and s.mem_since_ns]
         return {
             "bytes": sum(s.mem_bytes for s in live),

@@ -157,22 +157,19 @@ class NodeMachinery:
 
     def audit(self, gpu: int, owner: Tenant, since: float | None = None) -> list[str]:
         users = self._users(gpu)
+        slots = [s for _, s in self.segments.live_slots() if s.alive]
         problems: list[str] = []
         if users:
             if foreign := self._foreign(gpu, users):
                 # Not gated, not drained, not frozen: the region cannot vouch for the GPU.
                 problems.append(f"foreign GPU process(es) {sorted(foreign)} on GPU {gpu}")
-            for t, pids in self._slotless(gpu, users).items():
+            for t, pids in self._slotless(gpu, users, {s.pid for s in slots}).items():
                 problems.append(
                     f"process(es) {pids} of tenant {t} use GPU {gpu} without the krex shim (no "
                     "slot: started without LD_PRELOAD, or after its segment was removed): "
                     "their work is neither gated nor drained"
                 )
-        ungated = sorted(
-            s.pid
-            for _, s in self.segments.live_slots()
-            if s.alive and s.ungated and s.tenant != owner.id and _on(s, gpu)
-        )
+        ungated = sorted(s.pid for s in slots if s.ungated and s.tenant != owner.id and _on(s, gpu))
         if ungated:
             problems.append(
                 f"process(es) {ungated} on GPU {gpu} loaded a GPU driver apart (dlmopen): "
@@ -202,9 +199,9 @@ class NodeMachinery:
             ours.update(self._pids(t))
         return {p for p in users - ours if running(p)}
 
-    def _slotless(self, gpu: int, users: set[int]) -> dict[int, list[int]]:
-        """Per tenant of the GPU, its processes that use it but hold no live slot."""
-        slotted = {s.pid for _, s in self.segments.live_slots() if s.alive}
+    def _slotless(self, gpu: int, users: set[int], slotted: set[int]) -> dict[int, list[int]]:
+        """Per tenant of the GPU, its processes that use it but hold no live slot (`slotted`:
+        the pids that hold one)."""
         g = self.gpus[gpu]
         out: dict[int, list[int]] = {}
         for t in [*g.tenants, *([g.pool_tenant] if g.pool_tenant else [])]:

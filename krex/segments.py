@@ -70,8 +70,7 @@ class Segments:
         # Readable by all (gates are no secret; tenants map them read-only), writable by us.
         slots = min(4096, max(64, 16 * n * slots_per_gpu))
         created = Segment.create(name, n_gpus=n, n_slots=slots, mode=0o644)
-        if self.lock_fd is None:
-            self.lock_fd = _lock(name)
+        self.lock_fd = _lock(name)
         return created
 
     def _adopt(self) -> list[Segment]:
@@ -131,9 +130,13 @@ class Segments:
             for s in seg.slots():
                 yield seg, s
 
-    def live(self, t: Tenant) -> list[SlotView]:
-        """The process slots of t's processes that are alive."""
-        return [s for _, s in self.live_slots() if s.tenant == t.id and s.alive]
+    def live_by_tenant(self) -> dict[int, list[SlotView]]:
+        """The slots of live processes, by tenant id: one pass over every segment."""
+        out: dict[int, list[SlotView]] = {}
+        for _, s in self.live_slots():
+            if s.alive:
+                out.setdefault(s.tenant, []).append(s)
+        return out
 
     def hand_over(self, seg_id: int, index: int, pid: int, old: Tenant | None, new: int) -> None:
         """Process pid's slot `index` (in tenant seg_id's segment) passes to tenant `new`: what

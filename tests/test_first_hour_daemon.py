@@ -94,6 +94,19 @@ REGION = textwrap.dedent("""
 """)
 
 
+def assert_a_clean_region(d: Daemon, *opts: str) -> None:
+    """Another command's region, taken now, is clean."""
+    p = subprocess.run(
+        [*run_argv(d), *opts, "--", sys.executable, "-c", REGION],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stderr
+    record = json.loads(p.stdout.strip().splitlines()[-1])
+    assert record["clean"] and record["problems"] == [], record
+
+
 def _pool(d: Daemon) -> dict[str, Any]:
     st = d.status()
     assert st is not None
@@ -131,15 +144,7 @@ def test_processes_without_a_slot_in_a_worker_do_not_spoil_later_regions(tmp_pat
         while "retires" not in d.log.read_text() and time.monotonic() < deadline:
             time.sleep(0.1)
         _settled(d)
-        p = subprocess.run(
-            [*run_argv(d), "--no-pool", "--", sys.executable, "-c", REGION],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert p.returncode == 0, p.stderr
-        record = json.loads(p.stdout.strip().splitlines()[-1])
-        assert record["clean"] and record["problems"] == [], record
+        assert_a_clean_region(d, "--no-pool")
 
 
 # N processes using the GPU at once, then gone; the command itself stays a while.
@@ -169,15 +174,7 @@ def test_processes_without_a_slot_that_are_gone_do_not_spoil_regions_while_their
         try:
             assert holder.stdout is not None
             assert holder.stdout.readline().strip() == "users gone"
-            p = subprocess.run(
-                [*run_argv(d), "--", sys.executable, "-c", REGION],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            assert p.returncode == 0, p.stderr
-            record = json.loads(p.stdout.strip().splitlines()[-1])
-            assert record["clean"] and record["problems"] == [], record
+            assert_a_clean_region(d)
         finally:
             holder.kill()
             _, err = holder.communicate(timeout=30)

@@ -22,7 +22,9 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
     -L/usr/local/nvidia/lib64 -L/usr/lib/x86_64-linux-gnu || exit 1
 # PARTS picks sections: shim overhead controller mps demo (the default: all of these), and the
 # longer ones asked for by name: suite (every candidate of the real-GPU suite checked and timed),
-# pool (scripts/bench/pool_check.py: the warm pool against cold commands),
+# pool (scripts/bench/pool_check.py: the warm pool against cold commands), readme (the README's
+# real-GPU block as written), security (scripts/gpu/security_check.py), fidelity-probe and
+# pool-probe (scripts/bench/fidelity_probe.py, pool_probe.py),
 # bench (krex bench run: BENCH_PROFILE, default quick; BENCH_CONCURRENCY, default 8;
 # BENCH_TASKS, default all; BENCH_MODES, default exclusive,shared,krex),
 # mgpu-native and mgpu-krex (scripts/bench/multi_gpu.py on a node of two GPUs: the native
@@ -54,6 +56,26 @@ fi
 if [[ " $PARTS " == *" suite "* ]]; then
     echo "== the real-GPU bench suite: every candidate checked and timed"
     python3 scripts/bench/suite_check.py --json "$OUT/suite_check.json" || rc=1
+fi
+if [[ " $PARTS " == *" readme "* ]]; then
+    echo "== the README's real-GPU path, as written (scripts/gpu/readme_check.sh)"
+    if ! command -v krex >/dev/null; then  # no registry there: an editable install, offline
+        python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip-install.log" 2>&1
+        command -v krex >/dev/null || export PATH=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH
+    fi
+    OUT=$OUT bash scripts/gpu/readme_check.sh || rc=1
+fi
+if [[ " $PARTS " == *" security "* ]]; then
+    echo "== regions beside ungated work: dlmopen, no shim, a late foreign process; 8 normal slots"
+    python3 scripts/gpu/security_check.py --out "$OUT/security" || rc=1
+fi
+if [[ " $PARTS " == *" fidelity-probe "* ]]; then
+    echo "== what makes a process's later measurement differ (scripts/bench/fidelity_probe.py)"
+    python3 scripts/bench/fidelity_probe.py --json "$OUT/fidelity_probe.json" || rc=1
+fi
+if [[ " $PARTS " == *" pool-probe "* ]]; then
+    echo "== a compile command's teardown; fork-server start cost (scripts/bench/pool_probe.py)"
+    python3 scripts/bench/pool_probe.py --json "$OUT/pool_probe.json" --log "$OUT/pool_probe.log" || rc=1
 fi
 if [[ " $PARTS " == *" pool "* ]]; then
     echo "== the warm pool: a typical command cold vs warm; 32 commands at 8 slots"

@@ -5,6 +5,8 @@ reason, and a normal 8-slot run raises no false flag.
    regions (do_bench of a matmul): every region must be clean.
 2. dlmopen: one sibling that loads libcuda.so.1 again with dlmopen(LM_ID_NEWLM) (the shim
    counts it) beside the owner: its regions must be unclean, naming dlmopen.
+   noshim: one sibling whose GPU process runs without the shim (`env -u LD_PRELOAD`, inside
+   its tenant): the owner's regions must be unclean, naming the process with no slot.
 3. late foreign: an owner region of 3 s; 1 s into it a process outside krex starts matmuls:
    the region must be unclean, naming the foreign process at the region's end.
 
@@ -69,6 +71,13 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _sibling(tmp: Path, kind: str) -> list[str]:
+    """A sibling's command; "noshim" starts its GPU process without the shim (its tenant's child
+    with LD_PRELOAD unset: no slot)."""
+    argv = [sys.executable, str(tmp / "sibling.py"), "plain" if kind == "noshim" else kind]
+    return ["env", "-u", "LD_PRELOAD", *argv] if kind == "noshim" else argv
+
+
 def _run(sock: Path, *argv: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [*KREX, "run", "--socket", str(sock), "--no-pool", "--", *argv],
@@ -103,8 +112,9 @@ def main() -> int:
                                   capture_output=True).returncode == 0:  # fmt: skip
                     break
                 time.sleep(0.1)
-            for case, kinds in (("normal", ["plain"] * 7), ("dlmopen", ["dlmopen"])):
-                sibs = [_run(sock, sys.executable, str(tmp / "sibling.py"), k) for k in kinds]
+            cases = (("normal", ["plain"] * 7), ("dlmopen", ["dlmopen"]), ("noshim", ["noshim"]))
+            for case, kinds in cases:
+                sibs = [_run(sock, *_sibling(tmp, k)) for k in kinds]
                 for s in sibs:
                     assert s.stdout is not None and s.stdout.readline().strip() == "ready"
                 owner = _run(sock, sys.executable, str(tmp / "owner.py"), "20")
@@ -135,11 +145,15 @@ def main() -> int:
             log.close()
     normal = doc.get("normal", {}).get("regions", [])
     dl = doc.get("dlmopen", {}).get("regions", [])
+    bare = doc.get("noshim", {}).get("regions", [])
     late = doc.get("late_foreign", {}).get("region", {})
     doc["verdict"] = {
         "normal_all_clean": bool(normal) and all(r["clean"] for r in normal),
         "dlmopen_all_unclean": bool(dl)
         and all(not r["clean"] and any("dlmopen" in p for p in r["problems"]) for r in dl),
+        "noshim_all_unclean": bool(bare)
+        and all(not r["clean"] and any("without the krex shim" in p for p in r["problems"])
+                for r in bare),  # fmt: skip
         "late_foreign_unclean": late.get("clean") is False
         and any("foreign" in p for p in late.get("problems", [])),
     }

@@ -657,6 +657,7 @@ class Daemon:
             await asyncio.sleep(1.0)
             self._account()
             self._sample_nvml()
+            self.machinery.sample_power()
             for g in self.gpus:
                 self.metrics.levels(
                     g.index,

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from krex import simnode
 from krex.config import Config
+from krex.fidelity import PowerHistory
 from krex.gate import Hold, quiesce_and_drain
 from krex.model import Gpu, Tenant
 from krex.nvml import Nvml
@@ -74,7 +75,11 @@ class Machinery(Protocol):
         Blocking."""
 
     def clock(self, gpu: int) -> dict[str, int] | None:
-        """The GPU's SM clock and throttle reasons now (None where unknown)."""
+        """The GPU's SM clock and throttle reasons now, with its power counters and the mean
+        power before now where known (krex/fidelity.py); None where unknown."""
+
+    def memory_split(self, gpu: int, owner: Tenant) -> tuple[int, int] | None:
+        """(the owner's, everyone else's) device bytes on the GPU now; None where unknown."""
 
 
 class NodeMachinery:
@@ -90,6 +95,16 @@ class NodeMachinery:
         self.sim_shm = simnode.segment_name(segments.gates.name) if cfg.sim else None
         # The memory arbiter's room step (krex/memory.py); set by the daemon once it has one.
         self.room: Callable[[int, int], Awaitable[float]] | None = None
+        self.power = PowerHistory()
+
+    def sample_power(self) -> None:
+        """Note each GPU's energy counter (the daemon's once-a-second tick)."""
+        if self.nvml is None:
+            return
+        for g in self.gpus:
+            s = self.nvml.sample(g.index)
+            if s is not None and "energy_mj" in s:
+                self.power.note(g.index, time.monotonic(), s["energy_mj"])
 
     async def make_room(self, gpu: int, owner: Tenant) -> float:
         return 0.0 if self.room is None else await self.room(gpu, owner.id)
@@ -219,4 +234,26 @@ class NodeMachinery:
         return []
 
     def clock(self, gpu: int) -> dict[str, int] | None:
-        return self.nvml.sample(gpu) if self.nvml is not None else None
+        s = self.nvml.sample(gpu) if self.nvml is not None else None
+        if s is not None and "energy_mj" in s:
+            before = self.power.mean_w(gpu, time.monotonic(), s["energy_mj"])
+            if before is not None:
+                s["power_w_before"] = round(before)
+        return s
+
+    def memory_split(self, gpu: int, owner: Tenant) -> tuple[int, int] | None:
+        # NVML's per-process figure where there is one (contexts and what the shim does not
+        # see included); else what the shims counted (the simulated GPU).
+        mine = set(self._pids(owner))
+        used = self.nvml.process_memory(gpu) if self.nvml is not None else None
+        if used is not None:
+            own = sum(b for p, b in used.items() if p in mine)
+            return own, sum(used.values()) - own
+        own = others = 0
+        for _, s in self.segments.live_slots():
+            if s.alive and _on(s, gpu):
+                if s.tenant == owner.id or s.pid in mine:
+                    own += s.mem_bytes
+                else:
+                    others += s.mem_bytes
+        return own, others

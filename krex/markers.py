@@ -308,6 +308,7 @@ def _complete(record: dict[str, Any]) -> dict[str, Any]:
         "clean": False,
         "revoked": False,
         "problems": [],
+        "warnings": [],
     }
     return {**base, **record}
 

@@ -78,6 +78,7 @@ class Region:
     draining: bool = False
     deferred: list[Tenant] = field(default_factory=list)
     clocks: dict[int, dict[str, int] | None] = field(default_factory=dict)  # at each grant
+    memory: dict[int, tuple[int, int] | None] = field(default_factory=dict)  # at each grant
     holders: int = 1  # connections of the owner in it (other threads nest)
     revoked: bool = False
     ended: bool = False

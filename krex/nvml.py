@@ -1,4 +1,4 @@
-"""The GPU's SM clock and throttle reasons around a region, where NVML gives them.
+"""The GPU's SM clock, throttle reasons and power around a region, where NVML gives them.
 
 NVML (the nvidia-ml-py package, module `pynvml`, in the `cuda` extra) is optional: without it,
 or without a GPU, or on the simulated GPU, `Nvml.open()` returns None and regions carry no
@@ -30,7 +30,11 @@ class Nvml:
         return cls(pynvml)
 
     def sample(self, gpu: int) -> dict[str, int] | None:
-        """{"sm_clock_mhz", "throttle_reasons"} of GPU `gpu` (an NVML index), or None."""
+        """{"sm_clock_mhz", "throttle_reasons"} of GPU `gpu` (an NVML index), or None; with,
+        where NVML has them, the counters a region's power fields are made of: "energy_mj"
+        (energy since the driver loaded), "power_capped_ns" and "thermal_capped_ns" (time
+        the clocks were held down by the power or the thermal limit, since the driver
+        loaded), "power_limit_mw" and "temp_c"."""
         lib = self._lib
         try:
             h = lib.nvmlDeviceGetHandleByIndex(gpu)
@@ -41,7 +45,17 @@ class Nvml:
             reasons = int(get(h))
         except Exception:
             return None
-        return {"sm_clock_mhz": clock, "throttle_reasons": reasons}
+        out = {"sm_clock_mhz": clock, "throttle_reasons": reasons}
+        for key, read in (
+            ("energy_mj", lambda: lib.nvmlDeviceGetTotalEnergyConsumption(h)),
+            ("power_capped_ns", lambda: _violation(lib, h, "NVML_PERF_POLICY_POWER")),
+            ("thermal_capped_ns", lambda: _violation(lib, h, "NVML_PERF_POLICY_THERMAL")),
+            ("power_limit_mw", lambda: lib.nvmlDeviceGetEnforcedPowerLimit(h)),
+            ("temp_c", lambda: lib.nvmlDeviceGetTemperature(h, lib.NVML_TEMPERATURE_GPU)),
+        ):
+            with contextlib.suppress(Exception):  # each is optional: older drivers lack some
+                out[key] = int(read())
+        return out
 
     def describe(self, gpu: int) -> str | None:
         """ "<GPU name>, driver <version>" of GPU `gpu` (an NVML index), or None."""
@@ -101,6 +115,11 @@ class Nvml:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._lib.nvmlShutdown()
+
+
+def _violation(lib: Any, h: Any, policy: str) -> int:
+    """Nanoseconds the clocks were held down under one perf policy since the driver loaded."""
+    return int(lib.nvmlDeviceGetViolationStatus(h, getattr(lib, policy)).violationTime)
 
 
 # Reasons that mean the clock was held down by something other than idling or the app's

@@ -23,7 +23,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from krex import fidelity
 from krex.errors import KrexError, ProtocolError
+from krex.fidelity import GIB
 from krex.gate import Hold
 from krex.machinery import Machinery
 from krex.model import Gpu, Region, RegionRequest, Tenant
@@ -231,6 +233,7 @@ class Regions:
                 _fail(req, str(e))
                 return
             r.clocks[gpu] = self.m.clock(gpu)
+            r.memory[gpu] = self.m.memory_split(gpu, t)
             q.pending = None
             if r.ended:
                 # Its holders left (or it was revoked) while this GPU was being taken.
@@ -401,15 +404,24 @@ class Regions:
         if len(r.tenant.gpus) > 1:
             rec["gpus"] = list(r.gpus)
         # The SM clock and throttle reasons at each GPU's grant and now: a throttled region is
-        # flagged (docs/architecture.md, "What a region record says").
+        # flagged (docs/architecture.md, "What a region record says"); power and placement
+        # become named warnings (krex/fidelity.py).
         samples = [(a, b) for i in r.gpus if (a := r.clocks.get(i)) and (b := self.m.clock(i))]
+        is_throttled = False
         if samples:
             reasons = 0
             for start, end in samples:
                 reasons |= start["throttle_reasons"] | end["throttle_reasons"]
+            is_throttled = throttled(reasons)
             rec["sm_clock_mhz"] = [samples[0][0]["sm_clock_mhz"], samples[0][1]["sm_clock_mhz"]]
             rec["throttle_reasons"] = reasons
-            rec["throttled"] = throttled(reasons)
+            rec["throttled"] = is_throttled
+            rec |= fidelity.power_fields(samples[0][0], samples[0][1], rec["duration_s"])
+        memory = r.memory.get(r.gpus[0]) if r.gpus else None
+        if memory is not None:
+            mine, others = memory
+            rec["memory_gib"] = {"owner": round(mine / GIB, 2), "others": round(others / GIB, 2)}
+        rec["warnings"] = fidelity.warnings(rec, is_throttled, memory) if r.granted else []
         return rec
 
     # Helpers.

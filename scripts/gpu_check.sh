@@ -23,7 +23,8 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # PARTS picks sections: shim overhead controller mps demo (the default: all of these), and the
 # longer ones asked for by name: suite (every candidate of the real-GPU suite checked and timed),
 # pool (scripts/bench/pool_check.py: the warm pool against cold commands), readme (the README's
-# real-GPU block as written), security (scripts/gpu/security_check.py), fidelity-probe and
+# real-GPU block as written), security (scripts/gpu/security_check.py), fidelity
+# (scripts/bench/fidelity_check.py; FIDELITY_PHASES), fidelity-probe (PROBE_PARTS) and
 # pool-probe (scripts/bench/fidelity_probe.py, pool_probe.py),
 # bench (krex bench run: BENCH_PROFILE, default quick; BENCH_CONCURRENCY, default 8;
 # BENCH_TASKS, default all; BENCH_MODES, default exclusive,shared,krex),
@@ -69,9 +70,15 @@ if [[ " $PARTS " == *" security "* ]]; then
     echo "== regions beside ungated work: dlmopen, no shim, a late foreign process; 8 normal slots"
     python3 scripts/gpu/security_check.py --out "$OUT/security" || rc=1
 fi
+if [[ " $PARTS " == *" fidelity "* ]]; then
+    echo "== kernels exclusive twice, then under krex beside 7 siblings holding 98 GiB (bw_candidate.py)"
+    python3 scripts/bench/fidelity_check.py --json "$OUT/fidelity_check.json" \
+        --phases "${FIDELITY_PHASES:-exclusive,alone,churn,idle}" || rc=1
+fi
 if [[ " $PARTS " == *" fidelity-probe "* ]]; then
     echo "== what makes a process's later measurement differ (scripts/bench/fidelity_probe.py)"
-    python3 scripts/bench/fidelity_probe.py --json "$OUT/fidelity_probe.json" || rc=1
+    python3 scripts/bench/fidelity_probe.py --json "$OUT/fidelity_probe.json" \
+        --parts "${PROBE_PARTS:-matmul,recovery,matvec}" || rc=1
 fi
 if [[ " $PARTS " == *" pool-probe "* ]]; then
     echo "== a compile command's teardown; fork-server start cost (scripts/bench/pool_probe.py)"

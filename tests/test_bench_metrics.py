@@ -426,6 +426,23 @@ def test_region_time_stats_hand_computed() -> None:
     assert got["drain_s"]["max"] == pytest.approx(0.001)
     assert got["freeze_s"]["n"] == 3
     assert got["unclean"] == 1
+    assert got["warnings"] == {}
+
+
+def test_region_warnings_are_counted_by_name() -> None:
+    """Each region's warnings are counted by name over the run."""
+    warned = RegionTimes(0.0, 0.0, 0.0, 0.1, True, ("gpu_capped", "memory_placement"))
+    run = ModeRun(
+        "krex",
+        10.0,
+        (
+            Measurement("t", "a", 1.0, 2.0, 0.2, (warned, region())),
+            Measurement(
+                "t", "b", 1.0, 2.0, 0.1, (RegionTimes(0, 0, 0, 0.1, True, ("gpu_capped",)),)
+            ),
+        ),
+    )
+    assert region_time_stats(run)["warnings"] == {"gpu_capped": 2, "memory_placement": 1}
 
 
 def test_region_time_stats_without_regions() -> None:

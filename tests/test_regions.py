@@ -11,6 +11,7 @@ from typing import Any, cast
 import pytest
 
 from krex.errors import KrexError
+from krex.fidelity import GIB
 from krex.gate import Hold
 from krex.model import Gpu, Region, Tenant
 from krex.regions import Regions
@@ -33,6 +34,8 @@ class FakeNode:
         self.procs: set[int] = set()  # tenants whose group holds a process (pools)
         self.epoch = 0
         self.lock = threading.Lock()
+        self.samples: list[dict[str, int]] = []  # clock() answers these in turn, then a plain one
+        self.split: tuple[int, int] | None = None
 
     def log(self, *event: Any) -> None:
         with self.lock:
@@ -91,7 +94,12 @@ class FakeNode:
         return [f"foreign GPU process(es) {sorted(found)} on GPU {gpu}"] if found else []
 
     def clock(self, gpu: int) -> dict[str, int] | None:
+        if self.samples:
+            return self.samples.pop(0)
         return {"sm_clock_mhz": 1980, "throttle_reasons": 0}
+
+    def memory_split(self, gpu: int, owner: Tenant) -> tuple[int, int] | None:
+        return self.split
 
     def names(self) -> list[str]:
         return [e[0] for e in self.events]
@@ -425,6 +433,60 @@ def test_problems_make_a_region_unclean_with_the_reason() -> None:
         assert "tenant 2 did not freeze" in r.problems
         assert any("4242" in p for p in r.problems)
         assert regions.release(r, why="region_end")["clean"] is False
+
+    run(main())
+
+
+def test_power_and_placement_are_named_warnings_that_leave_a_region_clean() -> None:
+    """What the GPU's counters and the memory beside the owner say goes into the record as
+    warnings with their numbers; the region stays clean (nobody else ran)."""
+
+    async def main() -> None:
+        regions, node, gpus = make()
+        owner = tenant(gpus, 1)
+        grant = {"sm_clock_mhz": 1980, "throttle_reasons": 0, "energy_mj": 1_000_000,
+                 "power_capped_ns": 7_000_000, "thermal_capped_ns": 0,
+                 "power_limit_mw": 700_000, "temp_c": 40, "power_w_before": 600}  # fmt: skip
+        end = grant | {"energy_mj": 1_000_000 + 140_000, "power_capped_ns": 12_000_000,
+                       "temp_c": 52, "sm_clock_mhz": 1530, "throttle_reasons": 0x4}  # fmt: skip
+        node.samples = [grant, end]
+        node.split = (8 * GIB, 98 * GIB)
+        r = await regions.acquire(owner, plain_wait)
+        r.t_grant -= 0.2  # a 0.2 s region
+        rec = regions.release(r, why="region_end")
+        assert rec["clean"] and rec["problems"] == []
+        assert {w["name"] for w in rec["warnings"]} == {
+            "gpu_capped", "power_history", "memory_placement"
+        }  # fmt: skip
+        assert rec["power_capped_ms"] == 5.0 and rec["thermal_capped_ms"] == 0.0
+        assert rec["power_w_before"] == 600 and rec["temp_c"] == [40, 52]
+        assert 650 < rec["power_w"] < 750  # 140 J over about 0.2 s
+        assert rec["memory_gib"] == {"owner": 8.0, "others": 98.0}
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    ("before_w", "capped_ns", "split"),
+    [(300, 0, (8 * GIB, GIB // 2)), (None, 0, (GIB // 2, 98 * GIB)), (100, 0, None)],
+)
+def test_no_warning_without_its_cause(
+    before_w: int | None, capped_ns: int, split: tuple[int, int] | None
+) -> None:
+    """A quiet GPU, no capping, and a small owner or few others: no warning."""
+
+    async def main() -> None:
+        regions, node, gpus = make()
+        owner = tenant(gpus, 1)
+        grant = {"sm_clock_mhz": 1980, "throttle_reasons": 0, "energy_mj": 0,
+                 "power_capped_ns": capped_ns, "power_limit_mw": 700_000}  # fmt: skip
+        if before_w is not None:
+            grant["power_w_before"] = before_w
+        node.samples = [grant, dict(grant)]
+        node.split = split
+        r = await regions.acquire(owner, plain_wait)
+        rec = regions.release(r, why="region_end")
+        assert rec["warnings"] == [] and rec["clean"]
 
     run(main())
 

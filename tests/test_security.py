@@ -19,9 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import remove_shm, unique
+from conftest import Node, remove_shm, unique
 from helpers import HOLDER, KREX, Counter, Daemon, krex_run
 
+from krex import simnode
 from krex.autoregions import AUTO_DIR
 from krex.paths import shim_library
 from krex.trust import TrustError, _private_group, check_env, private_dir, runtime_dir
@@ -388,6 +389,29 @@ def test_ungated_work_inside_a_tenant_makes_regions_unclean(
         assert region["clean"] is True and problems == [], region
     else:
         assert region["clean"] is False and any(words in p for p in problems), region
+
+
+@pytest.mark.node(KREX_SIM_CTX_CREATE_MS=1500)
+def test_a_process_holds_its_slot_before_the_gpu_lists_it(node: Node) -> None:
+    """The GPU lists a process from early in its context's creation (NVML does; the simulated
+    driver too), which takes up to seconds when many processes create theirs at once. The
+    shim takes its slot before that begins, so a region's audit never sees a tenant's process
+    on the GPU with no slot (on the H200, three of four commands started together were
+    flagged unclean so before this)."""
+    p = subprocess.Popen(
+        [node.native.program("workload"), "hammer", "1000000", "1"],
+        env=node.env(tenant=1),
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while p.pid not in (simnode.users(node.sim_shm, 0) or set()):
+            assert time.monotonic() < deadline and p.poll() is None, "never listed"
+            time.sleep(0.002)
+        assert node.seg.slots_of(p.pid), "listed on the GPU with no slot"
+    finally:
+        p.kill()
+        p.wait(timeout=30)
 
 
 def test_a_foreign_process_that_starts_during_the_region_makes_it_unclean(

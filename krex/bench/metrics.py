@@ -16,6 +16,7 @@ Everything here is pure and numpy-free; bad input raises `ValueError` with one s
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypedDict
@@ -69,7 +70,8 @@ def _name(what: str, value: object) -> str:
 
 @dataclass(frozen=True)
 class RegionTimes:
-    """One critical region's times in seconds, and whether it ended cleanly.
+    """One critical region's times in seconds, whether it ended cleanly, and the names of its
+    record's warnings (krex/fidelity.py: power and placement; they leave a region clean).
 
     `wait_s` is the time spent waiting to enter, `drain_s` and `freeze_s` the time spent draining
     and freezing the siblings on entry, and `duration_s` the time inside the region.
@@ -80,6 +82,7 @@ class RegionTimes:
     freeze_s: float
     duration_s: float
     clean: bool
+    warnings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """Reject negative, infinite or NaN times and a non-bool `clean`."""
@@ -259,6 +262,7 @@ class RegionTimeStats(TypedDict):
     freeze_s: FieldStats
     duration_s: FieldStats
     unclean: int
+    warnings: dict[str, int]
 
 
 class ModeSummary(TypedDict):
@@ -682,7 +686,8 @@ def region_time_stats(run: ModeRun) -> RegionTimeStats:
 
     Returns:
         {"wait_s", "drain_s", "freeze_s", "duration_s"} -> {"p50", "p95", "max", "n"} (None
-        without regions), and "unclean": how many regions did not end cleanly.
+        without regions), "unclean": how many regions did not end cleanly, and "warnings":
+        how many regions carried each named warning.
 
     Raises:
         ValueError: If `run` is not a ModeRun.
@@ -706,6 +711,7 @@ def region_time_stats(run: ModeRun) -> RegionTimeStats:
         "freeze_s": stats("freeze_s"),
         "duration_s": stats("duration_s"),
         "unclean": sum(not r.clean for r in regions),
+        "warnings": dict(sorted(Counter(w for r in regions for w in r.warnings).items())),
     }
 
 

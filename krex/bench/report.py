@@ -603,6 +603,10 @@ def _region_times(results: Mapping[str, Any]) -> list[str]:
         *_table(["field", "p50 (ms)", "p95 (ms)", "max (ms)", "regions"], rows),
         "",
         f"Unclean regions: {stats.get('unclean', 'n/a')}",
+        "",
+        "Region warnings (clean regions whose GPU was power-capped, after heavy work, or shared "
+        "its memory; docs/user-guide.md): "
+        + (", ".join(f"{k} {v}" for k, v in _map(stats.get("warnings")).items()) or "none"),
     ]
 
 

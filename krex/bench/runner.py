@@ -330,6 +330,7 @@ def _batch(
                             freeze_s=r["freeze_s"],
                             duration_s=r["duration_s"],
                             clean=r["clean"],
+                            warnings=tuple(w["name"] for w in r.get("warnings", [])),
                         )
                         for r in region_docs
                     ]

@@ -7,6 +7,9 @@ measurement of a kernel differ from its first.
   this one's heavy work, one after 10 s idle. Each measurement records the cuBLAS kernel it ran
   (torch.profiler), and NVML's SM clock, power, temperature and clock-event reasons sampled
   every 5 ms: separates the GPU's power history, the process's state and the data.
+- recovery: a 3 s burst of matmuls, then 0, 5, 15 or 30 s idle, then the measurement: how
+  long the GPU's power history lasts. Every measurement also reads NVML's violation counters
+  (time held down by the power and the thermal limit).
 - matvec (65536^2 fp16 gemv, bandwidth-bound): the matrix placed six ways (0 to 5 GiB held
   before it is allocated), timed each time: what placement in device memory alone does.
 
@@ -48,9 +51,8 @@ def sampled(fn: Any) -> dict[str, Any]:
     power: list[float] = []
     temps: list[int] = []
     reasons = 0
-    why = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-        pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons"
-    )
+    why = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+    why = why or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
     stop = threading.Event()
 
     def sample() -> None:
@@ -63,6 +65,7 @@ def sampled(fn: Any) -> dict[str, Any]:
             time.sleep(0.005)
 
     t0 = pynvml.nvmlDeviceGetTotalEnergyConsumption(h)
+    v0 = violations(h)
     w0 = time.monotonic()
     t = threading.Thread(target=sample)
     t.start()
@@ -70,7 +73,10 @@ def sampled(fn: Any) -> dict[str, Any]:
     stop.set()
     t.join()
     joules = (pynvml.nvmlDeviceGetTotalEnergyConsumption(h) - t0) / 1000
+    v1 = violations(h)
     return {
+        "power_capped_ms": (v1[0] - v0[0]) / 1e6,
+        "thermal_capped_ms": (v1[1] - v0[1]) / 1e6,
         "median_ms": ms,
         "sm_mhz_min": min(clocks),
         "sm_mhz_median": sorted(clocks)[len(clocks) // 2],
@@ -80,6 +86,33 @@ def sampled(fn: Any) -> dict[str, Any]:
         "clock_event_reasons": hex(reasons),
         "samples": len(clocks),
     }
+
+
+def violations(h: Any) -> tuple[int, int]:
+    """ns the clocks were held down by the power and by the thermal limit (since load)."""
+    out = []
+    for policy in (pynvml.NVML_PERF_POLICY_POWER, pynvml.NVML_PERF_POLICY_THERMAL):
+        try:
+            out.append(int(pynvml.nvmlDeviceGetViolationStatus(h, policy).violationTime))
+        except pynvml.NVMLError:
+            out.append(0)
+    return out[0], out[1]
+
+
+def recovery() -> list[dict[str, Any]]:
+    """How long the GPU takes to measure the matmul at full speed again after heavy work: a
+    3 s burst of matmuls, then d seconds idle, then a measurement."""
+    a, b = inputs()
+    rows = []
+    for idle in (0, 5, 15, 30):
+        t = time.monotonic()
+        while time.monotonic() - t < 3:
+            for _ in range(50):
+                a @ b
+            torch.cuda.synchronize()
+        time.sleep(idle)
+        rows.append(arm(f"after a 3 s burst and {idle} s idle", lambda: a @ b) | {"idle_s": idle})
+    return rows
 
 
 def arm(when: str, fn: Any) -> dict[str, Any]:
@@ -101,7 +134,7 @@ def matmul_probe() -> tuple[list[dict[str, Any]], bool]:
     time.sleep(3)
     mm.append(arm("after 3 s idle", lambda: a @ b))
     c, d = inputs()
-    mm.append(arm("new tensors, at once", lambda: c @ d))
+    mm.append(arm("new tensors, at once", lambda c=c, d=d: c @ d))
     del c, d
     torch.cuda.empty_cache()
     e, f = inputs()
@@ -130,6 +163,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", type=Path)
     ap.add_argument("--first-only", action="store_true")
+    ap.add_argument("--parts", default="matmul,recovery,matvec")
     args = ap.parse_args()
     pynvml.nvmlInit()
     if args.first_only:
@@ -137,15 +171,19 @@ def main() -> int:
         (a @ b).sum().item()
         print(json.dumps({"kernels": kernel_names(lambda: a @ b)} | sampled(lambda: a @ b)))
         return 0
+    parts = set(args.parts.split(","))
     doc: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
-    doc["matmul"], doc["same_inputs_again"] = matmul_probe()
-    # Hot GPU, fresh process: the GPU's history without the process's.
-    doc["matmul"].append(fresh("fresh process, at once after the heavy one"))
-    time.sleep(10)
-    doc["matmul"].append(fresh("fresh process, after 10 s idle"))
+    if "matmul" in parts:
+        doc["matmul"], doc["same_inputs_again"] = matmul_probe()
+        # Hot GPU, fresh process: the GPU's history without the process's.
+        doc["matmul"].append(fresh("fresh process, at once after the heavy one"))
+        time.sleep(10)
+        doc["matmul"].append(fresh("fresh process, after 10 s idle"))
+    if "recovery" in parts:
+        doc["recovery"] = recovery()
     torch.cuda.empty_cache()
     mv: list[dict[str, Any]] = []
-    for spacer_gib in range(6):
+    for spacer_gib in range(6 if "matvec" in parts else 0):
         spacer = torch.empty(spacer_gib * GIB + 1, dtype=torch.uint8, device="cuda")
         m = torch.randn(65536, 65536, device="cuda", dtype=torch.float16)
         x = torch.randn(65536, device="cuda", dtype=torch.float16)

@@ -16,15 +16,16 @@ cp "$work/r.json" "$out/r.json" 2>/dev/null
 echo "== four at once"
 pids=()
 for i in 1 2 3 4; do
-    (cd "$work" && krex run --report "r$i.json" -- python bench.py >"$out/four-$i.log" 2>&1) &
+    (cd "$work" && krex run --report "r$i.json" -- python bench.py >"$work/four-$i.log" 2>&1) &
     pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p" || rc=1; done
+cat "$work"/four-*.log >"$out/four.log"
 python3 - "$work" <<'PY' | tee "$out/four.txt"
 import json, sys, pathlib
 for i in range(1, 5):
     r = json.loads(pathlib.Path(sys.argv[1], f"r{i}.json").read_text())
-    print(i, r["exit_code"], r["pool"], [(g["clean"], round(g["duration_s"], 3)) for g in r["regions"]])
+    print(i, r["exit_code"], r["pool"], [(g["clean"], round(g["duration_s"], 3), g["problems"], [w["name"] for w in g.get("warnings", [])]) for g in r["regions"]])
 PY
 krex daemon stop || rc=1
 exit "$rc"

@@ -108,24 +108,26 @@ void krex_drain_forget(void)
         return krex_missing(KREX_H_##name);                                                      \
     CUresult r = real call
 
+/* A process with a context has a slot, one without is not ours: the slot is taken before the
+ * driver starts creating the context, since NVML lists the process from early in that (up to
+ * seconds when many processes create theirs at once), and a region's audit would otherwise see
+ * a tenant's process on the GPU with no slot. */
 KREX_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
+    krex_register();
     PASS(cuDevicePrimaryCtxRetain, (pctx, dev));
-    if (r == CUDA_SUCCESS && pctx) {
+    if (r == CUDA_SUCCESS && pctx)
         krex_ctx_track(*pctx, dev);
-        krex_register(); /* a process with a context has a slot: one without is not ours */
-    }
     return r;
 }
 
 #define CREATE(name, params, args)                                                               \
     KREX_EXPORT CUresult name params                                                             \
     {                                                                                            \
+        krex_register();                                                                         \
         PASS(name, args);                                                                        \
-        if (r == CUDA_SUCCESS && pctx) {                                                         \
+        if (r == CUDA_SUCCESS && pctx)                                                           \
             krex_ctx_track(*pctx, -1);                                                           \
-            krex_register();                                                                     \
-        }                                                                                        \
         return r;                                                                                \
     }
 CREATE(cuCtxCreate, (CUcontext * pctx, unsigned int flags, CUdevice dev), (pctx, flags, dev))

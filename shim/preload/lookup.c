@@ -127,7 +127,9 @@ KREX_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int flags)
             return NULL;
         __atomic_store_n(&real, f, __ATOMIC_RELEASE);
     }
-    if (lmid != LM_ID_BASE && file && is_gpu_driver(file)) {
+    void *h = f(lmid, file, flags);
+    /* Counted once the copy is loaded (a dlmopen that failed loaded nothing to gate). */
+    if (h && lmid != LM_ID_BASE && file && is_gpu_driver(file)) {
         struct krex_slot *s = krex_register();
         krex_warn("dlmopen(%s) into a namespace of its own: the GPU work through it is not "
                   "gated or drained, and regions beside this process are reported unclean",
@@ -135,5 +137,5 @@ KREX_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int flags)
         if (s)
             KREX_ADD(&s->ungated, 1);
     }
-    return f(lmid, file, flags);
+    return h;
 }

@@ -175,7 +175,10 @@ struct sim_shm {
     pthread_mutex_t ctx_lock;   /* node-wide context creation */
     int64_t last_reap_ns;
     uint32_t free_job, free_stream, free_event;
-    uint32_t pad1;
+    /* 1 + the GPU whose context ctx_holder is creating (0: none): such a process is listed
+     * among the GPU's users as NVML lists a process once the driver is creating its context
+     * (krexsim_users). */
+    uint32_t ctx_holder_gpu;
     struct sim_gpu gpus[SIM_MAX_GPUS];
     struct sim_stream streams[SIM_MAX_STREAMS];
     struct sim_event events[SIM_MAX_EVENTS];

@@ -148,18 +148,22 @@ CUresult sim_ctx_set_current(CUcontext ctx)
 }
 
 /* Context creation takes KREX_SIM_CTX_CREATE_MS under one lock for the whole node, as the
- * real driver serialises context creation node-wide. The model lock is not held. */
-static CUresult sim_ctx_creation_delay(void)
+ * real driver serialises context creation node-wide. The model lock is not held. Meanwhile the
+ * process is one of the GPU's users, as a real one is in NVML's list from early in its
+ * context's creation. */
+static CUresult sim_ctx_creation_delay(CUdevice dev)
 {
     int recovered;
     if (sim_robust_lock(&sim_shm->ctx_lock, &recovered) != 0)
         return CUDA_ERROR_UNKNOWN;
+    __atomic_store_n(&sim_shm->ctx_holder_gpu, (uint32_t)dev + 1, __ATOMIC_RELEASE);
     __atomic_store_n(&sim_shm->ctx_holder, (uint32_t)sim_pid, __ATOMIC_RELEASE);
     if (recovered)
         sim_debug("a process died while creating a context; going on");
     if (sim_cfg.ctx_create_ns > 0)
         sim_sleep_until(sim_mono_ns() + (int64_t)sim_cfg.ctx_create_ns);
     __atomic_store_n(&sim_shm->ctx_holder, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&sim_shm->ctx_holder_gpu, 0, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&sim_shm->ctx_lock);
     return CUDA_SUCCESS;
 }
@@ -187,7 +191,7 @@ CUresult sim_ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev)
     struct CUctx_st *c = calloc(1, sizeof *c);
     if (!c)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    r = sim_ctx_creation_delay();
+    r = sim_ctx_creation_delay(dev);
     if (r != CUDA_SUCCESS) {
         free(c);
         return r;
@@ -296,7 +300,7 @@ CUresult sim_primary_retain(CUcontext *pctx, CUdevice dev)
     struct CUctx_st *c = &sim_primary[dev];
     if (sim_primary_refs[dev] == 0) {
         /* Activation: a context creation like any other. */
-        r = sim_ctx_creation_delay();
+        r = sim_ctx_creation_delay(dev);
         if (r != CUDA_SUCCESS) {
             pthread_mutex_unlock(&sim_primary_lock);
             return r;

@@ -105,6 +105,11 @@ int sim_krexsim_users(const char *shm_name, unsigned gpu, int *pids, int max)
     if (!s)
         return -1;
     int n = 0;
+    /* A process creating a context on this GPU (NVML lists such a process too). */
+    uint32_t creator = __atomic_load_n(&s->ctx_holder, __ATOMIC_ACQUIRE);
+    if (creator && max > 0 && __atomic_load_n(&s->ctx_holder_gpu, __ATOMIC_ACQUIRE) == gpu + 1 &&
+        (kill((pid_t)creator, 0) == 0 || errno == EPERM))
+        pids[n++] = (int)creator;
     for (unsigned i = 0; i < SIM_MAX_STREAMS && n < max; i++) {
         int32_t owner = __atomic_load_n(&s->streams[i].owner, __ATOMIC_RELAXED);
         if (owner <= 0 || s->streams[i].gpu != gpu || s->streams[i].destroyed)

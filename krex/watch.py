@@ -18,9 +18,12 @@ import sys
 import threading
 from pathlib import Path
 
+from krex import wire
+from krex.errors import ProtocolError
 from krex.tenants import TenantsError, recover
 
 _POLL_S = 0.2
+_ANSWER_S = 2.0  # for a successor's hello
 
 
 class DaemonWatch:
@@ -79,11 +82,19 @@ class DaemonWatch:
 
 
 def _answers(path: Path) -> bool:
+    """Whether a daemon answers a hello at path. Connecting is not enough: a dying daemon may
+    close our connection before its listening socket (the kernel closes a process's files one
+    by one), and a connection queued on that socket is accepted by nobody."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(1.0)
+    s.settimeout(_ANSWER_S)
     with contextlib.closing(s):
         try:
             s.connect(str(path))
+            s.sendall(wire.encode({"op": "hello"}))
+            reply = s.makefile("rb").readline(wire.MAX_LINE)
         except OSError:
             return False
-    return True
+    try:
+        return bool(reply) and wire.decode(reply, request=False).get("ok") is True
+    except ProtocolError:
+        return False

@@ -168,7 +168,7 @@ def test_a_short_record_gets_the_missing_keys(inside: FakeDaemon) -> None:
     unclean when it does not say clean."""
     assert markers._complete({"revoked": True}) == {
         "wait_s": 0.0, "drain_s": 0.0, "freeze_s": 0.0, "duration_s": 0.0,
-        "clean": False, "revoked": True, "problems": [],
+        "clean": False, "revoked": True, "problems": [], "warnings": [],
     }  # fmt: skip
     first, second = markers._complete({}), markers._complete({})
     first["problems"].append("x")
@@ -195,7 +195,7 @@ def test_a_daemon_lost_inside_a_region_is_a_revoked_record(
     assert (record["revoked"], record["clean"]) == (True, False)
     # The keys of a normal record, so that a harness indexing them does not fail here.
     assert set(record) == {
-        "wait_s", "drain_s", "freeze_s", "duration_s", "clean", "revoked", "problems"
+        "wait_s", "drain_s", "freeze_s", "duration_s", "clean", "revoked", "problems", "warnings"
     }  # fmt: skip
     assert (record["drain_s"], record["freeze_s"]) == (0.001, 0.002)  # the grant's
     assert len(record["problems"]) == 1 and "the krex daemon" in record["problems"][0]

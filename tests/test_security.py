@@ -277,6 +277,28 @@ def test_the_first_daemon_s_status_is_still_json(tmp_path: Path) -> None:
     remove_shm(name + "-sim")
 
 
+def test_a_listener_that_does_not_answer_is_no_successor(tmp_path: Path) -> None:
+    """Case 6: a dying daemon can close a client's connection before its listening socket (the
+    kernel closes its files one by one): a connection queued there is accepted by nobody. Only
+    a daemon that answers counts as a successor (else the client left its sibling frozen,
+    seen in one of three runs of the restart test)."""
+    import socket
+
+    from krex.watch import _answers
+
+    path = tmp_path / "dying.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(8)
+    try:
+        t0 = time.monotonic()
+        assert _answers(path) is False
+        assert time.monotonic() - t0 < 5
+    finally:
+        listener.close()
+    assert _answers(path) is False  # nobody listening at all
+
+
 def test_a_dead_daemon_leaves_nobody_frozen(tmp_path: Path) -> None:
     """Case 6: the daemon is SIGKILLed inside a region and not restarted: the frozen sibling's
     own `krex run` notices (its connection ends) and thaws what the daemon froze within

@@ -7,8 +7,9 @@ reason, and a normal 8-slot run raises no false flag.
    counts it) beside the owner: its regions must be unclean, naming dlmopen.
    noshim: one sibling whose GPU process runs without the shim (`env -u LD_PRELOAD`, inside
    its tenant): the owner's regions must be unclean, naming the process with no slot.
-3. late foreign: an owner region of 3 s; 1 s into it a process outside krex starts matmuls:
-   the region must be unclean, naming the foreign process at the region's end.
+3. late foreign: an owner region of 3 s; 1 s into it a process outside krex (torch already
+   imported) starts matmuls: the region must be unclean, naming the foreign process at the
+   region's end.
 
     python3 scripts/gpu/security_check.py --out DIR      (writes DIR/security_check.json)
 """
@@ -31,12 +32,16 @@ KREX = [sys.executable, "-m", "krex.cli"]
 SIBLING = textwrap.dedent("""
     import ctypes, sys, time, torch
     if sys.argv[1] == "dlmopen":
+        print("loading libcuda.so.1 with dlmopen(LM_ID_NEWLM)", file=sys.stderr, flush=True)
         libc = ctypes.CDLL(None)
         libc.dlmopen.restype = ctypes.c_void_p
         libc.dlmopen.argtypes = [ctypes.c_long, ctypes.c_char_p, ctypes.c_int]
         libc.dlerror.restype = ctypes.c_char_p
         if not libc.dlmopen(-1, b"libcuda.so.1", 2):
             sys.exit(f"dlmopen(LM_ID_NEWLM, libcuda.so.1) failed: {libc.dlerror()}")
+    if sys.argv[-1] == "--on-go":  # imported; the GPU only when told (the late foreign case)
+        print("imported", flush=True)
+        sys.stdin.readline()
     a = torch.randn(4096, 4096, device="cuda")
     print("ready", flush=True)
     while True:
@@ -121,7 +126,8 @@ def main() -> int:
                 if failed:  # a sibling that cannot start (e.g. this driver refuses dlmopen)
                     for s in sibs:
                         s.kill()
-                    doc[case] = {"sibling_failed": failed[0].communicate(timeout=60)[1][-1500:]}
+                    err = failed[0].communicate(timeout=60)[1][-1500:]
+                    doc[case] = {"sibling_failed": err, "rc": failed[0].returncode}
                     print(f"{case}: a sibling did not start: {doc[case]['sibling_failed']}")
                     continue
                 owner = _run(sock, sys.executable, str(tmp / "owner.py"), "20")
@@ -133,13 +139,19 @@ def main() -> int:
                 doc[case] = {"rc": owner.returncode, "regions": regions, "stderr": err[-1500:]}
                 unclean = sum(not r["clean"] for r in regions)
                 print(f"{case}: {len(regions)} regions, {unclean} unclean", flush=True)
+            # Outside krex, torch imported before the region, GPU work 1 s into it.
+            foreign = subprocess.Popen(
+                [sys.executable, str(tmp / "sibling.py"), "plain", "--on-go"], env=_env(),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            assert foreign.stdout is not None and foreign.stdout.readline().strip() == "imported"
             holder = _run(sock, sys.executable, str(tmp / "hold.py"))
             assert holder.stdout is not None and holder.stdout.readline().strip() == "in region"
             time.sleep(1.0)
-            foreign = subprocess.Popen(
-                [sys.executable, str(tmp / "sibling.py"), "plain"], env=_env(),
-                stdout=subprocess.PIPE, text=True,
-            )  # fmt: skip
+            assert foreign.stdin is not None and foreign.stdout is not None
+            foreign.stdin.write("go\n")
+            foreign.stdin.flush()
+            doc["late_foreign_ready"] = foreign.stdout.readline().strip()
             out, err = holder.communicate(timeout=120)
             foreign.kill()
             foreign.wait()

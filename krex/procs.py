@@ -1,6 +1,6 @@
-"""Look-ups of processes by pid, through psutil: whether one runs, its parent, the process a
-thread belongs to, this process's ancestors and children. A process that is gone is an answer
-(False, None, nothing), never an error.
+"""Look-ups of processes by pid, through psutil: whether one runs, when it started, its
+parent, the process a thread belongs to, this process's ancestors and children. A process that
+is gone is an answer (False, None, nothing), never an error.
 """
 
 from __future__ import annotations
@@ -23,6 +23,14 @@ def running(pid: int) -> bool:
         return bool(psutil.Process(pid).status() not in _GONE)
     except psutil.Error:
         return False
+
+
+def start_time(pid: int) -> float | None:
+    """When process `pid` started (tells a reused pid apart); None when there is none."""
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
 
 
 def parent(pid: int) -> int | None:

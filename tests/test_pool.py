@@ -130,21 +130,29 @@ def test_each_command_sees_a_fresh_interpreter(pool: Daemon, tmp_path: Path) -> 
 
 def test_regions_of_consecutive_commands_in_one_worker(pool: Daemon, tmp_path: Path) -> None:
     """Each command's regions are its own tenant's (krex.markers reads the tenant once per
-    process: a worker runs many)."""
+    process: a worker runs many). A region in a process that measured for an earlier command
+    carries the process_history warning (docs/results/h200-fidelity/), in the report too; a
+    command's own second region does not."""
     script = """
         import os, krex
-        with krex.region():
-            pass
-        print(os.getpid(), os.environ["KREX_TENANT"], krex.last_region()["clean"])
+        names = []
+        for _ in range(2):
+            with krex.region():
+                pass
+            names.append(",".join(w["name"] for w in krex.last_region()["warnings"]) or "-")
+        print(os.getpid(), os.environ["KREX_TENANT"], krex.last_region()["clean"], *names)
     """
     outs = []
     for _ in range(3):
         r = krun(pool, tmp_path, script)
         assert r.rc == 0 and r.report["pool"] == "warm", r.err
-        assert len(r.report["regions"]) == 1, r.report
+        assert len(r.report["regions"]) == 2, r.report
         outs.append(r.out.split())
+        reported = [[w["name"] for w in g["warnings"]] for g in r.report["regions"]]
+        assert reported == [[] if len(outs) == 1 else ["process_history"]] * 2, reported
     assert len({o[0] for o in outs}) == 1 and len({o[1] for o in outs}) == 3
     assert all(o[2] == "True" for o in outs)
+    assert [o[3:] for o in outs] == [["-", "-"]] + [["process_history"] * 2] * 2
 
 
 ALLOC = """

@@ -16,6 +16,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import select
 import signal
 import socket
 import stat
@@ -224,44 +225,73 @@ def _stdio_fds() -> list[int]:
     return fds
 
 
-def _run_warm(lease: dict[str, Any], inv: Invocation, env: dict[str, str]) -> int | None:
-    """Hand the command to its warm worker and wait; its exit status, or None when the
-    worker vanished (the daemon then knows how it ended)."""
+class WarmRefused(Exception):
+    """The fork server did not start the command (it then runs cold, saying why)."""
+
+
+def _run_warm(
+    lease: dict[str, Any], inv: Invocation, env: dict[str, str], conn: Connection
+) -> int | None:
+    """Hand the command to its fork server, have the daemon place the child it forks, let it
+    go and wait, forwarding each signal sent to us; its exit status, or None when the child
+    vanished without one (the daemon then knows how it ended). WarmRefused when no child
+    started the command."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(30)
-    sock.connect(lease["socket"])
     try:
+        sock.connect(lease["socket"])
         check_daemon(sock, Path(lease["socket"]))  # the command's env and stdio go there
-    except TrustError as e:
-        sock.close()
-        raise OSError(str(e)) from e
-    sock.settimeout(None)
-    job = {
-        "token": lease["token"],
-        "invocation": dataclasses.asdict(inv),
-        "cwd": os.getcwd(),
-        "env": env,
-    }
-    wire.send_frame(sock, job, _stdio_fds())
-
-    def forward(n: int, _frame: object) -> None:
-        with contextlib.suppress(OSError):
-            wire.send_frame(sock, {"signal": n})
-
-    # The worker is in no terminal's process group: Ctrl-C reaches it through us. Signals held
-    # since admission (sent before the job was handed over) are forwarded as they are let through.
-    previous = {s: signal.signal(s, forward) for s in HELD}
-    ours = HELD - (_mask or set())
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, ours)
-    try:
+        job = {
+            "token": lease["token"],
+            "invocation": dataclasses.asdict(inv),
+            "cwd": os.getcwd(),
+            "env": env,
+        }
+        wire.send_frame(sock, job, _stdio_fds())
         msg, _ = wire.recv_frame(sock)
+    except (OSError, ProtocolError, TrustError) as e:
+        sock.close()
+        raise WarmRefused(f"the warm worker could not take the command: {e}") from e
+    pid = msg.get("pid") if msg is not None else None
+    if not wire.is_int(pid):
+        sock.close()
+        raise WarmRefused("the warm worker refused the command")
+    try:
+        conn.send({"op": "started", "pid": pid, "warm": True})
+        conn.recv()
+    except (ClientError, OSError) as e:
+        with contextlib.suppress(OSError):
+            wire.send_frame(sock, {"go": False})
+        sock.close()
+        raise WarmRefused(f"the daemon could not take the warm command in: {e}") from e
+    try:
+        # Its exit too, not only its connection: processes it forked hold the connection.
+        child = os.pidfd_open(pid)
+    except OSError:
+        child = None
+    try:
+        wire.send_frame(sock, {"go": True})
+        sock.settimeout(None)
+        # The child is in no terminal's process group: every signal meant for the command,
+        # Ctrl-C too, reaches it through us (held since admission: none is lost).
+        waited = [sock.fileno(), *([child] if child is not None else [])]
+        while True:
+            ready, _, _ = select.select(waited, [], [], 0.05)
+            for n in _take_pending():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, n)
+            if sock.fileno() in ready:
+                msg, _ = wire.recv_frame(sock)
+                break
+            if ready:  # it ended without a word (a signal, os._exit, a crash)
+                msg = None
+                break
     except (OSError, ProtocolError):
         msg = None
     finally:
-        signal.pthread_sigmask(signal.SIG_BLOCK, ours)  # held again until the report is out
-        for s, h in previous.items():
-            signal.signal(s, h)
         sock.close()
+        if child is not None:
+            os.close(child)
     if msg is None or not wire.is_int(msg.get("status")):
         return None
     return int(msg["status"])
@@ -517,7 +547,6 @@ def _run_once(opts: RunOptions) -> tuple[int, dict[str, Any]]:
         pool.get("python"),
         pool.get("env", {}),
         no_pool=opts.no_pool,
-        auto_regions=bool(opts.auto_regions),
     )
     if how.warm and how.invocation is not None:
         try:
@@ -527,15 +556,14 @@ def _run_once(opts: RunOptions) -> tuple[int, dict[str, Any]]:
             print(f"krex run: {e}", file=sys.stderr)
             return EXIT_KREX, {}
         if "socket" in lease:
-            warm_status: int | None
             try:
-                warm_status = _run_warm(lease, how.invocation, env)
-            except OSError as e:
-                print(f"krex run: the warm worker could not take the command: {e}", file=sys.stderr)
-                warm_status = EXIT_KREX
-            lost = warm_status is None
-            return _finish(opts, conn, reply, t0, warm_status, lost, how.reason, warm=True)
-        how.reason = str(lease.get("cold", "no warm worker"))
+                warm_status = _run_warm(lease, how.invocation, env, conn)
+                lost = warm_status is None
+                return _finish(opts, conn, reply, t0, warm_status, lost, how.reason, warm=True)
+            except WarmRefused as e:
+                how.reason = str(e)
+        else:
+            how.reason = str(lease.get("cold", "no warm worker"))
     assert _mask is not None
     pid, go, err = _spawn_held(opts.argv, env, _mask)
     # Signals that came before the fork never reached the command: forward them. The child

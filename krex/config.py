@@ -32,11 +32,12 @@ shared = "2-15"
 [mps]
 enabled = false
 
-[pool]             # warm workers (docs/pool.md)
-workers = 8        # per GPU (default: slots on real GPUs, 0 on simulated ones)
+[pool]             # warm workers: fork servers (docs/pool.md)
+workers = 2        # per GPU; each forks any number of commands (default: 2 on real GPUs,
+                   # 0 on simulated ones)
 preload = ["torch", "triton"]   # imported by each worker where installed (default: these
-                                # on real GPUs, none on simulated ones)
-max_uses = 100     # commands a worker runs before it is replaced
+                                # and Inductor on real GPUs, none on simulated ones)
+max_uses = 100     # accepted for older configurations; unused (each command is a fresh child)
 
 [memory]           # device memory (docs/memory.md)
 headroom_gib = 4.0 # kept free for contexts and libraries' workspaces when admitting (default:
@@ -173,11 +174,12 @@ class Config:
         return f"/krex-{os.getuid()}-{zlib.crc32(str(self.socket_path()).encode()):08x}"
 
     def workers_per_gpu(self) -> int:
-        """Warm workers per GPU: configured, else as many as slots (none on simulated GPUs:
-        they have no framework to pre-import)."""
+        """Warm workers (fork servers) per GPU: configured, else 2 (one forks any number of
+        commands; the second serves while the first is replaced); none on simulated GPUs:
+        they have no framework to pre-import."""
         if self.pool_workers is not None:
             return self.pool_workers
-        return 0 if self.sim else self.slots
+        return 0 if self.sim else 2
 
     def headroom_bytes(self) -> int:
         """Device memory admission keeps free per GPU: configured, else half a GiB per slot
@@ -197,7 +199,12 @@ class Config:
         """Modules each worker imports (those not installed are skipped by the daemon)."""
         if self.pool_preload is not None:
             return self.pool_preload
-        return () if self.sim else ("torch", "triton")
+        # Inductor's compiler and triton's timers: every torch.compile or do_bench command
+        # would import them (seconds). One whose import loads the GPU driver is dropped by the
+        # worker (krex/worker.py): a child forked after that could not use the GPU.
+        return (
+            () if self.sim else ("torch", "triton", "torch._inductor.compile_fx", "triton.testing")
+        )
 
 
 _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {

@@ -131,7 +131,10 @@ class Daemon:
             self.machinery,
             on_record=lambda t, rec: self.metrics.region(t.gpu, rec),
         )
-        self.preload = [m for m in cfg.preload() if importlib.util.find_spec(m) is not None]
+        # Top-level names only: finding a submodule's spec would import its package here.
+        self.preload = [
+            m for m in cfg.preload() if importlib.util.find_spec(m.split(".")[0]) is not None
+        ]
         self.pool = Pool(self)
         self.memory = Memory(
             self.gpus,
@@ -556,18 +559,21 @@ class Daemon:
         pid = msg.get("pid")
         if not wire.is_int(pid) or pid <= 0:
             raise ProtocolError("pid must be a positive integer")
-        if t.pids or parent(pid) != conn.peer.pid:
-            # Only the command `krex run` itself forked, once: never someone else's process
-            # into a group that will be frozen.
+        warm = msg.get("warm") is True
+        if t.pids or not (self.pool.is_child(t, pid) if warm else parent(pid) == conn.peer.pid):
+            # Only the command `krex run` itself forked (or its fork server did), once: never
+            # someone else's process into a group that will be frozen.
             raise ProtocolError(f"process {pid} is not this client's command")
         await self.started(t, pid)
-        self.metrics.started(t.gpu, warm=False)
+        if not warm:
+            self.metrics.started(t.gpu, warm=False)
         await conn.send({"ok": True, "freezer": self.freezer.value})
 
     async def _tenant_finished(self, t: Tenant, msg: dict[str, Any], conn: Conn) -> None:
         status = None
         if msg.get("worker_lost") and t.worker is not None:
-            status = await self.pool.exit_status(t.worker)
+            status = await self.pool.exit_status(t.pids[0] if t.pids else None)
+            t.child_lost = True
         if t.worker is None:
             self.gpus[t.gpu].cold_runs += 1
         report = self._report(t)
@@ -592,9 +598,9 @@ class Daemon:
             return
         t.gone = True
         self.regions.tenant_left(t)
-        if t.worker is not None and t.worker.tenant is t:
-            # Its worker may still be resetting: back to the pool's group before ours goes.
-            self.pool.give_back(t.worker)
+        if t.worker is not None:
+            # Its child may still be tearing down: into the pool tenant before ours goes.
+            self.pool.adopt(t, killed=t.child_lost)
         self._account()
         self.segments.retire(t.id)  # goes once its last process has exited
         self._account()
@@ -663,6 +669,7 @@ class Daemon:
             self._account()
             self._sample_nvml()
             self.machinery.sample_power()
+            self.pool.end_leftovers()
             for g in self.gpus:
                 self.metrics.levels(
                     g.index,
@@ -676,6 +683,7 @@ class Daemon:
                 # Groups of tenants that outlived a predecessor daemon, once they are empty.
                 keep = {t.id for t in self.tenants.values()}
                 keep |= {g.pool_tenant.id for g in self.gpus if g.pool_tenant is not None}
+                keep |= {g.zygotes.tenant for g in self.gpus if g.zygotes is not None}
                 with contextlib.suppress(TenantsError):
                     prune(self.root, keep)
 
@@ -707,8 +715,6 @@ class Daemon:
             for g in self.gpus:
                 if g.admission:
                     self._admit_next(g)
-                if anyone and self.memory.waiting(g.index):
-                    self.pool.trim(g)
             await asyncio.sleep(_MEMORY_TICK_S[0] if anyone else _MEMORY_TICK_S[1])
 
     # Status.

@@ -116,13 +116,6 @@ class NodeMachinery:
         self.segments.gates.gate_open(gpu)
 
     def quiesce_and_drain(self, hold: Hold, skip: set[int]) -> None:
-        # A frozen tenant's pool worker is frozen with it: its own segment is left out too.
-        skip = set(skip)
-        for g in self.gpus:
-            for w in g.pool:
-                owner = w.tenant or g.pool_tenant
-                if owner is not None and owner.id in skip:
-                    skip.add(w.slots_id)
         quiesce_and_drain(
             self.segments.to_drain(skip),
             hold,

@@ -9,6 +9,7 @@ tenants' processes and the pool.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,8 @@ class Tenant:
     intercepted: int = 0  # from process slots of its processes that are gone (reaped)
     blocked: int = 0
     gone: bool = False
-    worker: PoolWorker | None = None  # the warm worker running its command
+    worker: PoolWorker | None = None  # the fork server that started its command (warm)
+    child_lost: bool = False  # its warm child ended without reporting (a signal, a crash)
     # Device memory (docs/memory.md): the declared budget (krex run --mem, 0: none), and what
     # its processes that are gone did (folded from their process slots).
     mem_declared: int = 0
@@ -106,21 +108,21 @@ class RegionRequest:
 
 @dataclass(eq=False)
 class PoolWorker:
-    """A warm pool worker process (krex/worker.py) as the daemon sees it."""
+    """A warm pool worker (krex/worker.py: a fork server) as the daemon sees it."""
 
     id: int
     gpu: int
     proc: asyncio.subprocess.Process
     listen: Path
     secret: str
-    t_start: float
-    state: str = "starting"  # starting, idle, busy, retiring, gone
-    slot: int = -1  # its process slot in its own slot segment
-    uses: int = 0
+    t_start: float = 0.0
+    state: str = "starting"  # starting, idle (serving), gone
+    leases: int = 0  # commands it was asked to fork
     writer: asyncio.StreamWriter | None = None
-    tenant: Tenant | None = None
     exited: asyncio.Future[int] | None = None
-    slots_id: int = 0  # its own slot segment's id: apart from every other worker's
+
+    def ready_s(self) -> float:
+        return time.monotonic() - self.t_start
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,8 @@ class Gpu:
     reserved: int = 0  # admission slots promised to commands being admitted
     reserved_mem: int = 0  # the memory those commands are expected to need
     pool: list[PoolWorker] = field(default_factory=list)
-    pool_tenant: Tenant | None = None  # the group idle workers wait in (frozen in regions)
+    pool_tenant: Tenant | None = None  # warm commands' leftovers tearing down (frozen in regions)
+    zygotes: TenantGroup | None = None  # the fork servers' group: pinned, never frozen
     pool_failures: int = 0  # workers in a row that died before they were ready
     warm_runs: int = 0
     cold_runs: int = 0

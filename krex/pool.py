@@ -1,8 +1,8 @@
 """Which commands a warm pool worker can run, and how (shared by the client and the worker).
 
-A warm worker is a Python interpreter that has already imported the configured modules (torch,
-triton) and holds a context on its GPU. It can run `python [-u] [-B] [-W arg] script.py ...`,
-`python -m module ...` and `python -c code ...` in-process, as `__main__`, exactly when the
+A warm worker is a fork server: a Python interpreter that has already imported the configured
+modules (torch, triton) and touched no GPU. A child it forks can run `python [-u] [-B] [-W arg]
+script.py ...`, `python -m module ...` and `python -c code ...` as `__main__`, exactly when the
 command would have started the same interpreter with the same start-up state. `plan()` says
 whether that holds, and if not, why: the command then runs cold, as its own process.
 """
@@ -154,7 +154,6 @@ def plan(
     worker_env: Mapping[str, str],
     *,
     no_pool: bool = False,
-    auto_regions: bool = False,
 ) -> Plan:
     """Whether `argv`, run with environment `env`, can run in a warm worker whose interpreter is
     `worker_python` and whose environment at start was `worker_env`."""
@@ -162,8 +161,6 @@ def plan(
         return Plan(False, "--no-pool")
     if worker_python is None:
         return Plan(False, "no pool on this GPU")
-    if auto_regions:
-        return Plan(False, "--auto-regions (installed at interpreter start-up)")
     exe = shutil.which(argv[0], path=env.get("PATH")) if argv else None
     if exe is None:
         return Plan(False, "not a Python command")

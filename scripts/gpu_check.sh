@@ -73,7 +73,8 @@ fi
 if [[ " $PARTS " == *" fidelity "* ]]; then
     echo "== kernels exclusive twice, then under krex beside 7 siblings holding 98 GiB (bw_candidate.py)"
     python3 scripts/bench/fidelity_check.py --json "$OUT/fidelity_check.json" \
-        --phases "${FIDELITY_PHASES:-exclusive,alone,churn,idle}" || rc=1
+        --phases "${FIDELITY_PHASES:-exclusive,alone,churn,idle}" \
+        --kinds "${FIDELITY_KINDS:-matvec,reduce,elementwise,matmul}" || rc=1
 fi
 if [[ " $PARTS " == *" fidelity-probe "* ]]; then
     echo "== what makes a process's later measurement differ (scripts/bench/fidelity_probe.py)"

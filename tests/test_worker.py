@@ -1,64 +1,76 @@
-"""krex/worker.py's context hold through cuda-python's driver bindings, against a stand-in
-module (cuda-python is not a test dependency; on the GPU machine the real one is used)."""
+"""krex/worker.py's parts that need no daemon: which exit handlers are the command's own, the
+order they run in, and the refusal to fork after a preload loaded the GPU driver."""
 
 from __future__ import annotations
 
-import enum
-from types import SimpleNamespace
-from typing import Any
-
-import pytest
+import atexit
+import functools
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 from krex import worker
 
 
-class CUresult(enum.Enum):
-    CUDA_SUCCESS = 0
-    CUDA_ERROR_NO_DEVICE = 100
+def test_exit_handlers_of_frameworks_are_told_from_the_commands() -> None:
+    def mine() -> None:
+        pass
+
+    def fake_torch() -> None:
+        pass
+
+    fake_torch.__module__ = "torch._inductor.async_compile"
+    assert worker._own(mine)
+    assert worker._own(functools.partial(mine))
+    assert not worker._own(fake_torch)
+    assert not worker._own(functools.partial(fake_torch))
+    assert worker._own(print), "a builtin the command registered is its own"
 
 
-def fake_driver(fail: str | None = None) -> tuple[Any, list[str]]:
-    calls: list[str] = []
+def test_captured_handlers_run_last_registered_first_own_before_frameworks() -> None:
+    ran: list[str] = []
 
-    def call(name: str, *values: object) -> Any:
-        def fn(*_args: object) -> tuple[object, ...]:
-            calls.append(name)
-            err = CUresult.CUDA_ERROR_NO_DEVICE if name == fail else CUresult.CUDA_SUCCESS
-            return (err, *values)
+    def framework() -> None:
+        ran.append("framework")
 
-        return fn
+    framework.__module__ = "triton.runtime"
+    with worker.ExitHandlers() as h:
+        atexit.register(ran.append, "first")
+        atexit.register(framework)
+        atexit.register(ran.append, "second")
+        atexit.register(ran.append, "dropped")
+        atexit.unregister(ran.append)  # as atexit does: every registration of it goes
+        atexit.register(ran.append, "third")
+    assert atexit.register is not None and "ExitHandlers" not in repr(atexit.register)
+    h.run(own=True)
+    assert ran == ["third"]
+    h.run(own=False)
+    assert ran == ["third", "framework"]
 
-    names = ["cuInit", "cuCtxSetCurrent", "cuMemsetD8", "cuCtxSynchronize", "cuMemFree"]
-    module = SimpleNamespace(
-        CUresult=CUresult,
-        cuDeviceGet=call("cuDeviceGet", 0),
-        cuDevicePrimaryCtxRetain=call("cuDevicePrimaryCtxRetain", "ctx"),
-        cuMemAlloc=call("cuMemAlloc", 1234),
-        **{n: call(n) for n in names},
+
+def test_a_preload_that_loads_the_driver_is_refused(tmp_path: Path) -> None:
+    """A child forked after the driver is loaded could not use the GPU: the worker refuses to
+    start, naming the module (run in a process of its own: the test's stays clean)."""
+    lib = tmp_path / "libcuda.so.1"
+    src = tmp_path / "x.c"
+    src.write_text("int krex_test_symbol(void) { return 1; }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    (tmp_path / "loads_driver.py").write_text(f"import ctypes\nctypes.CDLL({str(lib)!r})\n")
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        from krex import worker
+        print(worker.warm_up(["json", "not_a_module_at_all"]))
+        try:
+            worker.warm_up(["loads_driver"])
+        except worker.DriverLoaded as e:
+            print("refused:", e.module, e)
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    skipped, refused = p.stdout.splitlines()
+    assert "not_a_module_at_all (ModuleNotFoundError" in skipped
+    assert refused.startswith("refused: loads_driver importing loads_driver loaded the GPU"), (
+        refused
     )
-    return module, calls
-
-
-def test_the_context_is_retained_made_current_and_a_gated_call_made() -> None:
-    cu, calls = fake_driver()
-    assert worker._hold_context_cuda_python(cu) == "ctx"
-    assert calls == [
-        "cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
-        "cuMemAlloc", "cuMemsetD8", "cuCtxSynchronize", "cuMemFree",
-    ]  # fmt: skip
-
-
-def test_a_failing_call_is_named() -> None:
-    cu, calls = fake_driver(fail="cuDevicePrimaryCtxRetain")
-    with pytest.raises(RuntimeError, match=r"context.*CUDA_ERROR_NO_DEVICE"):
-        worker._hold_context_cuda_python(cu)
-    assert calls[-1] == "cuDevicePrimaryCtxRetain"
-
-
-def test_the_simulated_gpu_takes_the_ctypes_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    used: list[str] = []
-    monkeypatch.setattr(worker, "_hold_context_ctypes", lambda: used.append("ctypes"))
-    monkeypatch.setattr(worker, "_hold_context_cuda_python", lambda cu: used.append("cuda"))
-    monkeypatch.setenv("KREX_SIM_SHM", "/krex-test-sim")
-    worker._hold_context()
-    assert used == ["ctypes"]

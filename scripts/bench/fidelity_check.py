@@ -162,11 +162,13 @@ def verdicts() -> dict[str, Any]:
 
 
 def main() -> int:
-    global OUT_DIR
+    global OUT_DIR, KINDS
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument("--phases", default="exclusive,alone,churn,idle", help="exclusive always")
+    ap.add_argument("--kinds", default=",".join(KINDS))
     args = ap.parse_args()
+    KINDS = tuple(k for k in args.kinds.split(",") if k)
     phases = set(args.phases.split(","))
     OUT_DIR = args.json.resolve().parent
     DOC["date"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())

@@ -1,12 +1,16 @@
-"""The warm pool on a real GPU: a typical benchmarking command cold vs warm, and the throughput
-of 32 such commands at 8 slots cold vs warm.
+"""The warm pool on a real GPU (issue #17): a mixed workload of eager and torch.compile
+candidates from the bench suite (`krex/bench/tasks/`), every command with fresh compile caches.
 
-A typical command is one of the bench suite's (`krex/bench/tasks/`): import torch, compile a
-Triton kernel into a fresh cache, check it, time it with do_bench in a region. Everything runs
-through `krex run` against one private daemon (8 slots, 8 warm workers); cold runs pass
-`--no-pool`. Wall times are measured here, around the whole `krex run` process.
+In one run:
+1. exclusive: each command alone, natively (no krex), one after another: the baseline of
+   throughput and of each command's timing;
+2. one slot: a daemon with one slot: the commands one at a time through `krex run`, cold
+   (`--no-pool`) and warm;
+3. 8 and 16 slots: the commands all at once (16: the mix twice), cold and warm.
+Per command: its wall time around `krex run` (until `krex run` returns), whether it ran warm,
+its timing (median_ms) against its exclusive one. Written to --json; a table at the end.
 
-    python3 scripts/bench/pool_check.py --json OUT.json [--reps 5] [--commands 32]
+    python3 scripts/bench/pool_check.py --json OUT.json [--phases exclusive,1,8,16]
 """
 
 from __future__ import annotations
@@ -27,106 +31,152 @@ from krex.bench import suite
 from krex.bench.runner import fresh_caches
 from krex.client import private_daemon, status
 
-TYPICAL = ("softmax", "triton-w8")
+# Eager and compiled candidates of four tasks (kernels from < 0.1 ms to a few ms).
+MIX = [
+    ("softmax", "eager"),
+    ("softmax", "compiled"),
+    ("layernorm", "eager"),
+    ("layernorm", "compiled"),
+    ("reduction", "torch-sum"),
+    ("reduction", "compiled"),
+    ("elementwise", "eager"),
+    ("elementwise", "compiled"),
+]
+BANDS = ((0.0, 0.1), (0.1, 1.0), (1.0, 10.0), (10.0, float("inf")))
 
 
-def one(sock: Path, task: str, variant: str, warm: bool, tmp: Path, tag: str) -> dict[str, Any]:
+def one(
+    sock: Path | None, task: str, variant: str, warm: bool, tmp: Path, tag: str
+) -> dict[str, Any]:
     report = tmp / f"{tag}.json"
-    cache = tmp / f"cache-{tag}"
-    env = fresh_caches(dict(os.environ), cache)
-    argv = [sys.executable, "-m", "krex.cli", "run", "--socket", str(sock)]
-    argv += ["--report", str(report), *([] if warm else ["--no-pool"]), "--"]
-    argv += [sys.executable, str(suite.TASKS_DIR / f"{task}.py"), variant]
+    env = fresh_caches(dict(os.environ), tmp / f"cache-{tag}")
+    argv = [sys.executable, str(suite.TASKS_DIR / f"{task}.py"), variant]
+    if sock is not None:
+        pre = [sys.executable, "-m", "krex.cli", "run", "--socket", str(sock)]
+        argv = [*pre, "--report", str(report), *([] if warm else ["--no-pool"]), "--", *argv]
     t0 = time.monotonic()
-    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
-    wall = time.monotonic() - t0
-    if p.returncode != 0:
-        raise RuntimeError(f"{task} {variant} ({tag}) failed: {p.stderr[-2000:]}")
-    rep = json.loads(report.read_text())
-    line = json.loads(p.stdout.strip().splitlines()[-1])
-    return {
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=400)
+    row: dict[str, Any] = {
         "task": task,
         "variant": variant,
-        "wall_s": wall,
-        "pool": rep["pool"],
-        "pool_reason": rep["pool_reason"],
-        "median_ms": line["median_ms"],
-        "setup_s": line.get("setup_s"),
-        "region_s": sum(r["duration_s"] for r in rep["regions"]),
+        "kind": "compile" if variant == "compiled" else "eager",
+        "wall_s": time.monotonic() - t0,
+        "rc": p.returncode,
     }
+    lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
+    if p.returncode == 0 and lines:
+        out = json.loads(lines[-1])
+        row["median_ms"] = out.get("median_ms")
+        row["setup_s"] = out.get("setup_s")
+    else:
+        row["stderr"] = p.stderr[-1500:]
+    if report.exists():
+        rep = json.loads(report.read_text())
+        row["pool"] = rep.get("pool")
+        row["pool_reason"] = rep.get("pool_reason")
+        row["regions"] = [
+            {k: r.get(k) for k in ("clean", "duration_s", "warnings", "problems")}
+            for r in rep.get("regions", [])
+        ]
+    return row
 
 
-def batch(sock: Path, cmds: list[tuple[str, str]], warm: bool, tmp: Path) -> dict[str, Any]:
+def batch(
+    sock: Path | None, cmds: list[tuple[str, str]], warm: bool, tmp: Path, tag: str, at_once: int
+) -> dict[str, Any]:
     t0 = time.monotonic()
-    with ThreadPoolExecutor(max_workers=8) as ex:
+    with ThreadPoolExecutor(max_workers=at_once) as ex:
         rows = list(
-            ex.map(
-                lambda ic: one(sock, *ic[1], warm, tmp, f"{'w' if warm else 'c'}32-{ic[0]}"),
-                enumerate(cmds),
-            )
+            ex.map(lambda ic: one(sock, *ic[1], warm, tmp, f"{tag}-{ic[0]}"), enumerate(cmds))
         )
     wall = time.monotonic() - t0
-    return {
-        "commands": len(cmds),
-        "wall_s": wall,
-        "cmds_per_min": 60 * len(cmds) / wall,
-        "warm_runs": sum(r["pool"] == "warm" for r in rows),
-        "median_command_wall_s": statistics.median(r["wall_s"] for r in rows),
-        "runs": rows,
-    }
+    res = {"commands": len(cmds), "wall_s": wall, "cmds_per_min": 60 * len(cmds) / wall}
+    res["failed"] = sum(r["rc"] != 0 for r in rows)
+    res["warm"] = sum(r.get("pool") == "warm" for r in rows)
+    for kind in ("eager", "compile"):
+        walls = sorted(r["wall_s"] for r in rows if r["kind"] == kind)
+        if walls:
+            res[f"{kind}_wall_s"] = {
+                "median": statistics.median(walls),
+                "p95": walls[min(len(walls) - 1, round(0.95 * (len(walls) - 1)))],
+            }
+    res["runs"] = rows
+    print(
+        f"{tag:10} {len(cmds)} cmds: {wall:6.1f} s, {res['cmds_per_min']:5.1f}/min, "
+        f"warm {res['warm']}, failed {res['failed']}, "
+        + ", ".join(
+            f"{k} median {res[f'{k}_wall_s']['median']:.2f} s p95 {res[f'{k}_wall_s']['p95']:.2f} s"
+            for k in ("eager", "compile")
+            if f"{k}_wall_s" in res
+        ),
+        flush=True,
+    )
+    return res
+
+
+def inflation(doc: dict[str, Any]) -> dict[str, Any]:
+    """Each krex phase's timings against the exclusive ones, by band of the exclusive time."""
+    base = {(r["task"], r["variant"]): r.get("median_ms") for r in doc["exclusive"]["runs"]}
+    out: dict[str, Any] = {}
+    for phase, res in doc.items():
+        if not isinstance(res, dict) or "runs" not in res or phase == "exclusive":
+            continue
+        bands: dict[str, list[float]] = {}
+        for r in res["runs"]:
+            ref = base.get((r["task"], r["variant"]))
+            if not ref or not r.get("median_ms"):
+                continue
+            lo, hi = next(b for b in BANDS if b[0] <= ref < b[1])
+            infl = (r["median_ms"] - ref) / ref * 100
+            bands.setdefault(f"{lo:g}-{hi:g} ms", []).append(infl)
+        out[phase] = {
+            band: {"n": len(v), "max_abs_pct": max(abs(x) for x in v), "values_pct": v}
+            for band, v in sorted(bands.items())
+        }
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--commands", type=int, default=32)
+    ap.add_argument("--phases", default="exclusive,1,8,16")
     args = ap.parse_args()
+    phases = args.phases.split(",")
     doc: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    doc["command"] = "python3 scripts/bench/pool_check.py " + " ".join(sys.argv[1:])
+    out = Path(args.json)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        t0 = time.monotonic()
-        with private_daemon(tmp / "d", sim=False, slots=8, pool=8, gpus=1) as sock:
-            doc["pool_ready_s"] = time.monotonic() - t0
-            doc["pool"] = status(False, str(sock))["gpus"][0]["pool"]
-            print("pool ready after", round(doc["pool_ready_s"], 1), "s:", doc["pool"], flush=True)
-            typical: dict[str, list[dict[str, Any]]] = {"cold": [], "warm": []}
-            for i in range(args.reps):  # interleaved, so drift hits both alike
-                for kind in ("cold", "warm"):
-                    row = one(sock, *TYPICAL, kind == "warm", tmp, f"{kind}-{i}")
-                    typical[kind].append(row)
-                    print(kind, json.dumps(row), flush=True)
-            doc["typical"] = {
-                kind: {
-                    "median_wall_s": statistics.median(r["wall_s"] for r in rows),
-                    "runs": rows,
-                }
-                for kind, rows in typical.items()
-            }
-            quick = [(c.task, c.variant) for c in suite.commands("quick")]
-            cmds = (quick * (1 + args.commands // len(quick)))[: args.commands]
-            doc["throughput"] = {}
-            for kind in ("cold", "warm"):
-                res = batch(sock, cmds, kind == "warm", tmp)
-                doc["throughput"][kind] = res
-                print(
-                    kind,
-                    f"{res['commands']} commands at 8 slots: {res['wall_s']:.1f} s, "
-                    f"{res['cmds_per_min']:.1f} cmds/min, {res['warm_runs']} warm",
-                    flush=True,
-                )
-            doc["pool_after"] = status(False, str(sock))["gpus"][0]["pool"]
-        # The daemon's log says why workers retired: keep it beside the results.
-        log = tmp / "d" / "daemon.log"
-        if log.exists():
-            Path(args.json).with_suffix(".daemon.log").write_text(log.read_text())
-    Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
-    t, q = doc["typical"], doc["throughput"]
-    print(
-        f"typical command: cold {t['cold']['median_wall_s']:.2f} s, "
-        f"warm {t['warm']['median_wall_s']:.2f} s; 32 at 8 slots: cold "
-        f"{q['cold']['cmds_per_min']:.1f}, warm {q['warm']['cmds_per_min']:.1f} cmds/min"
-    )
+        if "exclusive" in phases:
+            doc["exclusive"] = batch(None, MIX, False, tmp, "exclusive", 1)
+        for slots in (int(p) for p in phases if p.isdigit()):
+            d = tmp / f"d{slots}"
+            t0 = time.monotonic()
+            with private_daemon(d, sim=False, slots=slots, gpus=1) as sock:
+                doc[f"pool_ready_s_{slots}"] = time.monotonic() - t0
+                cmds = MIX if slots == 1 else (MIX * (1 + slots // len(MIX)))[:slots]
+                if slots == 1:
+                    cmds = MIX[:4]  # two eager, two compiled: the one-slot phase is long
+                for warm in (False, True):
+                    tag = f"{'warm' if warm else 'cold'}{slots}"
+                    doc[tag] = batch(sock, cmds, warm, tmp, tag, slots)
+                    out.write_text(json.dumps(doc, indent=1) + "\n")
+                doc[f"pool_status_{slots}"] = status(False, str(sock))["gpus"][0]["pool"]
+            log = d / "daemon.log"
+            if log.exists():
+                out.with_suffix(f".daemon{slots}.log").write_text(log.read_text()[-200_000:])
+    if "exclusive" in doc:
+        doc["inflation"] = inflation(doc)
+        ex = doc["exclusive"]
+        for tag in [k for k in doc if k.startswith(("warm", "cold")) and k[4:] in ("8", "16")]:
+            n = doc[tag]["commands"]
+            # Throughput against one command at a time: the same commands' exclusive walls.
+            per = ex["wall_s"] / ex["commands"]
+            doc[tag]["vs_exclusive"] = n * per / doc[tag]["wall_s"]
+            print(f"{tag}: {doc[tag]['vs_exclusive']:.2f}x one at a time", flush=True)
+        for phase, bands in doc["inflation"].items():
+            print(phase, {b: round(v["max_abs_pct"], 2) for b, v in bands.items()}, flush=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 
 

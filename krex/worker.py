@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import ctypes
 import errno
 import importlib
 import io
@@ -63,35 +64,68 @@ _FRAMEWORK = ("torch", "triton", "multiprocessing", "concurrent", "logging", "as
 _FRAMEWORK_HELPERS = ("torch._inductor.compile_worker",)
 
 
-def _driver_loaded() -> bool:
-    """Whether the CUDA (or HIP) driver library is mapped in this process: once it is, it may
-    be initialised, and a forked child could not use the GPU."""
+def _driver_loaded() -> str | None:
+    """The path of the CUDA (or HIP) driver library mapped in this process, or None."""
     with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-        return any("libcuda.so" in line or "libamdhip64.so" in line for line in f)
+        for line in f:
+            path = line.split(maxsplit=5)[-1].strip()
+            if "libcuda.so" in path or "libamdhip64.so" in path:
+                return path
+    return None
 
 
-class DriverLoaded(RuntimeError):
-    """A preload module loaded the GPU driver: children forked after it could not use it."""
+_CUDA_ERROR_NOT_INITIALIZED = 3
+
+
+def driver_initialized() -> bool:
+    """Whether the GPU driver is initialised in this process: then a child forked from it
+    could not use the GPU. Loaded is not initialised (importing torch loads libcuda on the
+    H200 box and forked children use the GPU fine: docs/results/h200-pool/probe/); the real
+    driver answers any call before cuInit with CUDA_ERROR_NOT_INITIALIZED. The simulated one
+    initialises on any call, so there loaded counts as initialised."""
+    path = _driver_loaded()
+    if path is None:
+        return False
+    if os.environ.get("KREX_SIM_SHM") or "libcuda.so" not in path:
+        return True  # the simulated driver, or HIP's: none we can ask
+    torch = sys.modules.get("torch")
+    with contextlib.suppress(Exception):
+        if torch is not None and torch.cuda.is_initialized():
+            return True
+    try:
+        cu = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        return True
+    ask = getattr(cu, "cuDeviceGetCount", None)
+    if ask is None:
+        return True
+    count = ctypes.c_int()
+    return bool(ask(ctypes.byref(count)) != _CUDA_ERROR_NOT_INITIALIZED)
+
+
+class DriverInitialized(RuntimeError):
+    """A preload module initialised the GPU driver: children forked after it could not use
+    the GPU."""
 
     def __init__(self, module: str) -> None:
         super().__init__(
-            f"importing {module} loaded the GPU driver: children forked after it could not "
-            "use the GPU (leave it out of [pool] preload)"
+            f"importing {module} initialised the GPU driver: children forked after it could "
+            "not use the GPU (leave it out of [pool] preload)"
         )
         self.module = module
 
 
 def warm_up(preload: list[str]) -> list[str]:
-    """Import the preload modules; returns those skipped, each with why. DriverLoaded when
-    one's import loads the GPU driver (the process is then unfit to fork commands)."""
+    """Import the preload modules; returns those skipped, each with why. DriverInitialized
+    when one's import initialises the GPU driver (the process is then unfit to fork)."""
     skipped = []
     for name in preload:
         try:
             importlib.import_module(name)
         except Exception as e:  # a module that cannot be imported here is just not preloaded
             skipped.append(f"{name} ({type(e).__name__}: {e})")
-        if _driver_loaded():
-            raise DriverLoaded(name)
+        if driver_initialized():
+            raise DriverInitialized(name)
     return skipped
 
 
@@ -498,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     preload = [m for m in args.preload.split(",") if m]
     try:
         skipped = warm_up(preload)
-    except DriverLoaded as e:
+    except DriverInitialized as e:
         # Start again without it: a fresh image, the same process for the daemon.
         print(f"krex worker {args.worker}: {e}; starting again without it", file=sys.stderr)
         rest = ",".join(m for m in preload if m != e.module)

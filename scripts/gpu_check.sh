@@ -25,7 +25,7 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # pool (scripts/bench/pool_check.py: the warm pool against cold commands), readme (the README's
 # real-GPU block as written), security (scripts/gpu/security_check.py), fidelity
 # (scripts/bench/fidelity_check.py; FIDELITY_PHASES), fidelity-probe (PROBE_PARTS) and
-# pool-probe (scripts/bench/fidelity_probe.py, pool_probe.py),
+# pool-probe (scripts/bench/fidelity_probe.py, pool_probe.py), warm (warm_check.py),
 # bench (krex bench run: BENCH_PROFILE, default quick; BENCH_CONCURRENCY, default 8;
 # BENCH_TASKS, default all; BENCH_MODES, default exclusive,shared,krex),
 # mgpu-native and mgpu-krex (scripts/bench/multi_gpu.py on a node of two GPUs: the native
@@ -84,6 +84,10 @@ fi
 if [[ " $PARTS " == *" pool-probe "* ]]; then
     echo "== a compile command's teardown; fork-server start cost (scripts/bench/pool_probe.py)"
     python3 scripts/bench/pool_probe.py --json "$OUT/pool_probe.json" --log "$OUT/pool_probe.log" || rc=1
+fi
+if [[ " $PARTS " == *" warm "* ]]; then
+    echo "== the fork-server pool: preloads, a compute-bound kernel warm vs exclusive, walls"
+    python3 scripts/bench/warm_check.py --json "$OUT/warm_check.json" || rc=1
 fi
 if [[ " $PARTS " == *" pool "* ]]; then
     echo "== the warm pool: a typical command cold vs warm; 32 commands at 8 slots"

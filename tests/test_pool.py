@@ -523,6 +523,6 @@ def test_a_preload_that_loads_the_driver_is_dropped_and_the_pool_serves(tmp_path
         """)  # fmt: skip
         assert r.rc == 0 and r.report["pool"] == "warm", r.err
         assert r.out.split() == ["True", "False"], r.out
-        assert "importing loads_driver loaded the GPU driver" in d.log.read_text()
+        assert "importing loads_driver initialised the GPU driver" in d.log.read_text()
     finally:
         d.stop()

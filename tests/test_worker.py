@@ -1,5 +1,5 @@
 """krex/worker.py's parts that need no daemon: which exit handlers are the command's own, the
-order they run in, and the refusal to fork after a preload loaded the GPU driver."""
+order they run in, and the refusal to fork after a preload initialised the GPU driver."""
 
 from __future__ import annotations
 
@@ -49,28 +49,54 @@ def test_captured_handlers_run_last_registered_first_own_before_frameworks() -> 
     assert ran == ["third", "framework"]
 
 
-def test_a_preload_that_loads_the_driver_is_refused(tmp_path: Path) -> None:
-    """A child forked after the driver is loaded could not use the GPU: the worker refuses to
-    start, naming the module (run in a process of its own: the test's stays clean)."""
-    lib = tmp_path / "libcuda.so.1"
-    src = tmp_path / "x.c"
-    src.write_text("int krex_test_symbol(void) { return 1; }\n")
+def _fake_driver(tmp: Path, body: str) -> Path:
+    """A libcuda.so.1 of our own in a directory of its own."""
+    d = tmp / f"drv-{abs(hash(body))}"
+    d.mkdir()
+    src = d / "x.c"
+    src.write_text(body)
+    lib = d / "libcuda.so.1"
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
-    (tmp_path / "loads_driver.py").write_text(f"import ctypes\nctypes.CDLL({str(lib)!r})\n")
+    return lib
+
+
+def _warm_up_with(tmp: Path, lib: Path, sim: bool) -> list[str]:
+    """warm_up(["json", "not_a_module_at_all", "loads_driver"]) in a process of its own (the
+    test's stays clean), where loads_driver loads `lib`: its printed outcome."""
+    (lib.parent / "loads_driver.py").write_text(f"import ctypes\nctypes.CDLL({str(lib)!r})\n")
     code = textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {str(tmp_path)!r})
+        import os, sys
+        sys.path.insert(0, {str(lib.parent)!r})
+        os.environ.pop("KREX_SIM_SHM", None)
+        if {sim!r}:
+            os.environ["KREX_SIM_SHM"] = "/krex-test-sim"
         from krex import worker
         print(worker.warm_up(["json", "not_a_module_at_all"]))
         try:
-            worker.warm_up(["loads_driver"])
-        except worker.DriverLoaded as e:
+            print("kept:", worker.warm_up(["loads_driver"]))
+        except worker.DriverInitialized as e:
             print("refused:", e.module, e)
     """)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    skipped, refused = p.stdout.splitlines()
+    return p.stdout.splitlines()
+
+
+def test_a_preload_that_initialises_the_driver_is_refused(tmp_path: Path) -> None:
+    """A child forked after the driver is initialised could not use the GPU: the worker
+    refuses such a preload, naming it. Loaded is not initialised: the real driver answers
+    CUDA_ERROR_NOT_INITIALIZED (3) before cuInit, and such a preload is kept."""
+    fresh = _fake_driver(tmp_path, "int cuDeviceGetCount(int *n) { *n = 0; return 3; }\n")
+    ready = _fake_driver(tmp_path, "int cuDeviceGetCount(int *n) { *n = 1; return 0; }\n")
+    mute = _fake_driver(tmp_path, "int krex_test_symbol(void) { return 1; }\n")
+    skipped, kept = _warm_up_with(tmp_path, fresh, sim=False)
     assert "not_a_module_at_all (ModuleNotFoundError" in skipped
-    assert refused.startswith("refused: loads_driver importing loads_driver loaded the GPU"), (
-        refused
-    )
+    assert kept == "kept: []", kept
+    for lib in (ready, mute):  # initialised; a driver that cannot be asked
+        _, refused = _warm_up_with(tmp_path, lib, sim=False)
+        assert refused.startswith("refused: loads_driver importing loads_driver initialised"), (
+            refused
+        )
+    # The simulated driver initialises on any call: there, loaded counts as initialised.
+    _, refused = _warm_up_with(tmp_path, fresh, sim=True)
+    assert refused.startswith("refused: loads_driver"), refused

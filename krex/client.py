@@ -578,7 +578,8 @@ def _run_once(opts: RunOptions) -> tuple[int, dict[str, Any]]:
         _wait(pid)
         print(f"krex run: the daemon could not take the command in: {e}", file=sys.stderr)
         return EXIT_KREX, {}
-    os.write(go, b"g")
+    with contextlib.suppress(BrokenPipeError):  # it died before its exec: its status says how
+        os.write(go, b"g")
     os.close(go)
     why = os.read(err, 4096).decode(errors="replace")
     os.close(err)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import mmap
+import os
 import signal
 import struct
 import subprocess
@@ -75,6 +76,37 @@ def running(d: Daemon) -> Iterator[Daemon]:
     finally:
         d.stop()
         assert d.proc is not None and d.proc.returncode == 0, d.log.read_text()
+
+
+def wait_pool_ready(d: Daemon, n: int, timeout_s: float = 60.0) -> dict[str, Any]:
+    """Until n warm workers of GPU 0 are ready; their pool status."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        st = d.status()
+        assert st is not None
+        p = st["gpus"][0]["pool"]
+        if p["idle"] >= n:
+            return dict(p)
+        time.sleep(0.05)
+    raise AssertionError(f"no {n} ready worker(s): {d.status()}\n{d.log.read_text()[-3000:]}")
+
+
+def preloading_daemon(tmp: Path, modules: Path, preload: list[str]) -> Daemon:
+    """A started daemon with one warm worker that preloads `preload`, found in `modules` (on
+    the daemon's PYTHONPATH, so its workers have it too)."""
+    cfg = tmp / "config.toml"
+    cfg.write_text(f"[pool]\npreload = {json.dumps(preload)}\n")
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(modules)
+    try:
+        d = Daemon(tmp / "krex.sock", "--pool", "1", "--config", str(cfg))
+        d.start()
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = old
+    return d
 
 
 def run_argv(d: Daemon) -> list[str]:

@@ -193,6 +193,42 @@ def test_a_command_that_cannot_start_exits_127(daemon: Daemon) -> None:
     assert p.stderr.count("\n") == 1 and "cannot start /nonexistent/benchmark" in p.stderr
 
 
+# krex run, with the command SIGKILLed after its fork and before its exec (as a harness that
+# kills krex run's children can): the daemon's answer to `started` comes once it is dead.
+KILLED_BEFORE_EXEC = textwrap.dedent("""
+    import os, signal, sys
+    from krex import cli, client
+    send, recv, started = client.Connection.send, client.Connection.recv, []
+    def spy(self, msg):
+        if msg.get("op") == "started":
+            started.append(msg["pid"])
+        return send(self, msg)
+    def late(self, *a, **k):
+        reply = recv(self, *a, **k)
+        if started and started[-1] > 0:
+            os.kill(started[-1], signal.SIGKILL)
+            os.waitid(os.P_PID, started[-1], os.WEXITED | os.WNOWAIT)
+            started[-1] = 0
+        return reply
+    client.Connection.send, client.Connection.recv = spy, late
+    sys.argv = ["krex", "run", "--sim", "--socket", sys.argv[1], "--", "true"]
+    cli.main()
+""")
+
+
+def test_a_command_killed_before_its_exec_gives_137(daemon: Daemon) -> None:
+    """Its status is the kill's (137), with nothing on stderr of krex's own: before, krex
+    run's go-ahead to the dead child raised EPIPE and it exited 1 silently (one soak run in
+    four, tests/test_faults.py)."""
+    p = subprocess.run(
+        [sys.executable, "-c", KILLED_BEFORE_EXEC, str(daemon.socket)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 128 + signal.SIGKILL, (p.returncode, p.stderr)
+
+
 def test_exit_status_and_signals_are_the_commands_own(daemon: Daemon) -> None:
     p = subprocess.run(
         [

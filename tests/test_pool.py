@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import KREX, Counter, Daemon, assert_frozen_for_the_region
+from helpers import (
+    KREX,
+    Counter,
+    Daemon,
+    assert_frozen_for_the_region,
+    preloading_daemon,
+    wait_pool_ready,
+)
 
 from krex.pool import plan
 
@@ -29,23 +36,11 @@ from krex.pool import plan
 def pool(tmp_path: Path) -> Iterator[Daemon]:
     d = Daemon(tmp_path / "krex.sock", "--pool", "1")
     d.start()
-    wait_idle(d, 1)
+    wait_pool_ready(d, 1)
     try:
         yield d
     finally:
         d.stop()
-
-
-def wait_idle(d: Daemon, n: int, timeout_s: float = 60.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        st = d.status()
-        assert st is not None
-        p = st["gpus"][0]["pool"]
-        if p["idle"] >= n:
-            return dict(p)
-        time.sleep(0.05)
-    raise AssertionError(f"no {n} idle worker(s): {d.status()}\n{d.log.read_text()[-3000:]}")
 
 
 class Result:
@@ -240,7 +235,7 @@ def test_a_dying_command_gives_its_status_and_the_pool_serves_on(
     first = krun(pool, tmp_path, "import os\nprint(os.getppid())\n")
     r = krun(pool, tmp_path, script)
     assert (r.rc, r.report["pool"], r.report["exit_code"]) == (status, "warm", status), r.err
-    wait_idle(pool, 1)
+    wait_pool_ready(pool, 1)
     after = krun(pool, tmp_path, "import os\nprint(os.getppid())\n")
     assert after.rc == 0 and after.report["pool"] == "warm", after.err
     if status == 0:
@@ -395,7 +390,7 @@ def test_sixteen_commands_at_once_all_run_warm_from_one_worker(tmp_path: Path) -
     d = Daemon(tmp_path / "krex.sock", "--pool", "1", "--slots", "16")
     d.start()
     try:
-        wait_idle(d, 1)
+        wait_pool_ready(d, 1)
         script = tmp_path / "ctx.py"
         script.write_text(
             "import os\nfrom krex.simgpu import SimGPU\ng = SimGPU()\ng.launch(1000)\n"
@@ -433,7 +428,7 @@ def test_a_warm_sibling_makes_no_progress_while_a_warm_region_is_held(tmp_path: 
     d = Daemon(tmp_path / "krex.sock", "--pool", "2")
     d.start()
     try:
-        wait_idle(d, 2)
+        wait_pool_ready(d, 2)
         sib = Counter(d)
         try:
             assert_frozen_for_the_region(d, sib, 1.0)
@@ -478,7 +473,7 @@ def test_the_signal_freezer_moves_a_worker_between_tenant_and_pool(tmp_path: Pat
     d = Daemon(tmp_path / "krex.sock", "--config", str(cfg), "--pool", "2")
     d.start()
     try:
-        wait_idle(d, 2)
+        wait_pool_ready(d, 2)
         sib = Counter(d)
         try:
             for _ in range(2):  # the second time from a worker that has forked before
@@ -499,20 +494,9 @@ def test_a_preload_that_loads_the_driver_is_dropped_and_the_pool_serves(tmp_path
     mods = tmp_path / "mods"
     mods.mkdir()
     (mods / "loads_driver.py").write_text("import ctypes\nctypes.CDLL('libcuda.so.1')\n")
-    cfg = tmp_path / "config.toml"
-    cfg.write_text('[pool]\npreload = ["json", "loads_driver"]\n')
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(mods)
+    d = preloading_daemon(tmp_path, mods, ["json", "loads_driver"])
     try:
-        d = Daemon(tmp_path / "krex.sock", "--pool", "1", "--config", str(cfg))
-        d.start()
-    finally:
-        if old is None:
-            os.environ.pop("PYTHONPATH")
-        else:
-            os.environ["PYTHONPATH"] = old
-    try:
-        wait_idle(d, 1)
+        wait_pool_ready(d, 1)
         r = krun(d, tmp_path, """
             import sys
             from krex.simgpu import SimGPU

@@ -6,7 +6,6 @@ docs/results/h200-pool/probe/)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from typing import Any
 
 import psutil
 import pytest
-from helpers import HOLDER, KREX, Daemon, krex_run
+from helpers import HOLDER, KREX, Daemon, krex_run, preloading_daemon, wait_pool_ready
 
 TORCH = textwrap.dedent("""
     # A stand-in for torch: its settings, its seed, and torch.compile's leftovers: a helper
@@ -41,21 +40,11 @@ TORCH = textwrap.dedent("""
 """)
 
 
-def _wait_ready(d: Daemon, n: int = 1) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        st = d.status()
-        if st is not None and st["gpus"][0]["pool"]["idle"] >= n:
-            return
-        time.sleep(0.05)
-    raise AssertionError(d.log.read_text()[-3000:])
-
-
 @pytest.fixture
 def pool(tmp_path: Path) -> Iterator[Daemon]:
     d = Daemon(tmp_path / "krex.sock", "--pool", "1")
     d.start()
-    _wait_ready(d)
+    wait_pool_ready(d, 1)
     try:
         yield d
     finally:
@@ -68,19 +57,8 @@ def torch_pool(tmp_path: Path) -> Iterator[Daemon]:
     fake = tmp_path / "fake"
     (fake / "torch").mkdir(parents=True)
     (fake / "torch" / "__init__.py").write_text(TORCH)
-    cfg = tmp_path / "config.toml"
-    cfg.write_text('[pool]\npreload = ["torch"]\n')
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(fake)
-    try:
-        d = Daemon(tmp_path / "krex.sock", "--pool", "1", "--config", str(cfg))
-        d.start()
-    finally:
-        if old is None:
-            os.environ.pop("PYTHONPATH")
-        else:
-            os.environ["PYTHONPATH"] = old
-    _wait_ready(d)
+    d = preloading_daemon(tmp_path, fake, ["torch"])
+    wait_pool_ready(d, 1)
     try:
         yield d
     finally:

@@ -144,7 +144,6 @@ class Job:
 class Zygote:
     """The fork server's state: its sockets and the jobs the daemon authorised."""
 
-    listen: str
     listener: socket.socket
     ctl: socket.socket
     tokens: dict[str, float] = field(default_factory=dict)  # token -> deadline
@@ -194,25 +193,13 @@ class Zygote:
         except BlockingIOError:
             return None
         conn.settimeout(FRAME_S)
+        fds: list[int] = []
         try:
             msg, fds = wire.recv_frame(conn, max_fds=3)
-        except (OSError, ProtocolError) as e:
-            print(f"krex worker: a bad job message: {e}", file=sys.stderr)
-            conn.close()
-            return None
-        token = msg.get("token") if msg is not None else None
-        if msg is None or not isinstance(token, str) or self.tokens.pop(token, None) is None:
-            for fd in fds:
-                os.close(fd)
-            conn.close()
-            print("krex worker: refused a client (no job for its token)", file=sys.stderr)
-            return None
-        if len(fds) != 3:
-            for fd in fds:
-                os.close(fd)
-            conn.close()
-            return None
-        try:
+            if msg is None or self.tokens.pop(str(msg.get("token")), None) is None:
+                raise ProtocolError("no job for its token")
+            if len(fds) != 3:
+                raise ProtocolError("no stdin, stdout and stderr with it")
             job = Job(
                 conn=conn,
                 inv=Invocation(**msg["invocation"]),
@@ -220,19 +207,15 @@ class Zygote:
                 env={str(k): str(v) for k, v in msg["env"].items()},
                 fds=fds,
             )
-        except (KeyError, TypeError, AttributeError) as e:
-            print(f"krex worker: a bad job message: {e}", file=sys.stderr)
-            for fd in fds:
-                os.close(fd)
-            conn.close()
+        except (OSError, ProtocolError, KeyError, TypeError, AttributeError) as e:
+            print(f"krex worker: refused a client: {e}", file=sys.stderr)
+            _close(conn, fds)
             return None
         pid = os.fork()
         if pid == 0:
             return job
         self.children.add(pid)
-        for fd in fds:
-            os.close(fd)
-        conn.close()
+        _close(conn, fds)
         return None
 
     def reap(self) -> None:
@@ -248,6 +231,12 @@ class Zygote:
             self.children.discard(pid)
             code = os.waitstatus_to_exitcode(status) if done == pid else 0
             self.tell({"op": "exited", "pid": pid, "status": code if code >= 0 else 128 - code})
+
+
+def _close(conn: socket.socket, fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+    conn.close()
 
 
 # The child: from the worker's state to the command's.
@@ -556,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the pipe
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    z = Zygote(args.listen, listener, ctl)
+    z = Zygote(listener, ctl)
     z.tell(
         {
             "op": "worker_ready",

@@ -510,3 +510,33 @@ def test_a_preload_that_loads_the_driver_is_dropped_and_the_pool_serves(tmp_path
         assert "importing loads_driver initialised the GPU driver" in d.log.read_text()
     finally:
         d.stop()
+
+
+def test_a_client_without_a_lease_gets_no_fork(pool: Daemon, tmp_path: Path) -> None:
+    """The worker forks only for a token the daemon gave a leased command: another process
+    of ours connecting to its socket with any other token is refused, and nothing runs."""
+    import socket as socketlib
+
+    from krex import wire
+
+    st = pool.status()
+    assert st is not None
+    listen = next(pool.socket.parent.glob(pool.socket.name + ".w*"))
+    marker = tmp_path / "ran"
+    job = {
+        "token": "0" * 32,
+        "invocation": {"kind": "code", "target": f"open({str(marker)!r}, 'w')", "args": []},
+        "cwd": str(tmp_path),
+        "env": {},
+    }
+    s = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(str(listen))
+    wire.send_frame(s, job, [0, 1, 2])
+    msg, _ = wire.recv_frame(s)
+    s.close()
+    assert msg is None, "refused: the connection closes with no child's pid"
+    time.sleep(0.5)
+    assert not marker.exists()
+    assert "refused a client: no job for its token" in pool.log.read_text()
+    assert krun(pool, tmp_path, "pass\n").report["pool"] == "warm", "the worker serves on"

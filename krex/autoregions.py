@@ -7,7 +7,8 @@ already is). A wrapped call is one region from its first line to its return, so 
 of a timing call: do_bench's first call, its estimate, warm-up, L2 flushes and final sync
 (docs/user-guide.md, "Auto-regions"). Where the installed torch has Inductor's
 `set_gpu_benchmark_lock_context` (pytorch PR #184905), every Inductor GPU benchmark is put in a
-region through it as well.
+region through it as well; on torch 2.11, which predates it, through its benchmarkers'
+`benchmark_gpu` (INDUCTOR_FALLBACK); on other releases without it, one warning.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ DEFAULT_AUTO_REGIONS = (
 # context managers that must allow nested entry from one thread, which regions do.
 INDUCTOR_MODULE = "torch._inductor.runtime.benchmarking"
 INDUCTOR_HOOK = "set_gpu_benchmark_lock_context"
+# Without the hook: the benchmarkers every Inductor GPU benchmark goes through (max-autotune's
+# choices, coordinate descent, the Triton configs of its kernels), read from torch 2.11's
+# torch/_inductor/runtime/benchmarking.py; wrapped only on the releases they were read from.
+INDUCTOR_FALLBACK = ("TritonBenchmarker.benchmark_gpu", "InductorBenchmarker.benchmark_gpu")
+INDUCTOR_FALLBACK_TORCH = ("2.11.",)
 
 AUTO_DIR = Path(__file__).resolve().parent / "_auto"
 
@@ -211,7 +217,8 @@ def _lookup(owner: Any, attr: str) -> Any:
 def _register_inductor(module: ModuleType) -> None:
     setter = getattr(module, INDUCTOR_HOOK, None)
     if not callable(setter):
-        return  # an older torch: its benchmarks are covered only by the wrapped callables
+        _inductor_fallback(module)
+        return
     previous = setter(_inductor_region)
     if previous is None or previous is _inductor_region or getattr(previous, WRAPPED_MARK, False):
         return  # nothing of theirs to keep, or ours already
@@ -225,6 +232,23 @@ def _register_inductor(module: ModuleType) -> None:
 
     setattr(both, WRAPPED_MARK, True)
     setter(both)
+
+
+def _inductor_fallback(module: ModuleType) -> None:
+    """A torch without the hook: its benchmarkers' benchmark_gpu wrapped, on the releases
+    INDUCTOR_FALLBACK was read from; elsewhere one warning (a patch of internals we have not
+    read could wrap the wrong thing)."""
+    version = str(getattr(sys.modules.get("torch"), "__version__", "") or "")
+    if not version.startswith(INDUCTOR_FALLBACK_TORCH):
+        print(
+            f"krex: auto-regions: Inductor's GPU benchmarks are not in regions on torch "
+            f"{version or '(unknown)'}: it has no {INDUCTOR_HOOK}, and the fallback is for "
+            f"torch {', '.join(v.rstrip('.') for v in INDUCTOR_FALLBACK_TORCH)}",
+            file=sys.stderr,
+        )
+        return
+    for path in INDUCTOR_FALLBACK:
+        _wrap(module, path)
 
 
 def _inductor_region() -> contextlib.AbstractContextManager[None]:

@@ -532,6 +532,62 @@ def test_auto_regions_register_into_inductors_lock_hook(daemon: FakeDaemon, tmp_
     assert daemon.ops() == ["region_begin", "region_end"]
 
 
+FAKE_BENCHMARKING = """
+# torch 2.11's benchmarking module, its shape: no lock hook; the benchmarkers' benchmark_gpu.
+class Benchmarker:
+    def benchmark_gpu(self, _callable, **kwargs):
+        raise NotImplementedError
+
+
+class TritonBenchmarker(Benchmarker):
+    def benchmark_gpu(self, _callable, **kwargs):
+        _callable()
+        return 1.0
+
+
+class InductorBenchmarker(TritonBenchmarker):
+    def benchmark_gpu(self, _callable, estimation_iters=5, memory_warmup_iters=100,
+                      benchmark_iters=100, max_benchmark_duration=25, **kwargs):
+        _callable()
+        return 0.5
+
+
+benchmarker = InductorBenchmarker()
+"""
+
+
+@pytest.mark.parametrize(("version", "covered"), [("2.11.0+cu130", True), ("2.9.1", False)])
+def test_without_the_hook_inductors_benchmarkers_are_wrapped_on_torch_2_11(
+    daemon: FakeDaemon, tmp_path: Path, version: str, covered: bool
+) -> None:
+    """torch 2.11 predates the lock hook: each of its benchmarkers' benchmark_gpu calls (one
+    per max-autotune choice or Triton config) is a region; on a release the fallback was not
+    read from, nothing is patched and one warning says so."""
+    package = tmp_path / "torch" / "_inductor" / "runtime"
+    package.mkdir(parents=True)
+    (tmp_path / "torch" / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    for directory in (package, package.parent):
+        (directory / "__init__.py").write_text("")
+    (package / "benchmarking.py").write_text(FAKE_BENCHMARKING)
+    script = textwrap.dedent("""
+        from torch._inductor.runtime.benchmarking import TritonBenchmarker, benchmarker
+        print(benchmarker.benchmark_gpu(lambda: None), TritonBenchmarker().benchmark_gpu(int))
+        """)
+    env = clean_env(**autoregions.env_for(["nomodule.f"], {"PYTHONPATH": str(tmp_path)}))
+    env.update(daemon.env(TENANT))
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert (result.returncode, result.stdout) == (0, "0.5 1.0\n"), result.stderr
+    if covered:
+        assert result.stderr == ""
+        assert daemon.ops() == ["region_begin", "region_end"] * 2
+    else:
+        assert daemon.ops() == []
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and "not in regions on torch 2.9.1" in lines[0], result.stderr
+
+
 @pytest.fixture
 def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """install() in this process without leaving its finder or names behind."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from krex import __version__, fidelity, wire
+from krex import __version__, wire
 from krex.config import Config, ConfigError, parse_size
 from krex.errors import KrexError, ProtocolError
 from krex.machinery import NodeMachinery
@@ -125,7 +125,6 @@ class Daemon:
         self.nvml = None if cfg.sim or self.vendor == "amd" else Nvml.open()
         self.metrics = Metrics(n)
         self.machinery = NodeMachinery(cfg, self.gpus, self.segments, self.nvml)
-        self.process_history = fidelity.ProcessHistory()
         self.regions = Regions(
             self.gpus,
             self.machinery,
@@ -638,10 +637,6 @@ class Daemon:
                 raise ProtocolError("expected region_end")
             return
         record = self.regions.release(region, why="region_end")
-        # The record is also the one in t.regions (the report): one warning serves both.
-        earlier = self.process_history.note(conn.peer.pid, t.id)
-        if earlier and region.granted:
-            record["warnings"].append(fidelity.process_history(conn.peer.pid, earlier))
         await conn.send({"ok": True, "region": record})
 
     # Accounting.

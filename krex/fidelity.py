@@ -8,10 +8,11 @@ clean region's timing and are out of krex's hands once the region begins:
   clocks down under its power limit, and a compute-bound kernel measures up to about 12 %
   slower than after a quiet spell;
 - placement: where a multi-GiB buffer lands in device memory, which depends on what else is
-  resident, moves a bandwidth-bound kernel over it by up to about 5 %;
-- process history: a compute-bound kernel's first measurement in a process is its fast one,
-  and later ones in the same process read 12-15 % slower, even after 30 s idle; a warm pool
-  worker that measured for an earlier command carries that into the next one.
+  resident, moves a bandwidth-bound kernel over it by up to about 5 %.
+
+A third, the process's own history (a compute-bound kernel's later measurements in a process
+read slower than its first), krex no longer adds: every command runs in a fresh process, warm
+ones too (docs/pool.md).
 
 Each becomes a named warning in the record's `warnings` (counted by `krex bench`), with the
 numbers behind it among the record's fields; a warning does not make a region unclean.
@@ -21,8 +22,6 @@ from __future__ import annotations
 
 from collections import deque
 from typing import Any
-
-from krex.procs import start_time
 
 GIB = 1 << 30
 HISTORY_S = 10.0  # the window before a grant whose mean power the record gives
@@ -56,29 +55,6 @@ class PowerHistory:
         if best is None or energy_mj < best[1]:
             return None
         return (energy_mj - best[1]) / 1000 / (t - best[0])
-
-
-class ProcessHistory:
-    """Which commands (tenants) held a region in each process: a pool worker's process runs
-    many. Keyed by pid and the process's start time (a reused pid starts afresh)."""
-
-    def __init__(self, keep: int = 4096) -> None:
-        self._seen: dict[int, tuple[float | None, set[int]]] = {}
-        self._keep = keep
-
-    def note(self, pid: int, tenant: int) -> int:
-        """Count a region of `tenant` in process `pid`; returns how many other tenants held
-        a region in that process before."""
-        started = start_time(pid)
-        prev = self._seen.get(pid)
-        if prev is None or prev[0] != started:
-            if len(self._seen) >= self._keep:
-                self._seen = {p: v for p, v in self._seen.items() if start_time(p) == v[0]}
-            prev = (started, set())
-            self._seen[pid] = prev
-        earlier = len(prev[1] - {tenant})
-        prev[1].add(tenant)
-        return earlier
 
 
 def power_fields(grant: dict[str, Any], end: dict[str, Any], duration_s: float) -> dict[str, Any]:
@@ -130,13 +106,3 @@ def warnings(
             "by up to about 5 %",
         })  # fmt: skip
     return out
-
-
-def process_history(pid: int, earlier: int) -> dict[str, str]:
-    """The warning for a region in a process that measured for `earlier` other commands."""
-    return {
-        "name": "process_history",
-        "detail": f"process {pid} (a warm pool worker) held regions for {earlier} earlier "
-        "command(s): a compute-bound kernel's later measurements in one process read up to "
-        "about 15 % slower than its first",
-    }

@@ -125,8 +125,8 @@ def test_each_command_sees_a_fresh_interpreter(pool: Daemon, tmp_path: Path) -> 
 
 
 def test_regions_of_consecutive_commands_in_one_worker(pool: Daemon, tmp_path: Path) -> None:
-    """Each command's regions are its own tenant's, and each measures as a process's first:
-    no process_history warning (docs/results/h200-fidelity/run2/), as in a cold command."""
+    """Each command's regions are its own tenant's, in a process of its own: no warning about
+    what another command did in the process (docs/results/h200-fidelity/run2/)."""
     script = """
         import os, krex
         names = []

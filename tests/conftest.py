@@ -1,4 +1,5 @@
-"""Shared fixtures: the built native pieces, compiled C test programs, and a simulated node.
+"""Shared fixtures: the built native pieces, compiled C test programs, a simulated node, and a
+daemon with one warm worker (`pool`).
 
 A simulated node is a fresh KREX segment plus a fresh simulated-GPU segment, both with names
 unique to the test, removed afterwards. `node.env(tenant)` gives the environment a tenant
@@ -14,6 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,3 +152,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[Any]:
+    """A simulated daemon (tests/helpers.py's Daemon) with one warm worker, ready."""
+    from helpers import Daemon, wait_pool_ready  # helpers imports this module
+
+    d = Daemon(tmp_path / "krex.sock", "--pool", "1")
+    d.start()
+    wait_pool_ready(d, 1)
+    try:
+        yield d
+    finally:
+        d.stop()

@@ -15,7 +15,6 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,17 +29,6 @@ from helpers import (
 )
 
 from krex.pool import plan
-
-
-@pytest.fixture
-def pool(tmp_path: Path) -> Iterator[Daemon]:
-    d = Daemon(tmp_path / "krex.sock", "--pool", "1")
-    d.start()
-    wait_pool_ready(d, 1)
-    try:
-        yield d
-    finally:
-        d.stop()
 
 
 class Result:

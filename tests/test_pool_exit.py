@@ -41,17 +41,6 @@ TORCH = textwrap.dedent("""
 
 
 @pytest.fixture
-def pool(tmp_path: Path) -> Iterator[Daemon]:
-    d = Daemon(tmp_path / "krex.sock", "--pool", "1")
-    d.start()
-    wait_pool_ready(d, 1)
-    try:
-        yield d
-    finally:
-        d.stop()
-
-
-@pytest.fixture
 def torch_pool(tmp_path: Path) -> Iterator[Daemon]:
     """A pool whose workers preload the stand-in torch."""
     fake = tmp_path / "fake"

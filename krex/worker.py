@@ -60,7 +60,7 @@ _TORCH_DEFAULT_SEED = 67280421310721
 # run after the exit status is reported (docs/pool.md).
 _FRAMEWORK = ("torch", "triton", "multiprocessing", "concurrent", "logging", "asyncio", "jax")
 # Helper processes a framework leaves to its exit handlers; ended at once after the report
-# (Inductor's compile workers take 6-8 s to shut down: docs/results/h200-pool/probe/).
+# (Inductor's compile workers took 5.5-8 s to shut down: docs/results/h200-pool/probe/).
 _FRAMEWORK_HELPERS = ("torch._inductor.compile_worker",)
 
 

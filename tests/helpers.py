@@ -78,6 +78,22 @@ def running(d: Daemon) -> Iterator[Daemon]:
         assert d.proc is not None and d.proc.returncode == 0, d.log.read_text()
 
 
+def where(pid: int) -> str:
+    """A process's state, kernel wait channel and freezer cgroup, as /proc tells them."""
+    out = []
+    for name in ("status", "wchan", "cgroup"):
+        try:
+            text = Path(f"/proc/{pid}/{name}").read_text()
+        except OSError as e:
+            text = str(e)
+        if name == "status":
+            text = next((x for x in text.splitlines() if x.startswith("State:")), text)
+        elif name == "cgroup":
+            text = " ".join(x for x in text.splitlines() if "freezer" in x or x.startswith("0:"))
+        out.append(f"{name}: {text.strip()}")
+    return "; ".join(out)
+
+
 def wait_pool_ready(d: Daemon, n: int, timeout_s: float = 60.0) -> dict[str, Any]:
     """Until n warm workers of GPU 0 are ready; their pool status."""
     deadline = time.monotonic() + timeout_s
@@ -180,7 +196,14 @@ class Counter:
 
     def stop(self) -> None:
         self.proc.kill()
-        self.proc.wait(timeout=30)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            # Seen once in a full run (2026-12-02): a SIGKILLed `krex run` still there after
+            # 30 s. Say where it was, for the next one to find out why.
+            raise AssertionError(
+                f"krex run outlived SIGKILL by 30 s: {where(self.proc.pid)}"
+            ) from None
 
 
 HOLDER = textwrap.dedent("""

@@ -68,7 +68,9 @@ if [[ " $PARTS " == *" readme "* ]]; then
 fi
 if [[ " $PARTS " == *" security "* ]]; then
     echo "== regions beside ungated work: dlmopen, no shim, a late foreign process; 8 normal slots"
-    python3 scripts/gpu/security_check.py --out "$OUT/security" || rc=1
+    gcc -O2 -o "$BUILD/dlmopen_sibling" scripts/gpu/dlmopen_sibling.c -I"$CUDA_HOME/include" -ldl &&
+        python3 scripts/gpu/security_check.py --out "$OUT/security" \
+            --dlmopen-bin "$BUILD/dlmopen_sibling" --ptx "$BUILD/kernels.ptx" || rc=1
 fi
 if [[ " $PARTS " == *" fidelity "* ]]; then
     echo "== kernels exclusive twice, then under krex beside 7 siblings holding 98 GiB (bw_candidate.py)"

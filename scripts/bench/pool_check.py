@@ -6,11 +6,14 @@ In one run:
    throughput and of each command's timing;
 2. one slot: a daemon with one slot: the commands one at a time through `krex run`, cold
    (`--no-pool`) and warm;
-3. 8 and 16 slots: the commands all at once (16: the mix twice), cold and warm.
+3. 8 and 16 slots: cold, one command per slot, all at once (16: the mix twice); warm, the mix
+   repeated to --commands (default 32, the workload of issue #17), as many at once as there are
+   slots (a command starts as soon as one ends), so that throughput is measured over several
+   waves as an agent's queue runs, not over the slowest command of one.
 Per command: its wall time around `krex run` (until `krex run` returns), whether it ran warm,
 its timing (median_ms) against its exclusive one. Written to --json; a table at the end.
 
-    python3 scripts/bench/pool_check.py --json OUT.json [--phases exclusive,1,8,16]
+    python3 scripts/bench/pool_check.py --json OUT.json [--phases exclusive,1,8,16] [--commands 32]
 """
 
 from __future__ import annotations
@@ -140,6 +143,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
     ap.add_argument("--phases", default="exclusive,1,8,16")
+    ap.add_argument("--commands", type=int, default=32, help="warm commands at 8 and 16 slots")
     args = ap.parse_args()
     phases = args.phases.split(",")
     doc: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
@@ -159,6 +163,8 @@ def main() -> int:
                     cmds = MIX[:4]  # two eager, two compiled: the one-slot phase is long
                 for warm in (False, True):
                     tag = f"{'warm' if warm else 'cold'}{slots}"
+                    if warm and slots > 1:  # several waves (cold: one, for device time)
+                        cmds = (MIX * (1 + args.commands // len(MIX)))[: args.commands]
                     doc[tag] = batch(sock, cmds, warm, tmp, tag, slots)
                     out.write_text(json.dumps(doc, indent=1) + "\n")
                 doc[f"pool_status_{slots}"] = status(False, str(sock))["gpus"][0]["pool"]

@@ -7,3 +7,11 @@ extern "C" __global__ void add_one(float *p, int n)
 }
 
 extern "C" __global__ void empty(void) {}
+
+// Keeps an SM busy for about `cycles` clock cycles (the dlmopen sibling of security_check.py).
+extern "C" __global__ void spin(long long cycles)
+{
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles)
+        ;
+}

@@ -3,15 +3,19 @@ reason, and a normal 8-slot run raises no false flag.
 
 1. normal: 7 torch siblings under `krex run` (matmuls outside regions) and an owner taking 20
    regions (do_bench of a matmul): every region must be clean.
-2. dlmopen: one sibling that loads libcuda.so.1 again with dlmopen(LM_ID_NEWLM) (the shim
-   counts it) beside the owner: its regions must be unclean, naming dlmopen.
+2. dlmopen: one sibling (scripts/gpu/dlmopen_sibling.c) that loads libcuda.so.1 with
+   dlmopen(LM_ID_NEWLM) and launches kernels through that copy only (the shim counts it) beside
+   the owner: its regions must be unclean, naming dlmopen. Before the cases, outside krex and
+   without the shim, the same program and a Python one (torch imported, then ctypes' dlmopen)
+   are started once each, to record whether this driver runs a dlmopen'd copy at all.
    noshim: one sibling whose GPU process runs without the shim (`env -u LD_PRELOAD`, inside
    its tenant): the owner's regions must be unclean, naming the process with no slot.
 3. late foreign: an owner region of 3 s; 1 s into it a process outside krex (torch already
    imported) starts matmuls: the region must be unclean, naming the foreign process at the
    region's end.
 
-    python3 scripts/gpu/security_check.py --out DIR      (writes DIR/security_check.json)
+    python3 scripts/gpu/security_check.py --out DIR --dlmopen-bin BIN --ptx PTX
+    (writes DIR/security_check.json; BIN and PTX as scripts/gpu_check.sh builds them)
 """
 
 from __future__ import annotations
@@ -78,9 +82,11 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _sibling(tmp: Path, kind: str) -> list[str]:
+def _sibling(tmp: Path, kind: str, dl: list[str]) -> list[str]:
     """A sibling's command; "noshim" starts its GPU process without the shim (its tenant's child
-    with LD_PRELOAD unset: no slot)."""
+    with LD_PRELOAD unset: no slot); "dlmopen" is `dl` (the C program and its PTX)."""
+    if kind == "dlmopen":
+        return dl
     argv = [sys.executable, str(tmp / "sibling.py"), "plain" if kind == "noshim" else kind]
     return ["env", "-u", "LD_PRELOAD", *argv] if kind == "noshim" else argv
 
@@ -95,10 +101,33 @@ def _run(sock: Path, *argv: str) -> subprocess.Popen[str]:
     )
 
 
+def _native(argv: list[str], timeout: float = 60.0) -> dict[str, Any]:
+    """Starts `argv` outside krex and without the shim; its outcome once it printed "ready" (then
+    killed), or exited, or after `timeout`."""
+    t0 = time.monotonic()
+    pipe = subprocess.PIPE
+    p = subprocess.Popen(argv, env=_env(), stdout=pipe, stderr=pipe, text=True)
+    assert p.stdout is not None
+    line = p.stdout.readline().strip()  # "ready", or "" once it exited
+    ready = line == "ready"
+    if ready:
+        p.kill()
+    try:
+        _, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+    return {"ready": ready, "rc": p.returncode, "s": round(time.monotonic() - t0, 2),
+            "stderr": err[-800:]}  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--dlmopen-bin", required=True)
+    ap.add_argument("--ptx", required=True)
     args = ap.parse_args()
+    dl = [str(Path(args.dlmopen_bin).resolve()), str(Path(args.ptx).resolve())]
     args.out.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     with tempfile.TemporaryDirectory(prefix="krex-sec-") as d:
@@ -106,6 +135,12 @@ def main() -> int:
         (tmp / "sibling.py").write_text(SIBLING)
         (tmp / "owner.py").write_text(OWNER)
         (tmp / "hold.py").write_text(HOLD)
+        # Does this driver run through a dlmopen'd copy at all, with no krex and no shim?
+        doc["dlmopen_native"] = {
+            "c": _native(dl),
+            "python_after_torch": _native([sys.executable, str(tmp / "sibling.py"), "dlmopen"]),
+        }
+        print("dlmopen outside krex:", json.dumps(doc["dlmopen_native"]), flush=True)
         sock = tmp / "krex.sock"
         log = open(args.out / "daemon.log", "wb")  # noqa: SIM115
         daemon = subprocess.Popen(
@@ -121,7 +156,7 @@ def main() -> int:
                 time.sleep(0.1)
             cases = (("normal", ["plain"] * 7), ("dlmopen", ["dlmopen"]), ("noshim", ["noshim"]))
             for case, kinds in cases:
-                sibs = [_run(sock, *_sibling(tmp, k)) for k in kinds]
+                sibs = [_run(sock, *_sibling(tmp, k, dl)) for k in kinds]
                 failed = [s for s in sibs if not s.stdout or s.stdout.readline().strip() != "ready"]
                 if failed:  # a sibling that cannot start (e.g. this driver refuses dlmopen)
                     for s in sibs:

@@ -20,6 +20,7 @@ import fcntl
 import os
 import re
 import signal
+import stat
 import threading
 import time
 from collections.abc import Iterable
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import psutil
 
+from krex import trust
 from krex.errors import KrexError
 from krex.kernelfs import read as _read
 from krex.procs import self_and_ancestors
@@ -295,13 +297,44 @@ def _check_root(root: str) -> None:
         )
 
 
+# The control files of a group that krex writes: whoever else can write one can thaw a frozen
+# sibling mid-region or move processes out of the group krex freezes.
+_CONTROL_FILES = ("cgroup.procs", "cgroup.freeze", "freezer.state", "cpuset.cpus", "cpuset.mems")
+
+
 def _mkdir(path: str) -> None:
+    """Create the cgroup `path`, or take up an existing one only when it is ours (issue #16):
+    a directory (not a symlink) owned by us or root, it and its control files writable by
+    nobody else; refused with TenantsError otherwise."""
     try:
         os.mkdir(path)
     except FileExistsError:
         pass
     except OSError as e:
         raise TenantsError(f"Cannot create the cgroup {path}: {e.strerror}.") from e
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        raise TenantsError(f"Cannot use the cgroup {path}: {e.strerror}.") from e
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise TenantsError(f"Refusing the cgroup {path}: not a directory (a symlink or a file).")
+    if not trust.safe_stat(st):
+        raise TenantsError(
+            f"Refusing the cgroup {path}: owned by uid {st.st_uid} with mode "
+            f"{stat.S_IMODE(st.st_mode):o}; krex uses only groups that no one but you or root "
+            "can change. Remove it (as its owner or root) and start again."
+        )
+    for name in _CONTROL_FILES:
+        try:
+            fst = os.lstat(os.path.join(path, name))
+        except OSError:
+            continue  # not in this hierarchy
+        if not trust.safe_stat(fst):
+            raise TenantsError(
+                f"Refusing the cgroup {path}: its {name} is owned by uid {fst.st_uid} with mode "
+                f"{stat.S_IMODE(fst.st_mode):o}, so someone else could write it (thaw or empty "
+                "the group). Remove the group (as its owner or root) and start again."
+            )
 
 
 def _procs(group: str) -> list[int]:

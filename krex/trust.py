@@ -98,19 +98,19 @@ def _trusted(path: str, kind: Callable[[int], bool]) -> bool:
         st = os.stat(p)
     except OSError:
         return False
-    if not kind(st.st_mode) or not _safe(st):
+    if not kind(st.st_mode) or not safe_stat(st):
         return False
     for parent in p.resolve().parents:
         try:
             pst = os.stat(parent)
         except OSError:
             return False
-        if not _safe(pst) and not pst.st_mode & stat.S_ISVTX:
+        if not safe_stat(pst) and not pst.st_mode & stat.S_ISVTX:
             return False
     return True
 
 
-def _safe(st: os.stat_result) -> bool:
+def safe_stat(st: os.stat_result) -> bool:
     """Owned by us or root, writable by nobody else: not by others, and by its group only when
     that group is ours alone (a user private group, as umask 002 systems give everyone)."""
     if st.st_uid not in trusted_uids() or st.st_mode & 0o002:

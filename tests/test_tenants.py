@@ -539,6 +539,34 @@ def test_create_refuses_bad_names() -> None:
         TenantGroup.create("auto", "krex", 1)  # type: ignore[arg-type]
 
 
+def test_create_refuses_a_group_someone_else_can_change(cgroup_env: Env) -> None:
+    """Issue #16: a tenant's cgroup that another uid made, or whose control files another uid
+    can write, is refused with one error naming it, never taken up (its owner could thaw the
+    group mid-region or move processes out of it); a group of ours is reused as before."""
+    env = cgroup_env
+    mount = tenants.V2_MOUNT if env.kind is FreezerKind.CGROUP_V2 else tenants.V1_FREEZER
+    top = os.path.join(mount, env.root)
+    os.mkdir(top)
+    planted = os.path.join(top, "t1")
+    os.mkdir(planted)
+    os.chown(planted, 65534, 65534)  # nobody's
+    with pytest.raises(TenantsError, match=rf"Refusing the cgroup {planted}: owned by uid 65534"):
+        TenantGroup.create(env.kind, env.root, 1)
+    os.chown(planted, 0, 0)
+    os.chmod(os.path.join(planted, "cgroup.procs"), 0o666)
+    with pytest.raises(TenantsError, match=r"its cgroup.procs is owned by uid 0 with mode 666"):
+        TenantGroup.create(env.kind, env.root, 1)
+    os.chmod(os.path.join(planted, "cgroup.procs"), 0o644)
+    os.chmod(top, 0o777)  # the root group: anyone could make groups in it
+    with pytest.raises(TenantsError, match=rf"Refusing the cgroup {top}: .* mode 777"):
+        TenantGroup.create(env.kind, env.root, 2)
+    os.chmod(top, 0o755)
+    g = env.group(1)  # now ours again: reused
+    p = env.burner()
+    g.add(p.pid)
+    assert g.pids() == [p.pid]
+
+
 # --- pinning -----------------------------------------------------------------------------------
 
 

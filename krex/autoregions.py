@@ -8,7 +8,9 @@ of a timing call: do_bench's first call, its estimate, warm-up, L2 flushes and f
 (docs/user-guide.md, "Auto-regions"). Where the installed torch has Inductor's
 `set_gpu_benchmark_lock_context` (pytorch PR #184905), every Inductor GPU benchmark is put in a
 region through it as well; on torch 2.11, which predates it, through its benchmarkers'
-`benchmark_gpu` (INDUCTOR_FALLBACK); on other releases without it, one warning.
+`benchmark_gpu` (INDUCTOR_FALLBACK); on other releases without it, one warning. cuDNN's
+benchmark-mode search runs in a region too: the first call of each convolution configuration
+while `torch.backends.cudnn.benchmark` is on (krex/cudnn.py).
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ import importlib.machinery
 import os
 import sys
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from krex import cudnn
 from krex.markers import WRAPPED_MARK, region
 
 ENV_VAR = "KREX_AUTO_REGIONS"
@@ -96,6 +99,10 @@ class _Registry:
         # (a.b.c + f, a.b + c.f, a + b.c.f): which prefix is the module is known only on import.
         self.watched: dict[str, set[str]] = {}
         self.inductor = False
+        # Full dotted name -> how to wrap it, for names not wrapped in a plain region.
+        self.factories: dict[str, Callable[[Any, str], Any]] = {}
+        # Module name -> what to run once it is imported (beyond wrapping names).
+        self.hooks: dict[str, list[Callable[[], None]]] = {}
         self.requested: set[str] = set()  # the names install() was given
         self.resolved: set[str] = set()  # those found (and wrapped) in this process
 
@@ -103,11 +110,15 @@ class _Registry:
 _registry = _Registry()
 
 
-def install(names: Iterable[str] = DEFAULT_AUTO_REGIONS, *, inductor: bool = True) -> None:
+def install(
+    names: Iterable[str] = DEFAULT_AUTO_REGIONS, *, inductor: bool = True, cudnn_search: bool = True
+) -> None:
     """Wrap each named callable in a region, now or when its module is imported.
 
     Idempotent; names whose module is never imported cost nothing. With `inductor`, a torch
-    that has Inductor's GPU benchmark lock hook gets a region registered into it.
+    that has Inductor's GPU benchmark lock hook gets a region registered into it (or its
+    benchmarkers wrapped, see INDUCTOR_FALLBACK). With `cudnn_search`, cuDNN's benchmark-mode
+    search of each new convolution configuration runs in a region (krex/cudnn.py).
 
     Raises:
         ValueError: a name is not a dotted path (see parse()).
@@ -123,6 +134,15 @@ def install(names: Iterable[str] = DEFAULT_AUTO_REGIONS, *, inductor: bool = Tru
         if inductor:
             _registry.inductor = True
             _registry.watched.setdefault(INDUCTOR_MODULE, set())
+        if cudnn_search:
+            # Under `torch` only: wrapped once torch's own import is complete.
+            _registry.watched.setdefault("torch", set()).update(cudnn.TORCH_PATHS)
+            for path in cudnn.TORCH_PATHS:
+                _registry.factories[f"torch.{path}"] = cudnn.search_region
+            hooks = _registry.hooks.setdefault(cudnn.INDUCTOR_CONV_MODULE, [])
+            if cudnn.wrap_inductor_conv not in hooks:
+                hooks.append(cudnn.wrap_inductor_conv)
+            _registry.watched.setdefault(cudnn.INDUCTOR_CONV_MODULE, set())
         if _FINDER not in sys.meta_path:
             sys.meta_path.insert(0, _FINDER)
         # Longest module names first: a.b.c's own attribute is the one to wrap, before a.b's
@@ -137,10 +157,13 @@ def _on_import(module: ModuleType) -> None:
     with _registry.lock:
         paths = sorted(_registry.watched.get(module.__name__, ()))
         inductor = _registry.inductor and module.__name__ == INDUCTOR_MODULE
+        hooks = list(_registry.hooks.get(module.__name__, ()))
     for path in paths:
         _wrap(module, path)
     if inductor:
         _register_inductor(module)
+    for hook in hooks:
+        hook()
 
 
 def _wrap(module: ModuleType, path: str) -> None:
@@ -158,11 +181,13 @@ def _wrap(module: ModuleType, path: str) -> None:
     fn = raw.__func__ if kind is not None else raw
     if not callable(fn):
         return
+    full = f"{module.__name__}.{path}"
     with _registry.lock:
-        _registry.resolved.add(f"{module.__name__}.{path}")
+        _registry.resolved.add(full)
+        factory = _registry.factories.get(full)
     if getattr(fn, WRAPPED_MARK, False):
         return
-    wrapped: Any = region()(fn)
+    wrapped: Any = factory(fn, full) if factory is not None else region()(fn)
     setattr(owner, attr, kind(wrapped) if kind is not None else wrapped)
 
 

@@ -588,6 +588,113 @@ def test_without_the_hook_inductors_benchmarkers_are_wrapped_on_torch_2_11(
         assert len(lines) == 1 and "not in regions on torch 2.9.1" in lines[0], result.stderr
 
 
+# A stand-in torch of the real one's shape where cuDNN's search is concerned: conv functions on
+# torch and torch.nn.functional (the same objects, as in torch), torch.backends.cudnn's flags,
+# torch.compiler.is_compiling, autocast queries, and Inductor's extern_kernels namespace that
+# torch._inductor.kernel.conv fills with torch.convolution when imported.
+FAKE_TORCH = {
+    "__init__.py": """
+__version__ = "2.11.0"
+
+
+class Tensor:
+    def __init__(self, *shape, cuda=True):
+        self.shape, self.is_cuda, self.dtype = shape, cuda, "float16"
+        self.device, self.requires_grad = ("cuda:0" if cuda else "cpu"), False
+
+    def stride(self):
+        return (1,) * len(self.shape)
+
+
+def is_autocast_enabled(device_type):
+    return False
+
+
+def get_autocast_dtype(device_type):
+    return None
+
+
+def conv2d(x, w, bias=None, stride=1, padding=0):
+    return ("conv2d", x.shape, stride)
+
+
+def convolution(x, w, *rest):
+    return ("convolution", x.shape)
+
+
+from torch import backends, compiler, nn  # noqa: E402
+""",
+    "backends/__init__.py": "from torch.backends import cudnn\n",
+    "backends/cudnn.py": "benchmark = False\nenabled = True\nallow_tf32 = True\n"
+    "deterministic = False\n",
+    "compiler/__init__.py": "tracing = False\n\n\ndef is_compiling():\n    return tracing\n",
+    "nn/__init__.py": "from torch.nn import functional\n",
+    "nn/functional.py": "from torch import conv2d\n",
+    "_inductor/__init__.py": "",
+    "_inductor/select_algorithm.py": "class KernelNamespace:\n    pass\n\n\n"
+    "extern_kernels = KernelNamespace()\n",
+    "_inductor/kernel/__init__.py": "",
+    "_inductor/kernel/conv.py": "import torch\nfrom torch._inductor.select_algorithm import "
+    "extern_kernels\n\nextern_kernels.convolution = torch.convolution\n",
+}
+
+
+def test_cudnn_benchmark_search_runs_in_a_region_once_per_configuration(
+    daemon: FakeDaemon, tmp_path: Path
+) -> None:
+    """Issue #18: with cudnn.benchmark on, the first convolution of each configuration (where
+    cuDNN times its algorithms) is a region, through torch.nn.functional, torch and Inductor's
+    extern_kernels; repeats, CPU tensors, benchmark mode off and dynamo's tracing are not."""
+    for name, text in FAKE_TORCH.items():
+        (tmp_path / "torch" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "torch" / name).write_text(text)
+    script = textwrap.dedent("""
+        import sys, torch
+        import torch.nn.functional as F
+        from krex.markers import last_region
+        def regions():
+            return [l for l in open(sys.argv[1]).read().split() if l == "region_begin"]
+        x, w = torch.Tensor(8, 64, 56, 56), torch.Tensor(64, 64, 3, 3)
+        steps = []
+        def step(what, call):
+            out = call()
+            steps.append(what)
+            print(what, out, flush=True)
+        step("off", lambda: F.conv2d(x, w))                       # benchmark mode off: none
+        torch.backends.cudnn.benchmark = True
+        step("first", lambda: F.conv2d(x, w))                     # 1
+        step("again", lambda: F.conv2d(x, w))
+        step("stride 2", lambda: F.conv2d(x, w, stride=2))        # 2
+        step("other shape", lambda: F.conv2d(torch.Tensor(4, 64, 56, 56), w))  # 3
+        step("torch.conv2d", lambda: torch.conv2d(x, w))          # 4: its own entry point
+        cpu = torch.Tensor(8, 64, 56, 56, cuda=False), torch.Tensor(64, 64, 3, 3, cuda=False)
+        step("cpu", lambda: F.conv2d(*cpu))
+        torch.backends.cudnn.allow_tf32 = False
+        step("no tf32", lambda: F.conv2d(x, w))                   # 5
+        torch.compiler.tracing = True
+        step("tracing", lambda: F.conv2d(torch.Tensor(2, 3, 4, 4), w))
+        torch.compiler.tracing = False
+        import torch._inductor.kernel.conv
+        from torch._inductor.select_algorithm import extern_kernels
+        step("inductor", lambda: extern_kernels.convolution(torch.Tensor(1, 2), w))  # 6
+        step("inductor again", lambda: extern_kernels.convolution(torch.Tensor(1, 2), w))
+        """)
+    env = clean_env(**autoregions.env_for(["nomodule.f"], {"PYTHONPATH": str(tmp_path)}))
+    env.update(daemon.env(TENANT))
+    result = subprocess.run(
+        [sys.executable, "-c", script, "unused"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "off ('conv2d', (8, 64, 56, 56), 1)"  # the real function's result
+    assert lines[-1] == "inductor again ('convolution', (1, 2))"
+    assert daemon.ops() == ["region_begin", "region_end"] * 6, result.stderr
+
+
 @pytest.fixture
 def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """install() in this process without leaving its finder or names behind."""

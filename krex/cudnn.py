@@ -1,0 +1,110 @@
+"""cuDNN's benchmark-mode algorithm search in a region (auto-regions, issue #18).
+
+With `torch.backends.cudnn.benchmark = True`, the first convolution of each new configuration
+(shapes, strides, dtypes, parameters, tf32 and determinism settings) times every cuDNN
+algorithm for it and keeps the fastest for the rest of the process. That search runs inside
+the convolution call, in C++, with no Python hook: next to busy siblings it times the
+candidates under contention and may keep a different algorithm than it would alone (measured:
+a conv candidate +6.24 % under krex against +0.01 % for the native repeat, docs/bench.md).
+
+So the convolution entry points are wrapped: while benchmark mode is on, the first call of a
+configuration this process has not seen runs in a region, which covers the search; every later
+call goes straight through. The entry points are `torch.nn.functional`'s conv and
+conv_transpose functions (what `nn.Conv*d` modules call), the same functions on `torch`, and
+Inductor's `extern_kernels.convolution` (what compiled graphs call for a convolution).
+
+Our key can differ from PyTorch's own cache key (which also looks at pointer alignment): a
+configuration it searches again that we have seen runs outside a region. Under torch.compile's
+tracing the wrappers are transparent (no graph break).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from krex.markers import WRAPPED_MARK, region
+
+_CONVS = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
+# What search_region wraps, as attribute paths under `torch`: wrapped once torch's own import is
+# complete (torch.backends.cudnn and torch.compiler exist by then), or at once if it is.
+TORCH_PATHS = (
+    *(f"nn.functional.{name}" for name in _CONVS),
+    *_CONVS,
+    "convolution",
+)
+# Inductor registers `convolution` in its extern_kernels namespace when this module is
+# imported (torch/_inductor/kernel/conv.py: ExternKernelChoice(torch.convolution, ...)).
+INDUCTOR_CONV_MODULE = "torch._inductor.kernel.conv"
+INDUCTOR_NAMESPACE_MODULE = "torch._inductor.select_algorithm"
+
+
+def search_region(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """fn, with its first call per configuration in a region while cuDNN benchmark mode is on.
+
+    Called once torch is imported; fn itself when torch's parts it needs cannot be found."""
+    if getattr(fn, WRAPPED_MARK, False):
+        return fn
+    try:
+        import torch.backends.cudnn as cudnn
+        import torch.compiler
+
+        compiling = torch.compiler.is_compiling
+        tensor = torch.Tensor
+    except (ImportError, AttributeError):
+        return fn
+    seen: set[Hashable] = set()
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        # First: under dynamo's tracing this folds to True and the trace is just fn's.
+        if compiling() or not (cudnn.benchmark and cudnn.enabled):
+            return fn(*args, **kwargs)
+        key = _key(tensor, name, args, kwargs)
+        if key is None or key in seen:
+            return fn(*args, **kwargs)
+        with region():
+            out = fn(*args, **kwargs)
+        seen.add(key)
+        return out
+
+    wrapper.__name__ = getattr(fn, "__name__", name.rsplit(".", 1)[-1])
+    wrapper.__qualname__ = wrapper.__name__
+    wrapper.__doc__ = getattr(fn, "__doc__", None)
+    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
+    setattr(wrapper, WRAPPED_MARK, True)
+    return wrapper
+
+
+def _key(tensor: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
+    """What decides cuDNN's choice for this call, or None when it is not all on a CUDA device."""
+    import torch
+
+    autocast = torch.is_autocast_enabled("cuda")
+    parts: list[Any] = [
+        name,
+        bool(torch.backends.cudnn.allow_tf32),
+        bool(torch.backends.cudnn.deterministic),
+        torch.get_autocast_dtype("cuda") if autocast else None,
+    ]
+    cuda = None
+    v: Any
+    for k, v in (*enumerate(args), *sorted(kwargs.items())):
+        if isinstance(v, tensor):
+            cuda = v.is_cuda and cuda is not False
+            v = (tuple(v.shape), v.stride(), v.dtype, v.device, v.requires_grad)
+        else:
+            try:
+                hash(v)
+            except TypeError:
+                v = repr(v)
+        parts.append((k, v))
+    return tuple(parts) if cuda else None  # None: no tensor, or one off the GPU
+
+
+def wrap_inductor_conv() -> None:
+    """Inductor's extern_kernels.convolution wrapped (called by name from compiled graphs)."""
+    namespace: Any = getattr(sys.modules.get(INDUCTOR_NAMESPACE_MODULE), "extern_kernels", None)
+    fn = getattr(namespace, "convolution", None)
+    if callable(fn) and not getattr(fn, WRAPPED_MARK, False):
+        namespace.convolution = search_region(fn, "extern_kernels.convolution")

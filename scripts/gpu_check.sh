@@ -26,6 +26,7 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # real-GPU block as written), security (scripts/gpu/security_check.py), fidelity
 # (scripts/bench/fidelity_check.py; FIDELITY_PHASES), fidelity-probe (PROBE_PARTS) and
 # pool-probe (scripts/bench/fidelity_probe.py, pool_probe.py), warm (warm_check.py),
+# autotune (scripts/bench/autotune_check.py; AUTOTUNE_REPEATS), SECURITY_CASES picks security's,
 # bench (krex bench run: BENCH_PROFILE, default quick; BENCH_CONCURRENCY, default 8;
 # BENCH_TASKS, default all; BENCH_MODES, default exclusive,shared,krex),
 # mgpu-native and mgpu-krex (scripts/bench/multi_gpu.py on a node of two GPUs: the native
@@ -70,7 +71,8 @@ if [[ " $PARTS " == *" security "* ]]; then
     echo "== regions beside ungated work: dlmopen, no shim, a late foreign process; 8 normal slots"
     gcc -O2 -o "$BUILD/dlmopen_sibling" scripts/gpu/dlmopen_sibling.c -I"$CUDA_HOME/include" -ldl &&
         python3 scripts/gpu/security_check.py --out "$OUT/security" \
-            --dlmopen-bin "$BUILD/dlmopen_sibling" --ptx "$BUILD/kernels.ptx" || rc=1
+            --dlmopen-bin "$BUILD/dlmopen_sibling" --ptx "$BUILD/kernels.ptx" \
+            --cases "${SECURITY_CASES:-normal,dlmopen,noshim,late}" || rc=1
 fi
 if [[ " $PARTS " == *" fidelity "* ]]; then
     echo "== kernels exclusive twice, then under krex beside 7 siblings holding 98 GiB (bw_candidate.py)"
@@ -86,6 +88,11 @@ fi
 if [[ " $PARTS " == *" pool-probe "* ]]; then
     echo "== a compile command's teardown; fork-server start cost (scripts/bench/pool_probe.py)"
     python3 scripts/bench/pool_probe.py --json "$OUT/pool_probe.json" --log "$OUT/pool_probe.log" || rc=1
+fi
+if [[ " $PARTS " == *" autotune "* ]]; then
+    echo "== autotuners' winners and harness timers: exclusive, unprotected and krex beside 7 siblings"
+    python3 scripts/bench/autotune_check.py --json "$OUT/autotune_check.json" \
+        --repeats "${AUTOTUNE_REPEATS:-2}" || rc=1
 fi
 if [[ " $PARTS " == *" warm "* ]]; then
     echo "== the fork-server pool: preloads, a compute-bound kernel warm vs exclusive, walls"

@@ -1,0 +1,333 @@
+"""Autotuners and harness timers next to busy siblings (issue #18), on a real GPU.
+
+One candidate command (AUTOTUNE below) autotunes and times, in order, into fresh caches:
+1. triton: the Triton tutorial's matmul with its `@triton.autotune` CUDA configs, fp16 4096^3;
+   winner: `best_config`;
+2. cudnn: the bench suite's conv candidate (krex/bench/tasks/conv.py: conv2d 3x3 + bias + ReLU,
+   256x128x64x64, fp32) with `torch.backends.cudnn.benchmark = True`; winner: the CUDA kernels
+   one call runs (torch.profiler);
+3. kernelbench: a KernelBench-style timing call, `kernelbench.timing.
+   time_execution_with_cuda_event` (a module of that name and shape, written here: warm-up,
+   CUDA events around each trial, L2 cleared before each, first trial discarded) of KernelBench
+   level 1 problem 1's matmul (fp32 4096^2), with no krex code in it;
+4. inductor: `torch.compile(mode="max-autotune-no-cudagraphs")` of an fp16 4096^3 matmul;
+   winner: what the generated code runs (aten's mm, or the template's block sizes, stages and
+   warps);
+5. compiled conv (krex mode only): torch.compile of the conv with cudnn.benchmark on, and
+   dynamo's graph-break count (the cuDNN wrappers must not add any).
+Each part's timing is triton.testing.do_bench's median (a region under --auto-regions).
+
+Modes, interleaved (exclusive, unprotected, krex; then again): exclusive: the command alone,
+natively; unprotected: natively beside 7 busy siblings (torch matmuls in a loop, no krex);
+krex: `krex run --auto-regions` beside the same 7 siblings under `krex run` (8 slots).
+
+    python3 scripts/bench/autotune_check.py --json OUT.json [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+from krex.bench.runner import fresh_caches
+from krex.client import private_daemon
+
+KREX = [sys.executable, "-m", "krex.cli"]
+
+KERNELBENCH_TIMING = textwrap.dedent('''
+    """Stand-in of KernelBench's src/kernelbench/timing.py, its cuda_event timer's shape."""
+    import torch
+
+
+    def clear_l2_cache(device="cuda"):
+        dummy = torch.empty((32, 1024, 1024), dtype=torch.int64, device=device)
+        dummy.fill_(42)
+        del dummy
+
+
+    def time_execution_with_cuda_event(kernel_fn, args, num_warmup=3, num_trials=10,
+                                       discard_first=1, verbose=False, device=None):
+        if device is None:
+            device = torch.cuda.current_device()
+        with torch.cuda.device(device):
+            for _ in range(num_warmup):
+                kernel_fn(*args)
+                torch.cuda.synchronize(device=device)
+            elapsed = []
+            for trial in range(num_trials + discard_first):
+                torch.cuda.synchronize(device=device)
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                clear_l2_cache(device=device)
+                start.record()
+                kernel_fn(*args)
+                end.record()
+                torch.cuda.synchronize(device=device)
+                if trial >= discard_first:
+                    elapsed.append(start.elapsed_time(end))
+        return elapsed
+''')
+
+AUTOTUNE = textwrap.dedent("""
+    import json, re, statistics, sys, time
+    import torch, torch.nn.functional as F, triton, triton.language as tl, triton.testing
+    res = {}
+    t0 = time.monotonic()
+
+    def cfg(bm, bn, bk, g, s, w):
+        return triton.Config({"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk,
+                              "GROUP_SIZE_M": g}, num_stages=s, num_warps=w)
+
+    # The Triton tutorial's matmul (03-matrix-multiplication.py) and its CUDA autotune configs.
+    @triton.autotune(configs=[cfg(128, 256, 64, 8, 3, 8), cfg(64, 256, 32, 8, 4, 4),
+                              cfg(128, 128, 32, 8, 4, 4), cfg(128, 64, 32, 8, 4, 4),
+                              cfg(64, 128, 32, 8, 4, 4), cfg(128, 32, 32, 8, 4, 4),
+                              cfg(64, 32, 32, 8, 5, 2), cfg(32, 64, 32, 8, 5, 2)],
+                     key=["M", "N", "K"])
+    @triton.jit
+    def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                      stride_cm, stride_cn, BLOCK_SIZE_M: tl.constexpr,
+                      BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+                      GROUP_SIZE_M: tl.constexpr):
+        pid = tl.program_id(axis=0)
+        num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
+        num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+        num_pid_in_group = GROUP_SIZE_M * num_pid_n
+        group_id = pid // num_pid_in_group
+        first_pid_m = group_id * GROUP_SIZE_M
+        group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
+        pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+        pid_n = (pid % num_pid_in_group) // group_size_m
+        offs_am = (pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)) % M
+        offs_bn = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N
+        offs_k = tl.arange(0, BLOCK_SIZE_K)
+        a_ptrs = a_ptr + (offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak)
+        b_ptrs = b_ptr + (offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn)
+        acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+        for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k * BLOCK_SIZE_K, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k * BLOCK_SIZE_K, other=0.0)
+            acc = tl.dot(a, b, acc)
+            a_ptrs += BLOCK_SIZE_K * stride_ak
+            b_ptrs += BLOCK_SIZE_K * stride_bk
+        c = acc.to(tl.float16)
+        offs_cm = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+        offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+        c_ptrs = c_ptr + stride_cm * offs_cm[:, None] + stride_cn * offs_cn[None, :]
+        tl.store(c_ptrs, c, mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))
+
+    def matmul(a, b):
+        M, K = a.shape
+        K, N = b.shape
+        c = torch.empty((M, N), device=a.device, dtype=torch.float16)
+        cd = triton.cdiv
+        grid = lambda META: (cd(M, META["BLOCK_SIZE_M"]) * cd(N, META["BLOCK_SIZE_N"]),)
+        matmul_kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                            c.stride(0), c.stride(1))
+        return c
+
+    def done(part, **kv):
+        res[part] = {**kv, "at_s": round(time.monotonic() - t0, 1)}
+        print(part, json.dumps(res[part]), file=sys.stderr, flush=True)
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16, generator=gen)
+    b = torch.randn(4096, 4096, device="cuda", dtype=torch.float16, generator=gen)
+    torch.testing.assert_close(matmul(a, b), a @ b, atol=0.5, rtol=0.05)
+    done("triton", winner=str(matmul_kernel.best_config),
+         ms=triton.testing.do_bench(lambda: matmul(a, b), return_mode="median"))
+
+    # The bench suite's conv candidate, cudnn-benchmark variant.
+    x = torch.randn(256, 128, 64, 64, device="cuda", generator=gen)
+    w = torch.randn(128, 128, 3, 3, device="cuda", generator=gen) / (3 * 128**0.5)
+    bias = 0.1 * torch.randn(128, device="cuda", generator=gen)
+    conv = lambda: F.relu(F.conv2d(x, w, bias, padding=1))
+    torch.backends.cudnn.benchmark = True
+    conv()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        conv()
+        torch.cuda.synchronize()
+    kernels = sorted({e.name for e in prof.events()
+                      if e.device_type == torch.autograd.DeviceType.CUDA})
+    done("cudnn", winner=" | ".join(k[:120] for k in kernels),
+         ms=triton.testing.do_bench(conv, return_mode="median"))
+    if "--compiled-conv" in sys.argv:
+        import torch._dynamo.utils
+        fc = torch.compile(lambda x, w, b: F.relu(F.conv2d(x, w, b, padding=1)))
+        fc(x, w, bias)
+        torch.cuda.synchronize()
+        breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
+        done("compiled_conv", graph_breaks=breaks,
+             ms=triton.testing.do_bench(lambda: fc(x, w, bias), return_mode="median"))
+    torch.backends.cudnn.benchmark = False
+    del x, w, bias
+
+    # KernelBench level 1 problem 1 (square matmul, fp32, N = 4096) through its cuda_event timer.
+    from kernelbench.timing import time_execution_with_cuda_event
+    A = torch.randn(4096, 4096, device="cuda", generator=gen)
+    B = torch.randn(4096, 4096, device="cuda", generator=gen)
+    times = time_execution_with_cuda_event(torch.matmul, [A, B], num_trials=10)
+    done("kernelbench", ms=statistics.median(times), trials=times)
+    del A, B
+
+    torch._dynamo.reset()
+    from torch._inductor.utils import run_and_get_code
+    f = torch.compile(lambda a, b: a @ b, mode="max-autotune-no-cudagraphs")
+    _, codes = run_and_get_code(f, a, b)
+    code = "\\n".join(codes)
+    if "extern_kernels.mm(" in code or "extern_kernels.bmm(" in code:
+        winner = "aten mm"
+    else:
+        consts = dict(re.findall(r"(\\w+) : tl\\.constexpr = (\\w+)", code))
+        launch = re.findall(r"num_stages=(\\d+), num_warps=(\\d+)", code)
+        winner = "template " + ",".join(f"{k}={v}" for k, v in sorted(consts.items())
+                                        if k.isupper()) + f" stages,warps={launch[:1]}"
+    ms = triton.testing.do_bench(lambda: f(a, b), return_mode="median")
+    done("inductor", winner=winner, ms=ms)
+    print(json.dumps(res), flush=True)
+""")
+
+SIBLING = textwrap.dedent("""
+    import time, torch
+    a = torch.randn(4096, 4096, device="cuda")
+    print("ready", flush=True)
+    while True:
+        (a @ a).sum().item()
+        time.sleep(0.01)
+""")
+
+
+def _env(tmp: Path, tag: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
+    env.pop("LD_PRELOAD", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp / "lib"), env.get("PYTHONPATH", "")])
+    return fresh_caches(env, tmp / f"cache-{tag}")
+
+
+def _siblings(tmp: Path, sock: Path | None, n: int) -> list[subprocess.Popen[str]]:
+    pre = [*KREX, "run", "--socket", str(sock), "--no-pool", "--"] if sock else []
+    sibs = [
+        subprocess.Popen(
+            [*pre, sys.executable, str(tmp / "sibling.py")],
+            env=_env(tmp, "sib"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for _ in range(n)
+    ]
+    for s in sibs:
+        assert s.stdout is not None
+        if s.stdout.readline().strip() != "ready":
+            raise RuntimeError("a sibling did not start")
+    return sibs
+
+
+def one(tmp: Path, mode: str, sock: Path | None, rep: int) -> dict[str, Any]:
+    tag = f"{mode}{rep}"
+    sibs = _siblings(tmp, sock if mode == "krex" else None, 7) if mode != "exclusive" else []
+    argv = [sys.executable, str(tmp / "autotune.py")]
+    report = tmp / f"{tag}.report.json"
+    if mode == "krex":
+        argv = [*KREX, "run", "--socket", str(sock), "--no-pool", "--auto-regions",
+                "--report", str(report), "--", *argv, "--compiled-conv"]  # fmt: skip
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(argv, env=_env(tmp, tag), capture_output=True, text=True, timeout=240)
+        rc, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out, err = 124, str(e.stdout or ""), str(e.stderr or "")
+    finally:
+        for s in sibs:
+            s.kill()
+            s.wait()
+    row: dict[str, Any] = {"mode": mode, "repeat": rep, "rc": rc, "wall_s": time.monotonic() - t0}
+    try:
+        row["parts"] = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        row["stderr"] = err[-3000:]
+    if report.exists():
+        rep_doc = json.loads(report.read_text())
+        regions = rep_doc.get("regions", [])
+        row["regions"] = len(regions)
+        row["regions_clean"] = sum(bool(r.get("clean")) for r in regions)
+        row["region_problems"] = sorted({p for r in regions for p in r.get("problems", [])})[:10]
+        row["auto_regions_unresolved"] = rep_doc.get("auto_regions_unresolved", [])
+    winners = {k: v.get("winner", v.get("graph_breaks")) for k, v in row.get("parts", {}).items()}
+    regions = f", regions {row.get('regions')} ({row.get('regions_clean')} clean)"
+    print(f"{tag}: rc {rc}, {row['wall_s']:.0f} s, {json.dumps(winners)}"
+          + (regions if mode == "krex" else ""), flush=True)  # fmt: skip
+    return row
+
+
+def verdict(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per autotuner: the exclusive winners, whether krex kept them in every repeat and whether
+    unprotected sharing changed one; per part, timings against the exclusive median."""
+    out: dict[str, Any] = {}
+    ok = [r for r in runs if "parts" in r]
+    for part in ("triton", "cudnn", "inductor"):
+        by = {m: [r["parts"][part]["winner"] for r in ok if r["mode"] == m and part in r["parts"]]
+              for m in ("exclusive", "unprotected", "krex")}  # fmt: skip
+        ex = set(by["exclusive"])
+        out[part] = {
+            "winners": by,
+            "exclusive_stable": len(ex) == 1,
+            "krex_equals_exclusive": bool(by["krex"]) and all(w in ex for w in by["krex"]),
+            "unprotected_changed": any(w not in ex for w in by["unprotected"]),
+        }
+    for part in ("triton", "cudnn", "kernelbench", "inductor"):
+        ms = {m: [r["parts"][part]["ms"] for r in ok if r["mode"] == m and part in r["parts"]]
+              for m in ("exclusive", "unprotected", "krex")}  # fmt: skip
+        if not ms["exclusive"]:
+            continue
+        base = statistics.median(ms["exclusive"])
+        pct = {m: [round((v - base) / base * 100, 2) for v in vals] for m, vals in ms.items()}
+        out.setdefault(part, {})["ms"] = ms
+        out[part]["vs_exclusive_pct"] = pct
+        out[part]["native_repeat_spread_pct"] = round(
+            (max(ms["exclusive"]) - min(ms["exclusive"])) / base * 100, 2
+        )
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+    out = Path(args.json)
+    doc: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    doc["command"] = "python3 scripts/bench/autotune_check.py " + " ".join(sys.argv[1:])
+    doc["runs"] = []
+    with tempfile.TemporaryDirectory(prefix="krex-autotune-") as d:
+        tmp = Path(d)
+        (tmp / "lib" / "kernelbench").mkdir(parents=True)
+        (tmp / "lib" / "kernelbench" / "__init__.py").write_text("")
+        (tmp / "lib" / "kernelbench" / "timing.py").write_text(KERNELBENCH_TIMING)
+        (tmp / "autotune.py").write_text(AUTOTUNE)
+        (tmp / "sibling.py").write_text(SIBLING)
+        with private_daemon(tmp / "d", sim=False, slots=8, pool=0, gpus=1) as sock:
+            for rep in range(args.repeats):
+                for mode in ("exclusive", "unprotected", "krex"):
+                    doc["runs"].append(one(tmp, mode, sock, rep))
+                    doc["verdict"] = verdict(doc["runs"])
+                    out.write_text(json.dumps(doc, indent=1) + "\n")
+            log = tmp / "d" / "daemon.log"
+            if log.exists():
+                out.with_suffix(".daemon.log").write_text(log.read_text()[-100_000:])
+    print(json.dumps(doc["verdict"], indent=1), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

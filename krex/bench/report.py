@@ -37,6 +37,12 @@ TARGET_THROUGHPUT_AIM = 6.0
 TARGET_INFLATION_P95: Mapping[str, float] = {">10ms": 0.0030, ">1ms": 0.0158, ">0.1ms": 0.0390}
 """Per band of `BANDS`: krex's p95 |inflation| must be at most this (fractions)."""
 
+TARGET_EXCESS_P95 = 0.003
+"""Per band: krex's p95 |inflation| may exceed the native repeat's by at most this (0.3 points).
+The paper's figures judge krex and the GPU's own noise together; this judges krex's share: a
+band the GPU itself moves by 9 % (a compute-bound matmul's power state) is missed against the
+paper by any run, krex or not, and met here when krex adds nothing to it."""
+
 TARGET_FLIP_MARGIN = 0.03
 """Per gap class: krex's flip rate may exceed native_repeat's by at most this (3 points)."""
 
@@ -73,6 +79,7 @@ class TargetValues(TypedDict):
     throughput_ratio: float
     throughput_aim: float
     inflation_p95: dict[str, float]
+    inflation_excess: float
     flip_margin: float
 
 
@@ -164,7 +171,8 @@ def target_values(results: Mapping[str, Any]) -> TargetValues:
     """The thresholds to check: the module's constants, overridden by results["targets"].
 
     Recognised override keys (fractions, like the rest of results.json): "throughput_ratio",
-    "throughput_aim", "inflation_p95" (band -> fraction) and "flip_margin". Others are ignored.
+    "throughput_aim", "inflation_p95" (band -> fraction), "inflation_excess" and "flip_margin".
+    Others are ignored.
 
     Raises:
         ValueError: If an override is not a positive finite number.
@@ -189,6 +197,9 @@ def target_values(results: Mapping[str, Any]) -> TargetValues:
             band: pick(f"inflation_p95[{band}]", limit, bands.get(band))
             for band, limit in TARGET_INFLATION_P95.items()
         },
+        "inflation_excess": pick(
+            "inflation_excess", TARGET_EXCESS_P95, over.get("inflation_excess")
+        ),
         "flip_margin": pick("flip_margin", TARGET_FLIP_MARGIN, over.get("flip_margin")),
     }
 
@@ -215,9 +226,12 @@ def targets(results: Mapping[str, Any]) -> list[TargetRow]:
     only when shared (it succeeded in the exclusive run), n/a when no krex mode ran or the
     results do not count failures.
 
+    Each band has two rows: against the paper's figure, and krex's excess over the native
+    repeat (`TARGET_EXCESS_P95`), which separates krex's own error from the GPU's noise.
+
     Returns:
-        One `TargetRow` per target: throughput, then each band of `BANDS`, then each gap class,
-        then the failures row.
+        One `TargetRow` per target: throughput, then each band of `BANDS` (both rows), then
+        each gap class, then the failures row.
 
     Raises:
         ValueError: If results["targets"] holds a bad threshold.
@@ -239,6 +253,8 @@ def targets(results: Mapping[str, Any]) -> list[TargetRow]:
     )
 
     p95 = _map(_map(results.get("inflation_p95")).get("krex"))
+    p95_native = _map(_map(results.get("inflation_p95")).get("native_repeat"))
+    excess = goal["inflation_excess"]
     for band, limit in goal["inflation_p95"].items():
         value = _num(p95.get(band))
         rows.append(
@@ -248,6 +264,19 @@ def targets(results: Mapping[str, Any]) -> list[TargetRow]:
                 "value": value,
                 "shown": _pct(value),
                 "status": _verdict(value, limit),
+            }
+        )
+        floor = _num(p95_native.get(band))
+        gap = None if value is None or floor is None else value - floor
+        rows.append(
+            {
+                "target": f"p95 inflation {band} vs native_repeat",
+                "goal": f"<= native_repeat + {excess * 100:.2f} points",
+                "value": gap,
+                "shown": "n/a"
+                if gap is None
+                else f"{gap * 100:+.2f} points ({_pct(value)} vs {_pct(floor)})",
+                "status": _verdict(gap, excess),
             }
         )
 

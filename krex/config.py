@@ -199,12 +199,11 @@ class Config:
         """Modules each worker imports (those not installed are skipped by the daemon)."""
         if self.pool_preload is not None:
             return self.pool_preload
-        # Inductor's compiler and triton's timers: every torch.compile or do_bench command
-        # would import them (seconds). One whose import loads the GPU driver is dropped by the
-        # worker (krex/worker.py): a child forked after that could not use the GPU.
-        return (
-            () if self.sim else ("torch", "triton", "torch._inductor.compile_fx", "triton.testing")
-        )
+        # triton's timers: every do_bench command would import them. Not Inductor's compiler
+        # (torch._inductor.compile_fx): on torch 2.11 its import initialises the GPU driver, so
+        # the worker dropped it and started again, every time (docs/results/h200-pool/
+        # forkserver/run5/); any module that does is dropped so (krex/worker.py).
+        return () if self.sim else ("torch", "triton", "triton.testing")
 
 
 _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {

@@ -695,6 +695,40 @@ def test_cudnn_benchmark_search_runs_in_a_region_once_per_configuration(
     assert daemon.ops() == ["region_begin", "region_end"] * 6, result.stderr
 
 
+def test_inductors_subprocess_autotuning_is_in_regions_of_the_child(
+    daemon: FakeDaemon, tmp_path: Path
+) -> None:
+    """Inductor's autotune_in_subproc times choices in a child process it starts with the
+    command's environment: the child wraps its own benchmarkers, and its regions are its own
+    (its pid), the command's tenant's."""
+    package = tmp_path / "torch" / "_inductor" / "runtime"
+    package.mkdir(parents=True)
+    (tmp_path / "torch" / "__init__.py").write_text('__version__ = "2.11.0"\n')
+    for directory in (package, package.parent):
+        (directory / "__init__.py").write_text("")
+    (package / "benchmarking.py").write_text(FAKE_BENCHMARKING)
+    child = (
+        "from torch._inductor.runtime.benchmarking import benchmarker as b; b.benchmark_gpu(int)"
+    )
+    script = textwrap.dedent(f"""
+        import os, subprocess, sys
+        p = subprocess.run([sys.executable, "-c", {child!r}], env=dict(os.environ))
+        print(p.returncode, os.getpid())
+        """)
+    env = clean_env(**autoregions.env_for(["nomodule.f"], {"PYTHONPATH": str(tmp_path)}))
+    env.update(daemon.env(TENANT))
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    status, parent = (int(x) for x in result.stdout.split())
+    assert status == 0
+    got = daemon.wait_for(2)
+    assert [op for op, _, _ in got] == ["region_begin", "region_end"]
+    assert {tenant for _, tenant, _ in got} == {TENANT}
+    assert parent not in {pid for _, _, pid in got}  # the child's region, not its parent's
+
+
 @pytest.fixture
 def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """install() in this process without leaving its finder or names behind."""

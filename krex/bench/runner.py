@@ -274,6 +274,9 @@ def _batch(
                         *(["--sim"] if cmd.simulated else []),
                         *(["--no-pool"] if no_pool else []),
                         *(["--gpu", str(gpu)] if gpu is not None else []),
+                        # Autotuners' and harness timers' timings in regions too, as a user
+                        # who wants them protected runs (docs/bench.md).
+                        "--auto-regions",
                         "--socket",
                         str(krex_socket),
                         "--report",

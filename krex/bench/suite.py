@@ -69,9 +69,12 @@ FULL: dict[str, tuple[str, ...]] = {
     ),
     "conv": ("eager-nchw", "eager-channels-last", "cudnn-benchmark", "compiled"),
     "attention": ("eager", "baddbmm", "chunked-2", "compiled"),
+    "autotune": ("triton-autotune", "max-autotune", "cublas"),
 }
+# Candidates that compile with Inductor (tens of seconds each, fresh caches): `full` only.
+_INDUCTOR = ("compiled", "max-autotune")
 QUICK: dict[str, tuple[str, ...]] = {
-    task: tuple(v for v in variants if v != "compiled") for task, variants in FULL.items()
+    task: tuple(v for v in variants if v not in _INDUCTOR) for task, variants in FULL.items()
 }
 SEED = 0
 

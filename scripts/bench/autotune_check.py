@@ -157,13 +157,17 @@ AUTOTUNE = textwrap.dedent("""
         try:
             conv()
             torch.cuda.synchronize()
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                conv()
-                torch.cuda.synchronize()
-            kernels = sorted({e.name for e in prof.events()
-                              if e.device_type == torch.autograd.DeviceType.CUDA})
-            done("cudnn", winner=" | ".join(k[:120] for k in kernels),
-                 ms=triton.testing.do_bench(conv, return_mode="median"))
+            try:  # the winner: the kernels one call runs
+                acts = [torch.profiler.ProfilerActivity.CUDA]
+                with torch.profiler.profile(activities=acts) as prof:
+                    conv()
+                    torch.cuda.synchronize()
+                kernels = sorted({e.name for e in prof.events()
+                                  if e.device_type == torch.autograd.DeviceType.CUDA})
+                winner = " | ".join(k[:120] for k in kernels)
+            except Exception as e:
+                winner = f"unknown (profiler: {e!r:.200})"
+            done("cudnn", winner=winner, ms=triton.testing.do_bench(conv, return_mode="median"))
             if "--compiled-conv" in sys.argv:
                 import torch._dynamo.utils
                 fc = torch.compile(lambda x, w, b: F.relu(F.conv2d(x, w, b, padding=1)))
@@ -265,9 +269,12 @@ def one(tmp: Path, mode: str, sock: Path | None, rep: int) -> dict[str, Any]:
             s.wait()
     row: dict[str, Any] = {"mode": mode, "repeat": rep, "rc": rc, "wall_s": time.monotonic() - t0}
     try:
-        row["parts"] = json.loads(out.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        row["stderr"] = err[-3000:]
+        parts = json.loads(out.strip().splitlines()[-1])
+        row["parts"] = {k: v for k, v in parts.items() if isinstance(v, dict)}
+        row["errors"] = {k: v for k, v in parts.items() if not isinstance(v, dict)}
+    except (ValueError, IndexError, AttributeError):
+        pass
+    row["stderr"] = err[-4000:]
     if report.exists():
         rep_doc = json.loads(report.read_text())
         regions = rep_doc.get("regions", [])
@@ -279,6 +286,10 @@ def one(tmp: Path, mode: str, sock: Path | None, rep: int) -> dict[str, Any]:
     regions = f", regions {row.get('regions')} ({row.get('regions_clean')} clean)"
     print(f"{tag}: rc {rc}, {row['wall_s']:.0f} s, {json.dumps(winners)}"
           + (regions if mode == "krex" else ""), flush=True)  # fmt: skip
+    ms = {k: round(v["ms"], 4) for k, v in row.get("parts", {}).items() if "ms" in v}
+    print(f"    ms {json.dumps(ms)}", flush=True)
+    if row.get("errors") or "parts" not in row:
+        print(f"    errors {json.dumps(row.get('errors'))}\n{err[-2500:]}", flush=True)
     return row
 
 
@@ -332,6 +343,10 @@ def main() -> int:
             for rep in range(args.repeats):
                 for mode in ("exclusive", "unprotected", "krex"):
                     doc["runs"].append(one(tmp, mode, sock, rep))
+                    if not doc["runs"][-1].get("parts") and rep == 0 and mode == "exclusive":
+                        print("the candidate produced nothing alone: stopping", flush=True)
+                        out.write_text(json.dumps(doc, indent=1) + "\n")
+                        return 1
                     doc["verdict"] = verdict(doc["runs"])
                     out.write_text(json.dumps(doc, indent=1) + "\n")
             log = tmp / "d" / "daemon.log"

@@ -26,7 +26,8 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # real-GPU block as written), security (scripts/gpu/security_check.py), fidelity
 # (scripts/bench/fidelity_check.py; FIDELITY_PHASES), fidelity-probe (PROBE_PARTS) and
 # pool-probe (scripts/bench/fidelity_probe.py, pool_probe.py), warm (warm_check.py),
-# autotune (scripts/bench/autotune_check.py; AUTOTUNE_REPEATS), SECURITY_CASES picks security's,
+# autotune (scripts/bench/autotune_check.py; AUTOTUNE_REPEATS), preload-probe
+# (scripts/gpu/preload_probe.py), SECURITY_CASES picks security's,
 # bench (krex bench run: BENCH_PROFILE, default quick; BENCH_CONCURRENCY, default 8;
 # BENCH_TASKS, default all; BENCH_MODES, default exclusive,shared,krex),
 # mgpu-native and mgpu-krex (scripts/bench/multi_gpu.py on a node of two GPUs: the native
@@ -88,6 +89,10 @@ fi
 if [[ " $PARTS " == *" pool-probe "* ]]; then
     echo "== a compile command's teardown; fork-server start cost (scripts/bench/pool_probe.py)"
     python3 scripts/bench/pool_probe.py --json "$OUT/pool_probe.json" --log "$OUT/pool_probe.log" || rc=1
+fi
+if [[ " $PARTS " == *" preload-probe "* ]]; then
+    echo "== does importing Inductor's compiler initialise the driver (scripts/gpu/preload_probe.py)"
+    python3 scripts/gpu/preload_probe.py | tee "$OUT/preload_probe.jsonl" || rc=1
 fi
 if [[ " $PARTS " == *" autotune "* ]]; then
     echo "== autotuners' winners and harness timers: exclusive, unprotected and krex beside 7 siblings"

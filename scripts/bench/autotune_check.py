@@ -2,7 +2,9 @@
 
 One candidate command (AUTOTUNE below) autotunes and times, in order, into fresh caches:
 1. triton: the Triton tutorial's matmul with its `@triton.autotune` CUDA configs, fp16 4096^3;
-   winner: `best_config`;
+   winner: `best_config`; softmax: the bench suite's Triton softmax kernel (krex/bench/tasks/
+   softmax.py) under `@triton.autotune` over its three warp counts (candidates a few per cent
+   apart, as the suite's are);
 2. cudnn: the bench suite's conv candidate (krex/bench/tasks/conv.py: conv2d 3x3 + bias + ReLU,
    256x128x64x64, fp32) with `torch.backends.cudnn.benchmark = True`; winner: the CUDA kernels
    one call runs (torch.profiler);
@@ -148,6 +150,19 @@ AUTOTUNE = textwrap.dedent("""
         done("triton", winner=str(matmul_kernel.best_config),
              ms=triton.testing.do_bench(lambda: matmul(a, b), return_mode="median"))
 
+    def softmax_part():  # the bench suite's Triton softmax, its three warp counts autotuned
+        from krex.bench.tasks import softmax as sm
+        tuned = triton.autotune(configs=[triton.Config({}, num_warps=w) for w in (8, 16, 32)],
+                                key=["n_cols"])(sm._softmax_rows)
+        x = torch.randn(sm.M, sm.N, device="cuda", generator=gen)
+        out = torch.empty_like(x)
+        block = triton.next_power_of_2(sm.N)
+        fn = lambda: tuned[(sm.M,)](x, out, sm.N, x.stride(0), BLOCK=block)
+        fn()
+        torch.testing.assert_close(out, torch.softmax(x, dim=1), atol=1e-6, rtol=1e-4)
+        done("softmax", winner=str(tuned.best_config),
+             ms=triton.testing.do_bench(fn, return_mode="median"))
+
     def cudnn_part():  # the bench suite's conv candidate, cudnn-benchmark variant
         x = torch.randn(256, 128, 64, 64, device="cuda", generator=gen)
         w = torch.randn(128, 128, 3, 3, device="cuda", generator=gen) / (3 * 128**0.5)
@@ -169,11 +184,11 @@ AUTOTUNE = textwrap.dedent("""
                 winner = f"unknown (profiler: {e!r:.200})"
             done("cudnn", winner=winner, ms=triton.testing.do_bench(conv, return_mode="median"))
             if "--compiled-conv" in sys.argv:
-                import torch._dynamo.utils
+                from torch._dynamo.utils import counters  # not `import torch...`: a local
                 fc = torch.compile(lambda x, w, b: F.relu(F.conv2d(x, w, b, padding=1)))
                 fc(x, w, bias)
                 torch.cuda.synchronize()
-                breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
+                breaks = sum(counters["graph_break"].values())
                 done("compiled_conv", graph_breaks=breaks,
                      ms=triton.testing.do_bench(lambda: fc(x, w, bias), return_mode="median"))
         finally:
@@ -202,7 +217,7 @@ AUTOTUNE = textwrap.dedent("""
         ms = triton.testing.do_bench(lambda: f(a, b), return_mode="median")
         done("inductor", winner=winner, ms=ms)
 
-    for name, part in (("triton", triton_part), ("cudnn", cudnn_part),
+    for name, part in (("triton", triton_part), ("softmax", softmax_part), ("cudnn", cudnn_part),
                        ("kernelbench", kernelbench_part), ("inductor", inductor_part)):
         try:
             part()
@@ -298,7 +313,7 @@ def verdict(runs: list[dict[str, Any]]) -> dict[str, Any]:
     unprotected sharing changed one; per part, timings against the exclusive median."""
     out: dict[str, Any] = {}
     ok = [r for r in runs if "parts" in r]
-    for part in ("triton", "cudnn", "inductor"):
+    for part in ("triton", "softmax", "cudnn", "inductor"):
         by = {m: [r["parts"][part]["winner"] for r in ok if r["mode"] == m and part in r["parts"]]
               for m in ("exclusive", "unprotected", "krex")}  # fmt: skip
         ex = set(by["exclusive"])
@@ -308,7 +323,7 @@ def verdict(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "krex_equals_exclusive": bool(by["krex"]) and all(w in ex for w in by["krex"]),
             "unprotected_changed": any(w not in ex for w in by["unprotected"]),
         }
-    for part in ("triton", "cudnn", "kernelbench", "inductor"):
+    for part in ("triton", "softmax", "cudnn", "kernelbench", "inductor"):
         ms = {m: [r["parts"][part]["ms"] for r in ok if r["mode"] == m and part in r["parts"]]
               for m in ("exclusive", "unprotected", "krex")}  # fmt: skip
         if not ms["exclusive"]:

@@ -10,8 +10,12 @@ a conv candidate +6.24 % under krex against +0.01 % for the native repeat, docs/
 So the convolution entry points are wrapped: while benchmark mode is on, the first call of a
 configuration this process has not seen runs in a region, which covers the search; every later
 call goes straight through. The entry points are `torch.nn.functional`'s conv and
-conv_transpose functions (what `nn.Conv*d` modules call), the same functions on `torch`, and
-Inductor's `extern_kernels.convolution` (what compiled graphs call for a convolution).
+conv_transpose functions (what `nn.Conv*d` modules call) and Inductor's
+`extern_kernels.convolution` (what compiled graphs call for a convolution). Not `torch.conv2d`
+and its kin: dynamo knows torch's builtins by what `torch.<name>` is when it first compiles,
+so a wrapper there made it treat the real builtin as unknown, a graph break at every
+convolution (checked with torch 2.13 on a CPU; the `F` wrappers cause none). TorchScript
+compiles a wrapper as the aten op it wraps.
 
 Our key can differ from PyTorch's own cache key (which also looks at pointer alignment): a
 configuration it searches again that we have seen runs outside a region. Under torch.compile's
@@ -29,11 +33,7 @@ from krex.markers import WRAPPED_MARK, region
 _CONVS = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
 # What search_region wraps, as attribute paths under `torch`: wrapped once torch's own import is
 # complete (torch.backends.cudnn and torch.compiler exist by then), or at once if it is.
-TORCH_PATHS = (
-    *(f"nn.functional.{name}" for name in _CONVS),
-    *_CONVS,
-    "convolution",
-)
+TORCH_PATHS = tuple(f"nn.functional.{name}" for name in _CONVS)
 # Inductor registers `convolution` in its extern_kernels namespace when this module is
 # imported (torch/_inductor/kernel/conv.py: ExternKernelChoice(torch.convolution, ...)).
 INDUCTOR_CONV_MODULE = "torch._inductor.kernel.conv"
@@ -73,7 +73,24 @@ def search_region(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     wrapper.__doc__ = getattr(fn, "__doc__", None)
     wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
     setattr(wrapper, WRAPPED_MARK, True)
+    _as_torchscript_builtin(wrapper, fn)
     return wrapper
+
+
+def _as_torchscript_builtin(wrapper: Callable[..., Any], fn: Callable[..., Any]) -> None:
+    """TorchScript compiles a call of wrapper as it would fn's, the aten op (without a region
+    for cuDNN's search: a scripted model's convolutions are not ours to see). Without this,
+    `torch.jit.script` of a module calling F.conv2d fails on the Python wrapper."""
+    try:
+        from torch.jit import _builtins
+
+        op = f"aten::{fn.__name__}"
+        if _builtins._builtin_table is None:  # built lazily, from this list among others
+            _builtins._builtin_ops.append((wrapper, op))
+        else:
+            _builtins._register_builtin(wrapper, op)
+    except Exception:  # another torch's internals: scripting such a module fails as it would
+        pass
 
 
 def _key(tensor: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:

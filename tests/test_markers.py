@@ -643,8 +643,9 @@ def test_cudnn_benchmark_search_runs_in_a_region_once_per_configuration(
     daemon: FakeDaemon, tmp_path: Path
 ) -> None:
     """Issue #18: with cudnn.benchmark on, the first convolution of each configuration (where
-    cuDNN times its algorithms) is a region, through torch.nn.functional, torch and Inductor's
-    extern_kernels; repeats, CPU tensors, benchmark mode off and dynamo's tracing are not."""
+    cuDNN times its algorithms) is a region, through torch.nn.functional and Inductor's
+    extern_kernels; repeats, CPU tensors, benchmark mode off and dynamo's tracing are not; and
+    torch.conv2d itself is left alone (dynamo knows torch's builtins by those attributes)."""
     for name, text in FAKE_TORCH.items():
         (tmp_path / "torch" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "torch" / name).write_text(text)
@@ -666,17 +667,19 @@ def test_cudnn_benchmark_search_runs_in_a_region_once_per_configuration(
         step("again", lambda: F.conv2d(x, w))
         step("stride 2", lambda: F.conv2d(x, w, stride=2))        # 2
         step("other shape", lambda: F.conv2d(torch.Tensor(4, 64, 56, 56), w))  # 3
-        step("torch.conv2d", lambda: torch.conv2d(x, w))          # 4: its own entry point
+        step("torch.conv2d", lambda: torch.conv2d(x, w))          # not wrapped (dynamo)
         cpu = torch.Tensor(8, 64, 56, 56, cuda=False), torch.Tensor(64, 64, 3, 3, cuda=False)
         step("cpu", lambda: F.conv2d(*cpu))
         torch.backends.cudnn.allow_tf32 = False
-        step("no tf32", lambda: F.conv2d(x, w))                   # 5
+        step("no tf32", lambda: F.conv2d(x, w))                   # 4
         torch.compiler.tracing = True
         step("tracing", lambda: F.conv2d(torch.Tensor(2, 3, 4, 4), w))
         torch.compiler.tracing = False
         import torch._inductor.kernel.conv
         from torch._inductor.select_algorithm import extern_kernels
-        step("inductor", lambda: extern_kernels.convolution(torch.Tensor(1, 2), w))  # 6
+        step("inductor", lambda: extern_kernels.convolution(torch.Tensor(1, 2), w))  # 5
+        assert not hasattr(torch.conv2d, "__krex_region__")  # what dynamo knows torch by
+        assert not hasattr(torch.convolution, "__krex_region__")
         step("inductor again", lambda: extern_kernels.convolution(torch.Tensor(1, 2), w))
         """)
     env = clean_env(**autoregions.env_for(["nomodule.f"], {"PYTHONPATH": str(tmp_path)}))
@@ -692,7 +695,7 @@ def test_cudnn_benchmark_search_runs_in_a_region_once_per_configuration(
     lines = result.stdout.splitlines()
     assert lines[0] == "off ('conv2d', (8, 64, 56, 56), 1)"  # the real function's result
     assert lines[-1] == "inductor again ('convolution', (1, 2))"
-    assert daemon.ops() == ["region_begin", "region_end"] * 6, result.stderr
+    assert daemon.ops() == ["region_begin", "region_end"] * 5, result.stderr
 
 
 def test_inductors_subprocess_autotuning_is_in_regions_of_the_child(

@@ -20,10 +20,11 @@ One candidate command (AUTOTUNE below) autotunes and times, in order, into fresh
 Each part's timing is triton.testing.do_bench's median (a region under --auto-regions).
 
 Modes, interleaved (exclusive, unprotected, krex; then again): exclusive: the command alone,
-natively; unprotected: natively beside 7 busy siblings (torch matmuls in a loop, no krex);
+natively; unprotected: natively beside 7 busy siblings (torch matmuls, steady or bursty: see
+SIBLING; no krex);
 krex: `krex run --auto-regions` beside the same 7 siblings under `krex run` (8 slots).
 
-    python3 scripts/bench/autotune_check.py --json OUT.json [--repeats 2]
+    python3 scripts/bench/autotune_check.py --json OUT.json [--repeats 2] [--siblings bursty]
 """
 
 from __future__ import annotations
@@ -228,13 +229,24 @@ AUTOTUNE = textwrap.dedent("""
     print(json.dumps(res), flush=True)
 """)
 
+# steady: a 4096^2 fp32 matmul, a sync and 10 ms of sleep, over and over; bursty: as agents'
+# siblings alternate compiling and timing, 0.05-0.5 s of 8192^2 matmuls back to back, then
+# 0-0.3 s idle, at random (seeded per sibling).
 SIBLING = textwrap.dedent("""
-    import time, torch
-    a = torch.randn(4096, 4096, device="cuda")
+    import os, random, sys, time, torch
+    rng = random.Random(os.getpid())
+    bursty = sys.argv[1] == "bursty"
+    a = torch.randn(8192 if bursty else 4096, 8192 if bursty else 4096, device="cuda")
     print("ready", flush=True)
     while True:
-        (a @ a).sum().item()
-        time.sleep(0.01)
+        if not bursty:
+            (a @ a).sum().item()
+            time.sleep(0.01)
+            continue
+        end = time.monotonic() + rng.uniform(0.05, 0.5)
+        while time.monotonic() < end:
+            (a @ a).sum().item()
+        time.sleep(rng.uniform(0.0, 0.3))
 """)
 
 
@@ -245,11 +257,11 @@ def _env(tmp: Path, tag: str) -> dict[str, str]:
     return fresh_caches(env, tmp / f"cache-{tag}")
 
 
-def _siblings(tmp: Path, sock: Path | None, n: int) -> list[subprocess.Popen[str]]:
+def _siblings(tmp: Path, sock: Path | None, n: int, load: str) -> list[subprocess.Popen[str]]:
     pre = [*KREX, "run", "--socket", str(sock), "--no-pool", "--"] if sock else []
     sibs = [
         subprocess.Popen(
-            [*pre, sys.executable, str(tmp / "sibling.py")],
+            [*pre, sys.executable, str(tmp / "sibling.py"), load],
             env=_env(tmp, "sib"),
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -264,9 +276,9 @@ def _siblings(tmp: Path, sock: Path | None, n: int) -> list[subprocess.Popen[str
     return sibs
 
 
-def one(tmp: Path, mode: str, sock: Path | None, rep: int) -> dict[str, Any]:
+def one(tmp: Path, mode: str, sock: Path | None, rep: int, load: str) -> dict[str, Any]:
     tag = f"{mode}{rep}"
-    sibs = _siblings(tmp, sock if mode == "krex" else None, 7) if mode != "exclusive" else []
+    sibs = _siblings(tmp, sock if mode == "krex" else None, 7, load) if mode != "exclusive" else []
     argv = [sys.executable, str(tmp / "autotune.py")]
     report = tmp / f"{tag}.report.json"
     if mode == "krex":
@@ -296,6 +308,9 @@ def one(tmp: Path, mode: str, sock: Path | None, rep: int) -> dict[str, Any]:
         row["regions"] = len(regions)
         row["regions_clean"] = sum(bool(r.get("clean")) for r in regions)
         row["region_problems"] = sorted({p for r in regions for p in r.get("problems", [])})[:10]
+        keep = ("duration_s", "clean", "warnings", "power_w_before", "power_capped_ms",
+                "thermal_capped_ms", "temp_c", "sm_clock_mhz")  # fmt: skip
+        row["region_records"] = [{k: r[k] for k in keep if k in r} for r in regions]
         row["auto_regions_unresolved"] = rep_doc.get("auto_regions_unresolved", [])
     winners = {k: v.get("winner", v.get("graph_breaks")) for k, v in row.get("parts", {}).items()}
     regions = f", regions {row.get('regions')} ({row.get('regions_clean')} clean)"
@@ -342,6 +357,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--siblings", choices=("steady", "bursty"), default="steady")
     args = ap.parse_args()
     out = Path(args.json)
     doc: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
@@ -357,7 +373,7 @@ def main() -> int:
         with private_daemon(tmp / "d", sim=False, slots=8, pool=0, gpus=1) as sock:
             for rep in range(args.repeats):
                 for mode in ("exclusive", "unprotected", "krex"):
-                    doc["runs"].append(one(tmp, mode, sock, rep))
+                    doc["runs"].append(one(tmp, mode, sock, rep, args.siblings))
                     if not doc["runs"][-1].get("parts") and rep == 0 and mode == "exclusive":
                         print("the candidate produced nothing alone: stopping", flush=True)
                         out.write_text(json.dumps(doc, indent=1) + "\n")

@@ -275,8 +275,9 @@ def _batch(
                         *(["--no-pool"] if no_pool else []),
                         *(["--gpu", str(gpu)] if gpu is not None else []),
                         # Autotuners' and harness timers' timings in regions too, as a user
-                        # who wants them protected runs (docs/bench.md).
-                        "--auto-regions",
+                        # who wants them protected runs (docs/bench.md); the simulated
+                        # commands have none.
+                        *([] if cmd.simulated else ["--auto-regions"]),
                         "--socket",
                         str(krex_socket),
                         "--report",

@@ -10,7 +10,8 @@ of a timing call: do_bench's first call, its estimate, warm-up, L2 flushes and f
 region through it as well; on torch 2.11, which predates it, through its benchmarkers'
 `benchmark_gpu` (INDUCTOR_FALLBACK); on other releases without it, one warning. cuDNN's
 benchmark-mode search runs in a region too: the first call of each convolution configuration
-while `torch.backends.cudnn.benchmark` is on (krex/cudnn.py).
+while `torch.backends.cudnn.benchmark` is on (krex/cudnn.py); and so does a plain CUDA-event
+timing, from a timing event's record outside any region to `elapsed_time` (krex/events.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from krex import cudnn
+from krex import cudnn, events
 from krex.markers import WRAPPED_MARK, region
 
 ENV_VAR = "KREX_AUTO_REGIONS"
@@ -111,14 +112,20 @@ _registry = _Registry()
 
 
 def install(
-    names: Iterable[str] = DEFAULT_AUTO_REGIONS, *, inductor: bool = True, cudnn_search: bool = True
+    names: Iterable[str] = DEFAULT_AUTO_REGIONS,
+    *,
+    inductor: bool = True,
+    cudnn_search: bool = True,
+    cuda_events: bool = True,
 ) -> None:
     """Wrap each named callable in a region, now or when its module is imported.
 
     Idempotent; names whose module is never imported cost nothing. With `inductor`, a torch
     that has Inductor's GPU benchmark lock hook gets a region registered into it (or its
     benchmarkers wrapped, see INDUCTOR_FALLBACK). With `cudnn_search`, cuDNN's benchmark-mode
-    search of each new convolution configuration runs in a region (krex/cudnn.py).
+    search of each new convolution configuration runs in a region (krex/cudnn.py). With
+    `cuda_events`, a plain CUDA-event timing (a timing event recorded outside any region, until
+    `elapsed_time` is read) is a region (krex/events.py).
 
     Raises:
         ValueError: a name is not a dotted path (see parse()).
@@ -143,6 +150,11 @@ def install(
             if cudnn.wrap_inductor_conv not in hooks:
                 hooks.append(cudnn.wrap_inductor_conv)
             _registry.watched.setdefault(cudnn.INDUCTOR_CONV_MODULE, set())
+        if cuda_events:
+            hooks = _registry.hooks.setdefault("torch", [])
+            if events.install not in hooks:
+                hooks.append(events.install)
+            _registry.watched.setdefault("torch", set())
         if _FINDER not in sys.meta_path:
             sys.meta_path.insert(0, _FINDER)
         # Longest module names first: a.b.c's own attribute is the one to wrap, before a.b's

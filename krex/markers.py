@@ -103,6 +103,11 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
+def in_region() -> bool:
+    """Whether this thread is inside a region now (always False outside krex)."""
+    return _state.depth > 0
+
+
 def last_region() -> dict[str, Any] | None:
     """The record of the region this process finished last (any thread), or None.
 

@@ -732,6 +732,76 @@ def test_inductors_subprocess_autotuning_is_in_regions_of_the_child(
     assert parent not in {pid for _, _, pid in got}  # the child's region, not its parent's
 
 
+# torch.cuda.Event's shape: a Python subclass of a C base, __new__ taking enable_timing.
+FAKE_CUDA = """
+import time
+
+
+class _EventBase:
+    def __new__(cls, enable_timing=False, blocking=False, interprocess=False):
+        return super().__new__(cls)
+
+
+class Event(_EventBase):
+    def __new__(cls, enable_timing=False, blocking=False, interprocess=False):
+        return super().__new__(cls, enable_timing=enable_timing, blocking=blocking,
+                               interprocess=interprocess)
+
+    def record(self, stream=None):
+        self.t = time.monotonic()
+
+    def elapsed_time(self, end_event):
+        return (end_event.t - self.t) * 1000
+
+
+capturing = False
+
+
+def is_current_stream_capturing():
+    return capturing
+"""
+
+
+def test_plain_cuda_event_timing_is_a_region(daemon: FakeDaemon, tmp_path: Path) -> None:
+    """Issue #18: a timing loop made of CUDA events alone is a region from the first timing
+    event's record to elapsed_time: one per trial, or one around a loop; not for events
+    without timing, not inside a region already open, not during graph capture; a region
+    whose events are never read ends at the next timing record once it is MAX_S old."""
+    (tmp_path / "torch" / "cuda").mkdir(parents=True)
+    (tmp_path / "torch" / "__init__.py").write_text(
+        '__version__ = "2.11.0"\nfrom torch import cuda\n'
+    )
+    (tmp_path / "torch" / "cuda" / "__init__.py").write_text(FAKE_CUDA)
+    script = textwrap.dedent("""
+        import time, torch, krex, krex.events
+        from torch.cuda import Event
+        Event().record()                                   # no timing: no region
+        for _ in range(3):                                 # per trial: 3 regions
+            s, e = Event(enable_timing=True), Event(True)
+            s.record(); e.record(); s.elapsed_time(e)
+        s, e = Event(enable_timing=True), Event(enable_timing=True)
+        s.record()                                         # a loop timed whole: 1
+        for _ in range(5):
+            e.record()
+        s.elapsed_time(e)
+        with krex.region():                                # already in one: just that 1
+            s.record(); e.record(); s.elapsed_time(e)
+        torch.cuda.capturing = True
+        s.record(); e.record()                             # graph capture: none
+        torch.cuda.capturing = False
+        krex.events.MAX_S = 0.05                           # never read: ended, then 1 more
+        s.record(); time.sleep(0.1); e.record(); s.elapsed_time(e)
+        print("done")
+        """)
+    env = clean_env(**autoregions.env_for(["nomodule.f"], {"PYTHONPATH": str(tmp_path)}))
+    env.update(daemon.env(TENANT))
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert (result.returncode, result.stdout) == (0, "done\n"), result.stderr
+    assert daemon.ops() == ["region_begin", "region_end"] * 7, result.stderr
+
+
 @pytest.fixture
 def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """install() in this process without leaving its finder or names behind."""

@@ -10,9 +10,15 @@ trial for per-trial timing, one for a loop timed as a whole. Events made without
 to order streams) never start one, nor does a record inside a region already open (do_bench's
 own events) or during CUDA graph capture.
 
+Cost inside the timed interval, where it would count: none. Only timing events made outside a
+region get the watching `record` (an attribute of the event, not of the class: events made
+inside a region, as do_bench's and Inductor's are, keep torch's own), and while this thread's
+event region is open the events it watched record through torch's own `record` again.
+
 A thread that records timing events and never reads them would keep its region open: such a
-region is ended at the thread's next timing record once it has lasted MAX_S, and the daemon
-revokes any region after its time-out. Raw driver events (cupy, C++ harnesses) are not seen.
+region is ended at the thread's next record of a timing event made while it was open, once it
+has lasted MAX_S, and the daemon revokes any region after its time-out. Raw driver events
+(cupy, C++ harnesses) are not seen.
 """
 
 from __future__ import annotations
@@ -21,62 +27,76 @@ import contextlib
 import sys
 import threading
 import time
+import types
+import weakref
 from typing import Any
 
-from krex.markers import WRAPPED_MARK, in_region, region
+from krex.markers import WRAPPED_MARK, region, region_depth
 
 MAX_S = 10.0
-"""An event region still open this long is ended at the thread's next timing record."""
+"""An event region still open this long is ended at the thread's next watched record."""
 
-_TIMING = "_krex_timing"
-_open = threading.local()  # .since: time.monotonic() when this thread's event region began
+
+class _Thread(threading.local):
+    def __init__(self) -> None:
+        self.since: float | None = None  # time.monotonic() when this thread's region began
+        self.watched: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+_thread = _Thread()
 
 
 def install() -> None:
-    """Wrap torch.cuda.Event's constructor, record and elapsed_time (once torch is imported)."""
+    """Watch torch.cuda.Event's timing events (called once torch is imported)."""
     torch: Any = sys.modules.get("torch")
     event: Any = getattr(getattr(torch, "cuda", None), "Event", None)
-    if event is None or getattr(event.record, WRAPPED_MARK, False):
+    if event is None or getattr(event.__new__, WRAPPED_MARK, False):
         return
     new, record, elapsed = event.__new__, event.record, event.elapsed_time
 
-    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
-        obj = new(cls, *args, **kwargs)
-        timing = kwargs.get("enable_timing", args[0] if args else False)
-        with contextlib.suppress(AttributeError):  # no instance dict: never timing for us
-            setattr(obj, _TIMING, bool(timing))
-        return obj
-
-    def wrapped_record(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(self, _TIMING, False):
-            since = getattr(_open, "since", None)
-            if since is not None and time.monotonic() - since > MAX_S:
-                _close()  # never read: do not hold the GPU for the rest of the program
-            if not in_region() and not _capturing(torch):
-                region().__enter__()
-                _open.since = time.monotonic()
+    def watched_record(self: Any, *args: Any, **kwargs: Any) -> Any:
+        since = _thread.since
+        if since is not None and time.monotonic() - since > MAX_S:
+            _close()  # never read: do not hold the GPU for the rest of the program
+        if region_depth() == 0 and not _capturing(torch):
+            region().__enter__()
+            _thread.since = time.monotonic()
+            for ev in list(_thread.watched):  # torch's own record while the region is open
+                ev.__dict__.pop("record", None)
         return record(self, *args, **kwargs)
 
-    def wrapped_elapsed(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def watched_elapsed(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return elapsed(self, *args, **kwargs)
         finally:
-            _close()
+            if _thread.since is not None:
+                _close()
+                for ev in list(_thread.watched):
+                    ev.record = types.MethodType(watched_record, ev)
 
-    for fn, orig in ((wrapped_record, record), (wrapped_elapsed, elapsed)):
-        fn.__name__, fn.__doc__ = orig.__name__, orig.__doc__
-        fn.__wrapped__ = orig  # type: ignore[attr-defined]
-        setattr(fn, WRAPPED_MARK, True)
+    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
+        obj = new(cls, *args, **kwargs)
+        if kwargs.get("enable_timing", args[0] if args else False) and _outside():
+            with contextlib.suppress(AttributeError, TypeError):  # no dict or no weakref
+                obj.record = types.MethodType(watched_record, obj)
+                obj.elapsed_time = types.MethodType(watched_elapsed, obj)
+                _thread.watched.add(obj)
+        return obj
+
+    setattr(__new__, WRAPPED_MARK, True)
     event.__new__ = staticmethod(__new__)
-    event.record = wrapped_record
-    event.elapsed_time = wrapped_elapsed
+
+
+def _outside() -> bool:
+    """Outside any region, or inside only this thread's event region (whose records must see
+    the time limit)."""
+    depth = region_depth()
+    return depth == 0 or (depth == 1 and _thread.since is not None)
 
 
 def _close() -> None:
-    """End this thread's event region, if it has one."""
-    if getattr(_open, "since", None) is None:
-        return
-    _open.since = None
+    """End this thread's event region."""
+    _thread.since = None
     region().__exit__(None, None, None)
 
 

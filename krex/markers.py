@@ -103,9 +103,9 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-def in_region() -> bool:
-    """Whether this thread is inside a region now (always False outside krex)."""
-    return _state.depth > 0
+def region_depth() -> int:
+    """How many regions this thread is inside now, nested (always 0 outside krex)."""
+    return _state.depth
 
 
 def last_region() -> dict[str, Any] | None:

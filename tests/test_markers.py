@@ -765,8 +765,9 @@ def is_current_stream_capturing():
 def test_plain_cuda_event_timing_is_a_region(daemon: FakeDaemon, tmp_path: Path) -> None:
     """Issue #18: a timing loop made of CUDA events alone is a region from the first timing
     event's record to elapsed_time: one per trial, or one around a loop; not for events
-    without timing, not inside a region already open, not during graph capture; a region
-    whose events are never read ends at the next timing record once it is MAX_S old."""
+    without timing, not inside a region already open, not during graph capture; inside the
+    region the events record through torch's own method; a region whose events are never read
+    ends at the next record of a timing event made while it was open, once it is MAX_S old."""
     (tmp_path / "torch" / "cuda").mkdir(parents=True)
     (tmp_path / "torch" / "__init__.py").write_text(
         '__version__ = "2.11.0"\nfrom torch import cuda\n'
@@ -778,7 +779,10 @@ def test_plain_cuda_event_timing_is_a_region(daemon: FakeDaemon, tmp_path: Path)
         Event().record()                                   # no timing: no region
         for _ in range(3):                                 # per trial: 3 regions
             s, e = Event(enable_timing=True), Event(True)
-            s.record(); e.record(); s.elapsed_time(e)
+            s.record()
+            assert "record" not in vars(e)                 # torch's own inside the region
+            e.record(); s.elapsed_time(e)
+            assert "record" in vars(e)                     # watched again after it
         s, e = Event(enable_timing=True), Event(enable_timing=True)
         s.record()                                         # a loop timed whole: 1
         for _ in range(5):
@@ -786,11 +790,14 @@ def test_plain_cuda_event_timing_is_a_region(daemon: FakeDaemon, tmp_path: Path)
         s.elapsed_time(e)
         with krex.region():                                # already in one: just that 1
             s.record(); e.record(); s.elapsed_time(e)
+            assert "record" not in vars(Event(enable_timing=True))  # made inside: torch's own
         torch.cuda.capturing = True
         s.record(); e.record()                             # graph capture: none
         torch.cuda.capturing = False
         krex.events.MAX_S = 0.05                           # never read: ended, then 1 more
-        s.record(); time.sleep(0.1); e.record(); s.elapsed_time(e)
+        s.record(); time.sleep(0.1)
+        f = Event(enable_timing=True)                      # made while it was open
+        f.record(); f.elapsed_time(f)
         print("done")
         """)
     env = clean_env(**autoregions.env_for(["nomodule.f"], {"PYTHONPATH": str(tmp_path)}))

@@ -9,9 +9,11 @@ a conv candidate +6.24 % under krex against +0.01 % for the native repeat, docs/
 
 So the convolution entry points are wrapped: while benchmark mode is on, the first call of a
 configuration this process has not seen runs in a region, which covers the search; every later
-call goes straight through. The entry points are `torch.nn.functional`'s conv and
-conv_transpose functions (what `nn.Conv*d` modules call) and Inductor's
-`extern_kernels.convolution` (what compiled graphs call for a convolution). Not `torch.conv2d`
+call goes straight through, and so does every call inside a region (a timing loop: the search
+is protected there already, and building the key, a few microseconds, would be timed). The
+entry points are `torch.nn.functional`'s conv and conv_transpose functions (what `nn.Conv*d`
+modules call) and Inductor's `extern_kernels.convolution` (what compiled graphs call for a
+convolution). Not `torch.conv2d`
 and its kin: dynamo knows torch's builtins by what `torch.<name>` is when it first compiles,
 so a wrapper there made it treat the real builtin as unknown, a graph break at every
 convolution (checked with torch 2.13 on a CPU; the `F` wrappers cause none). TorchScript
@@ -28,7 +30,7 @@ import sys
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from krex.markers import WRAPPED_MARK, region
+from krex.markers import WRAPPED_MARK, region, region_depth
 
 _CONVS = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
 # What search_region wraps, as attribute paths under `torch`: wrapped once torch's own import is
@@ -57,8 +59,10 @@ def search_region(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     seen: set[Hashable] = set()
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        # First: under dynamo's tracing this folds to True and the trace is just fn's.
-        if compiling() or not (cudnn.benchmark and cudnn.enabled):
+        # First: under dynamo's tracing this folds to True and the trace is just fn's. Then:
+        # inside a region (a timing loop) the call is protected already, and the few
+        # microseconds of key building would land in the timed interval.
+        if compiling() or region_depth() or not (cudnn.benchmark and cudnn.enabled):
             return fn(*args, **kwargs)
         key = _key(tensor, name, args, kwargs)
         if key is None or key in seen:

@@ -644,7 +644,8 @@ def test_cudnn_benchmark_search_runs_in_a_region_once_per_configuration(
 ) -> None:
     """Issue #18: with cudnn.benchmark on, the first convolution of each configuration (where
     cuDNN times its algorithms) is a region, through torch.nn.functional and Inductor's
-    extern_kernels; repeats, CPU tensors, benchmark mode off and dynamo's tracing are not; and
+    extern_kernels; repeats, CPU tensors, benchmark mode off, calls inside a region (a timing
+    loop: no key built there) and dynamo's tracing are not; and
     torch.conv2d itself is left alone (dynamo knows torch's builtins by those attributes)."""
     for name, text in FAKE_TORCH.items():
         (tmp_path / "torch" / name).parent.mkdir(parents=True, exist_ok=True)
@@ -675,9 +676,12 @@ def test_cudnn_benchmark_search_runs_in_a_region_once_per_configuration(
         torch.compiler.tracing = True
         step("tracing", lambda: F.conv2d(torch.Tensor(2, 3, 4, 4), w))
         torch.compiler.tracing = False
+        import krex
+        with krex.region():                                       # 5: the explicit one only
+            step("in a region", lambda: F.conv2d(torch.Tensor(3, 64, 56, 56), w))
         import torch._inductor.kernel.conv
         from torch._inductor.select_algorithm import extern_kernels
-        step("inductor", lambda: extern_kernels.convolution(torch.Tensor(1, 2), w))  # 5
+        step("inductor", lambda: extern_kernels.convolution(torch.Tensor(1, 2), w))  # 6
         assert not hasattr(torch.conv2d, "__krex_region__")  # what dynamo knows torch by
         assert not hasattr(torch.convolution, "__krex_region__")
         step("inductor again", lambda: extern_kernels.convolution(torch.Tensor(1, 2), w))
@@ -695,7 +699,7 @@ def test_cudnn_benchmark_search_runs_in_a_region_once_per_configuration(
     lines = result.stdout.splitlines()
     assert lines[0] == "off ('conv2d', (8, 64, 56, 56), 1)"  # the real function's result
     assert lines[-1] == "inductor again ('convolution', (1, 2))"
-    assert daemon.ops() == ["region_begin", "region_end"] * 5, result.stderr
+    assert daemon.ops() == ["region_begin", "region_end"] * 6, result.stderr
 
 
 def test_inductors_subprocess_autotuning_is_in_regions_of_the_child(

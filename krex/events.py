@@ -16,9 +16,9 @@ inside a region, as do_bench's and Inductor's are, keep torch's own), and while 
 event region is open the events it watched record through torch's own `record` again.
 
 A thread that records timing events and never reads them would keep its region open: such a
-region is ended at the thread's next record of a timing event made while it was open, once it
-has lasted MAX_S, and the daemon revokes any region after its time-out. Raw driver events
-(cupy, C++ harnesses) are not seen.
+region is ended when the thread makes its next timing event, once it has lasted MAX_S (events
+are made outside timed intervals; records inside them are left alone), and the daemon revokes
+any region after its time-out. Raw driver events (cupy, C++ harnesses) are not seen.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 from krex.markers import WRAPPED_MARK, region, region_depth
 
 MAX_S = 10.0
-"""An event region still open this long is ended at the thread's next watched record."""
+"""An event region still open this long is ended when the thread makes its next timing event."""
 
 
 class _Thread(threading.local):
@@ -55,9 +55,6 @@ def install() -> None:
     new, record, elapsed = event.__new__, event.record, event.elapsed_time
 
     def watched_record(self: Any, *args: Any, **kwargs: Any) -> Any:
-        since = _thread.since
-        if since is not None and time.monotonic() - since > MAX_S:
-            _close()  # never read: do not hold the GPU for the rest of the program
         if region_depth() == 0 and not _capturing(torch):
             region().__enter__()
             _thread.since = time.monotonic()
@@ -69,14 +66,25 @@ def install() -> None:
         try:
             return elapsed(self, *args, **kwargs)
         finally:
-            if _thread.since is not None:
-                _close()
-                for ev in list(_thread.watched):
-                    ev.record = types.MethodType(watched_record, ev)
+            end()
+
+    def end() -> None:
+        """End this thread's event region and watch its events' records again."""
+        if _thread.since is None:
+            return
+        _thread.since = None
+        region().__exit__(None, None, None)
+        for ev in list(_thread.watched):
+            ev.record = types.MethodType(watched_record, ev)
 
     def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
         obj = new(cls, *args, **kwargs)
-        if kwargs.get("enable_timing", args[0] if args else False) and _outside():
+        if not kwargs.get("enable_timing", args[0] if args else False):
+            return obj
+        since = _thread.since
+        if since is not None and region_depth() == 1 and time.monotonic() - since > MAX_S:
+            end()  # never read: do not hold the GPU for the rest of the program
+        if region_depth() == 0:
             with contextlib.suppress(AttributeError, TypeError):  # no dict or no weakref
                 obj.record = types.MethodType(watched_record, obj)
                 obj.elapsed_time = types.MethodType(watched_elapsed, obj)
@@ -85,19 +93,6 @@ def install() -> None:
 
     setattr(__new__, WRAPPED_MARK, True)
     event.__new__ = staticmethod(__new__)
-
-
-def _outside() -> bool:
-    """Outside any region, or inside only this thread's event region (whose records must see
-    the time limit)."""
-    depth = region_depth()
-    return depth == 0 or (depth == 1 and _thread.since is not None)
-
-
-def _close() -> None:
-    """End this thread's event region."""
-    _thread.since = None
-    region().__exit__(None, None, None)
 
 
 def _capturing(torch: Any) -> bool:

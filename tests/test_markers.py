@@ -771,7 +771,7 @@ def test_plain_cuda_event_timing_is_a_region(daemon: FakeDaemon, tmp_path: Path)
     event's record to elapsed_time: one per trial, or one around a loop; not for events
     without timing, not inside a region already open, not during graph capture; inside the
     region the events record through torch's own method; a region whose events are never read
-    ends at the next record of a timing event made while it was open, once it is MAX_S old."""
+    ends when the thread makes its next timing event, once it is MAX_S old."""
     (tmp_path / "torch" / "cuda").mkdir(parents=True)
     (tmp_path / "torch" / "__init__.py").write_text(
         '__version__ = "2.11.0"\nfrom torch import cuda\n'

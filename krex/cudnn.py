@@ -123,8 +123,23 @@ def _key(tensor: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     return tuple(parts) if cuda else None  # None: no tensor, or one off the GPU
 
 
+# Inductor's extern_kernels is internal: read from torch 2.11 (its source, and on the H200) and
+# 2.13 (its generated code calls extern_kernels.convolution; on a CPU).
+INDUCTOR_TORCH = ("2.11.", "2.13.")
+
+
 def wrap_inductor_conv() -> None:
-    """Inductor's extern_kernels.convolution wrapped (called by name from compiled graphs)."""
+    """Inductor's extern_kernels.convolution wrapped (called by name from compiled graphs), on
+    the torch releases it was read from; elsewhere one warning."""
+    version = str(getattr(sys.modules.get("torch"), "__version__", "") or "")
+    if not version.startswith(INDUCTOR_TORCH):
+        print(
+            f"krex: auto-regions: cuDNN's search in torch.compile'd convolutions is not in "
+            f"regions on torch {version or '(unknown)'} (Inductor's extern kernels were read "
+            f"from torch {', '.join(v.rstrip('.') for v in INDUCTOR_TORCH)})",
+            file=sys.stderr,
+        )
+        return
     namespace: Any = getattr(sys.modules.get(INDUCTOR_NAMESPACE_MODULE), "extern_kernels", None)
     fn = getattr(namespace, "convolution", None)
     if callable(fn) and not getattr(fn, WRAPPED_MARK, False):

@@ -1,10 +1,11 @@
 """Autotuners and harness timers next to busy siblings (issue #18), on a real GPU.
 
 One candidate command (AUTOTUNE below) autotunes and times, in order, into fresh caches:
-1. triton: the Triton tutorial's matmul with its `@triton.autotune` CUDA configs, fp16 4096^3;
-   winner: `best_config`; softmax: the bench suite's Triton softmax kernel (krex/bench/tasks/
-   softmax.py) under `@triton.autotune` over its three warp counts (candidates a few per cent
-   apart, as the suite's are);
+1. triton: the Triton tutorial's matmul with its `@triton.autotune` CUDA configs, fp16 4096^3
+   (the bench's autotune task, krex/bench/tasks/autotune.py); winner: `best_config`; softmax:
+   the bench suite's Triton softmax kernel (krex/bench/tasks/softmax.py) under
+   `@triton.autotune` over its three warp counts (candidates a few per cent apart, as the
+   suite's are);
 2. cudnn: the bench suite's conv candidate (krex/bench/tasks/conv.py: conv2d 3x3 + bias + ReLU,
    256x128x64x64, fp32) with `torch.backends.cudnn.benchmark = True`; winner: the CUDA kernels
    one call runs (torch.profiler);
@@ -82,61 +83,9 @@ KERNELBENCH_TIMING = textwrap.dedent('''
 
 AUTOTUNE = textwrap.dedent("""
     import json, re, statistics, sys, time
-    import torch, torch.nn.functional as F, triton, triton.language as tl, triton.testing
+    import torch, torch.nn.functional as F, triton, triton.testing
     res = {}
     t0 = time.monotonic()
-
-    def cfg(bm, bn, bk, g, s, w):
-        return triton.Config({"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk,
-                              "GROUP_SIZE_M": g}, num_stages=s, num_warps=w)
-
-    # The Triton tutorial's matmul (03-matrix-multiplication.py) and its CUDA autotune configs.
-    @triton.autotune(configs=[cfg(128, 256, 64, 8, 3, 8), cfg(64, 256, 32, 8, 4, 4),
-                              cfg(128, 128, 32, 8, 4, 4), cfg(128, 64, 32, 8, 4, 4),
-                              cfg(64, 128, 32, 8, 4, 4), cfg(128, 32, 32, 8, 4, 4),
-                              cfg(64, 32, 32, 8, 5, 2), cfg(32, 64, 32, 8, 5, 2)],
-                     key=["M", "N", "K"])
-    @triton.jit
-    def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-                      stride_cm, stride_cn, BLOCK_SIZE_M: tl.constexpr,
-                      BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-                      GROUP_SIZE_M: tl.constexpr):
-        pid = tl.program_id(axis=0)
-        num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
-        num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
-        num_pid_in_group = GROUP_SIZE_M * num_pid_n
-        group_id = pid // num_pid_in_group
-        first_pid_m = group_id * GROUP_SIZE_M
-        group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
-        pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-        pid_n = (pid % num_pid_in_group) // group_size_m
-        offs_am = (pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)) % M
-        offs_bn = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N
-        offs_k = tl.arange(0, BLOCK_SIZE_K)
-        a_ptrs = a_ptr + (offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak)
-        b_ptrs = b_ptr + (offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn)
-        acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-        for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
-            a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k * BLOCK_SIZE_K, other=0.0)
-            b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k * BLOCK_SIZE_K, other=0.0)
-            acc = tl.dot(a, b, acc)
-            a_ptrs += BLOCK_SIZE_K * stride_ak
-            b_ptrs += BLOCK_SIZE_K * stride_bk
-        c = acc.to(tl.float16)
-        offs_cm = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
-        offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-        c_ptrs = c_ptr + stride_cm * offs_cm[:, None] + stride_cn * offs_cn[None, :]
-        tl.store(c_ptrs, c, mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))
-
-    def matmul(a, b):
-        M, K = a.shape
-        K, N = b.shape
-        c = torch.empty((M, N), device=a.device, dtype=torch.float16)
-        cd = triton.cdiv
-        grid = lambda META: (cd(M, META["BLOCK_SIZE_M"]) * cd(N, META["BLOCK_SIZE_N"]),)
-        matmul_kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                            c.stride(0), c.stride(1))
-        return c
 
     def done(part, **kv):
         res[part] = {**kv, "at_s": round(time.monotonic() - t0, 1)}
@@ -147,9 +96,11 @@ AUTOTUNE = textwrap.dedent("""
     b = torch.randn(4096, 4096, device="cuda", dtype=torch.float16, generator=gen)
 
     def triton_part():
-        torch.testing.assert_close(matmul(a, b), a @ b, atol=0.5, rtol=0.05)
-        done("triton", winner=str(matmul_kernel.best_config),
-             ms=triton.testing.do_bench(lambda: matmul(a, b), return_mode="median"))
+        from krex.bench.tasks import autotune as at
+        matmul = at._triton_autotune([a, b])
+        torch.testing.assert_close(matmul(), a @ b, atol=0.5, rtol=0.05)
+        done("triton", winner=str(at._matmul.best_config),
+             ms=triton.testing.do_bench(matmul, return_mode="median"))
 
     def softmax_part():  # the bench suite's Triton softmax, its three warp counts autotuned
         from krex.bench.tasks import softmax as sm

@@ -1,9 +1,10 @@
 """Autotuned matmul: C = A @ B for 4096 x 4096 fp16 matrices, where the candidate picks its own
 kernel by timing alternatives when it is built (a kernel of ~0.2 ms on an H200).
 
-Candidates: the Triton tutorial's matmul under `@triton.autotune` with the tutorial's eight
-CUDA configs (the winner is timed at the first call), torch.compile in max-autotune mode (Inductor
-times cuBLAS against its Triton templates at compile time), and plain cuBLAS. Their choices are
+Candidates: the matmul task's Triton kernel (the tutorial's) under `@triton.autotune` with the
+tutorial's eight CUDA configs (the winner is timed at the first call), torch.compile in
+max-autotune mode (Inductor times cuBLAS against its Triton templates at compile time), and
+plain cuBLAS. Their choices are
 made outside `krex.region()`: only `krex run --auto-regions` (the bench's krex modes) times
 them in regions (docs/bench.md).
 """
@@ -16,8 +17,8 @@ from typing import Any
 
 import torch
 import triton
-import triton.language as tl
 
+from krex.bench.tasks import matmul
 from krex.bench.tasks._harness import Variant, run
 
 TASK = "autotune"
@@ -25,12 +26,14 @@ M = N = K = 4096
 
 
 def _config(bm: int, bn: int, bk: int, stages: int, warps: int) -> triton.Config:
-    meta = {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 8}
-    return triton.Config(meta, num_stages=stages, num_warps=warps)
+    return triton.Config(
+        {"BM": bm, "BN": bn, "BK": bk, "GROUP": 8}, num_stages=stages, num_warps=warps
+    )
 
 
-# The CUDA configs of triton's tutorial 03-matrix-multiplication.py.
-@triton.autotune(
+# The matmul task's kernel (the tutorial's grouped-order kernel) under `@triton.autotune` with the
+# CUDA configs of triton's tutorial 03-matrix-multiplication.py.
+_matmul = triton.autotune(
     configs=[
         _config(128, 256, 64, 3, 8),
         _config(64, 256, 32, 4, 4),
@@ -42,38 +45,7 @@ def _config(bm: int, bn: int, bk: int, stages: int, warps: int) -> triton.Config
         _config(32, 64, 32, 5, 2),
     ],
     key=["M", "N", "K"],
-)
-@triton.jit
-def _matmul(
-    a_ptr, b_ptr, c_ptr, M, N, K, sam, sak, sbk, sbn, scm, scn,
-    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    GROUP_SIZE_M: tl.constexpr,
-):  # fmt: skip
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
-    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
-    in_group = GROUP_SIZE_M * num_pid_n
-    first_m = (pid // in_group) * GROUP_SIZE_M
-    group_size = min(num_pid_m - first_m, GROUP_SIZE_M)
-    pid_m = first_m + ((pid % in_group) % group_size)
-    pid_n = (pid % in_group) // group_size
-    offs_m = (pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)) % M
-    offs_n = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N
-    offs_k = tl.arange(0, BLOCK_SIZE_K)
-    a_ptrs = a_ptr + offs_m[:, None] * sam + offs_k[None, :] * sak
-    b_ptrs = b_ptr + offs_k[:, None] * sbk + offs_n[None, :] * sbn
-    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
-        a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k * BLOCK_SIZE_K, other=0.0)
-        b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k * BLOCK_SIZE_K, other=0.0)
-        acc = tl.dot(a, b, acc)
-        a_ptrs += BLOCK_SIZE_K * sak
-        b_ptrs += BLOCK_SIZE_K * sbk
-    offs_cm = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
-    offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-    c_ptrs = c_ptr + offs_cm[:, None] * scm + offs_cn[None, :] * scn
-    mask = (offs_cm[:, None] < M) & (offs_cn[None, :] < N)
-    tl.store(c_ptrs, acc.to(tl.float16), mask=mask)
+)(matmul._matmul)
 
 
 def make_inputs(gen: torch.Generator) -> list[torch.Tensor]:
@@ -87,10 +59,12 @@ def reference(inputs: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def _triton_autotune(inputs: Sequence[torch.Tensor]) -> Callable[[], Any]:
     a, b = inputs
-    c = torch.empty(M, N, device="cuda", dtype=torch.float16)
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty(M, N, device=a.device, dtype=torch.float16)
 
     def grid(meta: dict[str, Any]) -> tuple[int]:
-        return (triton.cdiv(M, meta["BLOCK_SIZE_M"]) * triton.cdiv(N, meta["BLOCK_SIZE_N"]),)
+        return (triton.cdiv(M, meta["BM"]) * triton.cdiv(N, meta["BN"]),)
 
     def fn() -> torch.Tensor:
         _matmul[grid](

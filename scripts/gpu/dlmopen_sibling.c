@@ -7,20 +7,13 @@
  * usage: dlmopen_sibling PTX      (scripts/gpu/security_check.py; built by scripts/gpu_check.sh)
  */
 #define _GNU_SOURCE
+#include "ck.h"
 #include <cuda.h>
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #define SYM(name) name##_fn = (typeof(name##_fn))sym(lib, #name)
-#define CK(x)                                                                                    \
-    do {                                                                                         \
-        CUresult r_ = (x);                                                                       \
-        if (r_ != CUDA_SUCCESS) {                                                                \
-            fprintf(stderr, "%s failed: %d\n", #x, (int)r_);                                     \
-            return 1;                                                                            \
-        }                                                                                        \
-    } while (0)
 
 static void *sym(void *lib, const char *name)
 {

@@ -3,19 +3,11 @@
  * direct binding). scripts/gpu/check.py runs it alternately with and without the shim.
  * usage: launch_overhead PTX LAUNCHES
  */
+#include "ck.h"
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
-
-#define CK(x)                                                                                    \
-    do {                                                                                         \
-        CUresult r_ = (x);                                                                       \
-        if (r_ != CUDA_SUCCESS) {                                                                \
-            fprintf(stderr, "%s failed: %d\n", #x, (int)r_);                                     \
-            return 1;                                                                            \
-        }                                                                                        \
-    } while (0)
 
 static double now(void)
 {

@@ -99,11 +99,10 @@ class _Registry:
         # module name -> attribute paths under it ("Timer.timeit"); for a.b.c.f every split
         # (a.b.c + f, a.b + c.f, a + b.c.f): which prefix is the module is known only on import.
         self.watched: dict[str, set[str]] = {}
-        self.inductor = False
         # Full dotted name -> how to wrap it, for names not wrapped in a plain region.
         self.factories: dict[str, Callable[[Any, str], Any]] = {}
-        # Module name -> what to run once it is imported (beyond wrapping names).
-        self.hooks: dict[str, list[Callable[[], None]]] = {}
+        # Module name -> what to run with the module once it is imported (beyond wrapping).
+        self.hooks: dict[str, list[Callable[[ModuleType], None]]] = {}
         self.requested: set[str] = set()  # the names install() was given
         self.resolved: set[str] = set()  # those found (and wrapped) in this process
 
@@ -139,22 +138,15 @@ def install(
                 prefix = ".".join(parts[:cut])
                 _registry.watched.setdefault(prefix, set()).add(".".join(parts[cut:]))
         if inductor:
-            _registry.inductor = True
-            _registry.watched.setdefault(INDUCTOR_MODULE, set())
+            _hook(INDUCTOR_MODULE, _register_inductor)
         if cudnn_search:
             # Under `torch` only: wrapped once torch's own import is complete.
             _registry.watched.setdefault("torch", set()).update(cudnn.TORCH_PATHS)
             for path in cudnn.TORCH_PATHS:
                 _registry.factories[f"torch.{path}"] = cudnn.search_region
-            hooks = _registry.hooks.setdefault(cudnn.INDUCTOR_CONV_MODULE, [])
-            if cudnn.wrap_inductor_conv not in hooks:
-                hooks.append(cudnn.wrap_inductor_conv)
-            _registry.watched.setdefault(cudnn.INDUCTOR_CONV_MODULE, set())
+            _hook(cudnn.INDUCTOR_CONV_MODULE, _inductor_conv)
         if cuda_events:
-            hooks = _registry.hooks.setdefault("torch", [])
-            if events.install not in hooks:
-                hooks.append(events.install)
-            _registry.watched.setdefault("torch", set())
+            _hook("torch", events.install)
         if _FINDER not in sys.meta_path:
             sys.meta_path.insert(0, _FINDER)
         # Longest module names first: a.b.c's own attribute is the one to wrap, before a.b's
@@ -165,17 +157,23 @@ def install(
                 _on_import(module)
 
 
+def _hook(module_name: str, hook: Callable[[ModuleType], None]) -> None:
+    """Run hook(module) once `module_name` is imported (at once if it is); caller holds the
+    registry's lock."""
+    hooks = _registry.hooks.setdefault(module_name, [])
+    if hook not in hooks:
+        hooks.append(hook)
+    _registry.watched.setdefault(module_name, set())
+
+
 def _on_import(module: ModuleType) -> None:
     with _registry.lock:
         paths = sorted(_registry.watched.get(module.__name__, ()))
-        inductor = _registry.inductor and module.__name__ == INDUCTOR_MODULE
         hooks = list(_registry.hooks.get(module.__name__, ()))
     for path in paths:
         _wrap(module, path)
-    if inductor:
-        _register_inductor(module)
     for hook in hooks:
-        hook()
+        hook(module)
 
 
 def _wrap(module: ModuleType, path: str) -> None:
@@ -275,17 +273,32 @@ def _inductor_fallback(module: ModuleType) -> None:
     """A torch without the hook: its benchmarkers' benchmark_gpu wrapped, on the releases
     INDUCTOR_FALLBACK was read from; elsewhere one warning (a patch of internals we have not
     read could wrap the wrong thing)."""
+    why = f"it has no {INDUCTOR_HOOK}, and the fallback is for"
+    if _on_release(INDUCTOR_FALLBACK_TORCH, "Inductor's GPU benchmarks are", why):
+        for path in INDUCTOR_FALLBACK:
+            _wrap(module, path)
+
+
+def _inductor_conv(_module: ModuleType) -> None:
+    """Inductor's extern convolution wrapped (krex/cudnn.py), on the releases it was read from."""
+    what = "cuDNN's searches in torch.compile'd convolutions are"
+    if _on_release(cudnn.INDUCTOR_TORCH, what, "Inductor's extern kernels were read from"):
+        cudnn.wrap_inductor_conv()
+
+
+def _on_release(releases: tuple[str, ...], what: str, why: str) -> bool:
+    """Whether the installed torch is one of `releases` (version prefixes), the ones a patch of
+    its internals was read from; else one warning, "{what} not in regions on torch V: {why}
+    torch R"."""
     version = str(getattr(sys.modules.get("torch"), "__version__", "") or "")
-    if not version.startswith(INDUCTOR_FALLBACK_TORCH):
-        print(
-            f"krex: auto-regions: Inductor's GPU benchmarks are not in regions on torch "
-            f"{version or '(unknown)'}: it has no {INDUCTOR_HOOK}, and the fallback is for "
-            f"torch {', '.join(v.rstrip('.') for v in INDUCTOR_FALLBACK_TORCH)}",
-            file=sys.stderr,
-        )
-        return
-    for path in INDUCTOR_FALLBACK:
-        _wrap(module, path)
+    if version.startswith(releases):
+        return True
+    print(
+        f"krex: auto-regions: {what} not in regions on torch {version or '(unknown)'}: {why} "
+        f"torch {', '.join(v.rstrip('.') for v in releases)}",
+        file=sys.stderr,
+    )
+    return False
 
 
 def _inductor_region() -> contextlib.AbstractContextManager[None]:

@@ -13,11 +13,10 @@ call goes straight through, and so does every call inside a region (a timing loo
 is protected there already, and building the key, a few microseconds, would be timed). The
 entry points are `torch.nn.functional`'s conv and conv_transpose functions (what `nn.Conv*d`
 modules call) and Inductor's `extern_kernels.convolution` (what compiled graphs call for a
-convolution). Not `torch.conv2d`
-and its kin: dynamo knows torch's builtins by what `torch.<name>` is when it first compiles,
-so a wrapper there made it treat the real builtin as unknown, a graph break at every
-convolution (checked with torch 2.13 on a CPU; the `F` wrappers cause none). TorchScript
-compiles a wrapper as the aten op it wraps.
+convolution). Not `torch.conv2d` and its kin: dynamo knows torch's builtins by what
+`torch.<name>` is when it first compiles, so a wrapper there made it treat the real builtin as
+unknown, a graph break at every convolution (checked with torch 2.13 on a CPU; the `F`
+wrappers cause none). TorchScript compiles a wrapper as the aten op it wraps.
 
 Our key can differ from PyTorch's own cache key (which also looks at pointer alignment): a
 configuration it searches again that we have seen runs outside a region. Under torch.compile's
@@ -53,7 +52,6 @@ def search_region(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
         import torch.compiler
 
         compiling = torch.compiler.is_compiling
-        tensor = torch.Tensor
     except (ImportError, AttributeError):
         return fn
     seen: set[Hashable] = set()
@@ -64,7 +62,7 @@ def search_region(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
         # microseconds of key building would land in the timed interval.
         if compiling() or region_depth() or not (cudnn.benchmark and cudnn.enabled):
             return fn(*args, **kwargs)
-        key = _key(tensor, name, args, kwargs)
+        key = _key(name, args, kwargs)
         if key is None or key in seen:
             return fn(*args, **kwargs)
         with region():
@@ -97,7 +95,7 @@ def _as_torchscript_builtin(wrapper: Callable[..., Any], fn: Callable[..., Any])
         pass
 
 
-def _key(tensor: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
+def _key(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Hashable:
     """What decides cuDNN's choice for this call, or None when it is not all on a CUDA device."""
     import torch
 
@@ -111,7 +109,7 @@ def _key(tensor: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     cuda = None
     v: Any
     for k, v in (*enumerate(args), *sorted(kwargs.items())):
-        if isinstance(v, tensor):
+        if isinstance(v, torch.Tensor):
             cuda = v.is_cuda and cuda is not False
             v = (tuple(v.shape), v.stride(), v.dtype, v.device, v.requires_grad)
         else:
@@ -124,22 +122,13 @@ def _key(tensor: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) 
 
 
 # Inductor's extern_kernels is internal: read from torch 2.11 (its source, and on the H200) and
-# 2.13 (its generated code calls extern_kernels.convolution; on a CPU).
+# 2.13 (its generated code calls extern_kernels.convolution; on a CPU). Auto-regions wrap it
+# only on these (krex/autoregions.py).
 INDUCTOR_TORCH = ("2.11.", "2.13.")
 
 
 def wrap_inductor_conv() -> None:
-    """Inductor's extern_kernels.convolution wrapped (called by name from compiled graphs), on
-    the torch releases it was read from; elsewhere one warning."""
-    version = str(getattr(sys.modules.get("torch"), "__version__", "") or "")
-    if not version.startswith(INDUCTOR_TORCH):
-        print(
-            f"krex: auto-regions: cuDNN's search in torch.compile'd convolutions is not in "
-            f"regions on torch {version or '(unknown)'} (Inductor's extern kernels were read "
-            f"from torch {', '.join(v.rstrip('.') for v in INDUCTOR_TORCH)})",
-            file=sys.stderr,
-        )
-        return
+    """Inductor's extern_kernels.convolution wrapped (called by name from compiled graphs)."""
     namespace: Any = getattr(sys.modules.get(INDUCTOR_NAMESPACE_MODULE), "extern_kernels", None)
     fn = getattr(namespace, "convolution", None)
     if callable(fn) and not getattr(fn, WRAPPED_MARK, False):

@@ -24,7 +24,6 @@ any region after its time-out. Raw driver events (cupy, C++ harnesses) are not s
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 import time
 import types
@@ -46,9 +45,8 @@ class _Thread(threading.local):
 _thread = _Thread()
 
 
-def install() -> None:
-    """Watch torch.cuda.Event's timing events (called once torch is imported)."""
-    torch: Any = sys.modules.get("torch")
+def install(torch: Any) -> None:
+    """Watch torch.cuda.Event's timing events (called with torch once it is imported)."""
     event: Any = getattr(getattr(torch, "cuda", None), "Event", None)
     if event is None or getattr(event.__new__, WRAPPED_MARK, False):
         return

@@ -273,3 +273,21 @@ def test_out_of_memory_is_read_from_stderr_or_the_krex_report(
     """Each framework's spelling of device out-of-memory, or a krex report counting one, is
     out of memory; other errors (a host MemoryError) are not."""
     assert runner.out_of_memory(stderr, memory) is oom
+
+
+def test_run_timed_keeps_the_last_json_line_and_fresh_caches(tmp_path: Path) -> None:
+    """The GPU scripts' one way to run and time a command natively: its status, wall time, the
+    last JSON line it printed (not a later plain line), and compile caches of its own."""
+    script = textwrap.dedent("""
+        import json, os
+        print(json.dumps({"n": 1}))
+        print(json.dumps({"n": 2, "cache": os.environ["TRITON_CACHE_DIR"]}))
+        print("done")
+        raise SystemExit(3)
+        """)
+    r = runner.run_timed(
+        [sys.executable, "-c", script], tmp_path, "t", sock=None, warm=False, timeout=60
+    )
+    assert (r.rc, r.report) == (3, None)
+    assert r.result == {"n": 2, "cache": str(tmp_path / "cache-t" / "triton")}
+    assert r.wall_s > 0

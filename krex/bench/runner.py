@@ -121,6 +121,43 @@ def fresh_caches(env: dict[str, str], directory: Path) -> dict[str, str]:
     }
 
 
+@dataclass(frozen=True)
+class Timed:
+    """One command's run (`run_timed`): its exit status, its wall time until it returned (s),
+    the last JSON line of its stdout (None: none), its stderr, and its `krex run --report`
+    (None: it ran natively, or wrote none)."""
+
+    rc: int
+    wall_s: float
+    result: dict[str, Any] | None
+    stderr: str
+    report: dict[str, Any] | None
+
+
+def run_timed(
+    argv: Sequence[str], tmp: Path, tag: str, *, sock: Path | None, warm: bool, timeout: float
+) -> Timed:
+    """Run argv once with fresh compile caches under tmp (named by tag): natively, or through
+    `krex run` on the daemon at sock (with --no-pool unless warm), as the GPU scripts under
+    scripts/bench/ compare them. subprocess.TimeoutExpired past timeout."""
+    report = tmp / f"{tag}.json"
+    if sock is not None:
+        pre = [sys.executable, "-m", "krex.cli", "run", "--socket", str(sock), "--report"]
+        argv = [*pre, str(report), *([] if warm else ["--no-pool"]), "--", *argv]
+    env = fresh_caches(dict(os.environ), tmp / f"cache-{tag}")
+    t0 = time.monotonic()
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    wall = time.monotonic() - t0
+    lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
+    return Timed(
+        rc=p.returncode,
+        wall_s=wall,
+        result=json.loads(lines[-1]) if lines else None,
+        stderr=p.stderr,
+        report=json.loads(report.read_text()) if report.exists() else None,
+    )
+
+
 def _machine(simulated: bool) -> str:
     """This host, its cores and (on a real GPU, where NVML answers) the GPU's name."""
     text = f"{platform.node()} ({os.cpu_count()} cores)"

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from krex.bench import suite
-from krex.bench.runner import fresh_caches
+from krex.bench.runner import run_timed
 from krex.client import private_daemon, status
 
 # Eager and compiled candidates of four tasks (kernels from < 0.1 ms to a few ms).
@@ -51,35 +49,26 @@ BANDS = ((0.0, 0.1), (0.1, 1.0), (1.0, 10.0), (10.0, float("inf")))
 def one(
     sock: Path | None, task: str, variant: str, warm: bool, tmp: Path, tag: str
 ) -> dict[str, Any]:
-    report = tmp / f"{tag}.json"
-    env = fresh_caches(dict(os.environ), tmp / f"cache-{tag}")
     argv = [sys.executable, str(suite.TASKS_DIR / f"{task}.py"), variant]
-    if sock is not None:
-        pre = [sys.executable, "-m", "krex.cli", "run", "--socket", str(sock)]
-        argv = [*pre, "--report", str(report), *([] if warm else ["--no-pool"]), "--", *argv]
-    t0 = time.monotonic()
-    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=400)
+    r = run_timed(argv, tmp, tag, sock=sock, warm=warm, timeout=400)
     row: dict[str, Any] = {
         "task": task,
         "variant": variant,
         "kind": "compile" if variant == "compiled" else "eager",
-        "wall_s": time.monotonic() - t0,
-        "rc": p.returncode,
+        "wall_s": r.wall_s,
+        "rc": r.rc,
     }
-    lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
-    if p.returncode == 0 and lines:
-        out = json.loads(lines[-1])
-        row["median_ms"] = out.get("median_ms")
-        row["setup_s"] = out.get("setup_s")
+    if r.rc == 0 and r.result is not None:
+        row["median_ms"] = r.result.get("median_ms")
+        row["setup_s"] = r.result.get("setup_s")
     else:
-        row["stderr"] = p.stderr[-1500:]
-    if report.exists():
-        rep = json.loads(report.read_text())
-        row["pool"] = rep.get("pool")
-        row["pool_reason"] = rep.get("pool_reason")
+        row["stderr"] = r.stderr[-1500:]
+    if r.report is not None:
+        row["pool"] = r.report.get("pool")
+        row["pool_reason"] = r.report.get("pool_reason")
         row["regions"] = [
-            {k: r.get(k) for k in ("clean", "duration_s", "warnings", "problems")}
-            for r in rep.get("regions", [])
+            {k: x.get(k) for k in ("clean", "duration_s", "warnings", "problems")}
+            for x in r.report.get("regions", [])
         ]
     return row
 

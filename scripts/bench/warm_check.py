@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from krex.bench import suite
-from krex.bench.runner import fresh_caches
+from krex.bench.runner import run_timed
 from krex.client import private_daemon, status
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,30 +33,18 @@ def task(name: str, variant: str) -> list[str]:
 
 
 def one(argv: list[str], sock: Path | None, warm: bool, tmp: Path, tag: str) -> dict[str, Any]:
-    report = tmp / f"{tag}.json"
-    if sock is not None:
-        pre = [sys.executable, "-m", "krex.cli", "run", "--socket", str(sock), "--report"]
-        argv = [*pre, str(report), *([] if warm else ["--no-pool"]), "--", *argv]
-    env = fresh_caches(dict(os.environ), tmp / f"cache-{tag}")
-    t0 = time.monotonic()
-    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
-    row: dict[str, Any] = {
-        "tag": tag,
-        "wall_s": round(time.monotonic() - t0, 3),
-        "rc": p.returncode,
-    }
-    lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
-    if lines:
-        out = json.loads(lines[-1])
-        row["median_ms"] = out.get("median_ms")
+    r = run_timed(argv, tmp, tag, sock=sock, warm=warm, timeout=300)
+    row: dict[str, Any] = {"tag": tag, "wall_s": round(r.wall_s, 3), "rc": r.rc}
+    if r.result is not None:
+        row["median_ms"] = r.result.get("median_ms")
     else:
-        row["stderr"] = p.stderr[-1500:]
-    if report.exists():
-        rep = json.loads(report.read_text())
-        row["pool"] = rep.get("pool")
-        row["pool_reason"] = rep.get("pool_reason")
-        row["warnings"] = [[w["name"] for w in r.get("warnings", [])] for r in rep["regions"]]
-        row["clean"] = [r.get("clean") for r in rep["regions"]]
+        row["stderr"] = r.stderr[-1500:]
+    if r.report is not None:
+        row["pool"] = r.report.get("pool")
+        row["pool_reason"] = r.report.get("pool_reason")
+        regions = r.report["regions"]
+        row["warnings"] = [[w["name"] for w in x.get("warnings", [])] for x in regions]
+        row["clean"] = [x.get("clean") for x in regions]
     print(json.dumps(row), flush=True)
     return row
 

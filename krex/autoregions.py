@@ -5,13 +5,16 @@ process of the tenant then imports `krex/_auto/sitecustomize.py`, which calls `i
 named callable is wrapped in `krex.region()` as soon as its module is imported (at once if it
 already is). A wrapped call is one region from its first line to its return, so it covers all
 of a timing call: do_bench's first call, its estimate, warm-up, L2 flushes and final sync
-(docs/user-guide.md, "Auto-regions"). Where the installed torch has Inductor's
-`set_gpu_benchmark_lock_context` (pytorch PR #184905), every Inductor GPU benchmark is put in a
-region through it as well; on torch 2.11, which predates it, through its benchmarkers'
-`benchmark_gpu` (INDUCTOR_FALLBACK); on other releases without it, one warning. cuDNN's
-benchmark-mode search runs in a region too: the first call of each convolution configuration
-while `torch.backends.cudnn.benchmark` is on (krex/cudnn.py); and so does a plain CUDA-event
-timing, from a timing event's record outside any region to `elapsed_time` (krex/events.py).
+(docs/user-guide.md, "Auto-regions"). Auto-regions linger (krex/markers.py, auto_region()): a
+timing that follows within KREX_REGION_LINGER_S continues the same region, so an autotuner's
+configurations and a harness's trials are timed in one region, alike. Where the installed torch
+has Inductor's `set_gpu_benchmark_lock_context` (pytorch PR #184905), every Inductor GPU
+benchmark is put in a region through it as well; on torch 2.11, which predates it, through its
+benchmarkers' `benchmark_gpu` (INDUCTOR_FALLBACK); on other releases without it, one warning.
+cuDNN's benchmark-mode search runs in a region too: the first call of each convolution
+configuration while `torch.backends.cudnn.benchmark` is on (krex/cudnn.py); and so does a plain
+CUDA-event timing, from a timing event's record outside any region to `elapsed_time`
+(krex/events.py).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from types import ModuleType
 from typing import Any
 
 from krex import cudnn, events
-from krex.markers import WRAPPED_MARK, region
+from krex.markers import WRAPPED_MARK, auto_region
 
 ENV_VAR = "KREX_AUTO_REGIONS"
 DEFAULT_AUTO_REGIONS = (
@@ -197,7 +200,7 @@ def _wrap(module: ModuleType, path: str) -> None:
         factory = _registry.factories.get(full)
     if getattr(fn, WRAPPED_MARK, False):
         return
-    wrapped: Any = factory(fn, full) if factory is not None else region()(fn)
+    wrapped: Any = factory(fn, full) if factory is not None else auto_region()(fn)
     setattr(owner, attr, kind(wrapped) if kind is not None else wrapped)
 
 
@@ -262,7 +265,7 @@ def _register_inductor(module: ModuleType) -> None:
 
     @contextlib.contextmanager
     def both() -> Iterator[None]:
-        with previous(), region():
+        with previous(), auto_region():
             yield
 
     setattr(both, WRAPPED_MARK, True)
@@ -302,7 +305,7 @@ def _on_release(releases: tuple[str, ...], what: str, why: str) -> bool:
 
 
 def _inductor_region() -> contextlib.AbstractContextManager[None]:
-    return region()
+    return auto_region()
 
 
 class _PostImportLoader(importlib.abc.Loader):

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from krex.markers import WRAPPED_MARK, region, region_depth
+from krex.markers import WRAPPED_MARK, auto_region, region_depth
 
 _CONVS = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
 # What search_region wraps, as attribute paths under `torch`: wrapped once torch's own import is
@@ -65,7 +65,7 @@ def search_region(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
         key = _key(name, args, kwargs)
         if key is None or key in seen:
             return fn(*args, **kwargs)
-        with region():
+        with auto_region():
             out = fn(*args, **kwargs)
         seen.add(key)
         return out

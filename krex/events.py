@@ -5,8 +5,10 @@ torch.cuda.synchronize(); start.elapsed_time(end)`, once around a loop or once p
 (KernelBench's cuda_event timer is one of them). No named function marks that timing, so
 auto-regions watch the events themselves: when a thread that is not in a region records a
 `torch.cuda.Event` made with `enable_timing=True`, a region begins before the record; it ends
-when that thread next reads `elapsed_time` (the measurement is then complete). One region per
-trial for per-trial timing, one for a loop timed as a whole. Events made without timing (used
+when that thread next reads `elapsed_time` (the measurement is then complete). Like every
+auto-region it lingers (krex/markers.py): the next trial's record, well within
+KREX_REGION_LINGER_S, continues it, so a per-trial loop is one region with no sibling work
+between its trials, as a loop timed as a whole is. Events made without timing (used
 to order streams) never start one, nor does a record inside a region already open (do_bench's
 own events) or during CUDA graph capture.
 
@@ -30,7 +32,7 @@ import types
 import weakref
 from typing import Any
 
-from krex.markers import WRAPPED_MARK, region, region_depth
+from krex.markers import WRAPPED_MARK, auto_region, region_depth
 
 MAX_S = 10.0
 """An event region still open this long is ended when the thread makes its next timing event."""
@@ -54,7 +56,7 @@ def install(torch: Any) -> None:
 
     def watched_record(self: Any, *args: Any, **kwargs: Any) -> Any:
         if region_depth() == 0 and not _capturing(torch):
-            region().__enter__()
+            auto_region().__enter__()
             _thread.since = time.monotonic()
             for ev in list(_thread.watched):  # torch's own record while the region is open
                 ev.__dict__.pop("record", None)
@@ -71,7 +73,7 @@ def install(torch: Any) -> None:
         if _thread.since is None:
             return
         _thread.since = None
-        region().__exit__(None, None, None)
+        auto_region().__exit__(None, None, None)
         for ev in list(_thread.watched):
             ev.record = types.MethodType(watched_record, ev)
 

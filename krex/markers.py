@@ -4,10 +4,18 @@ Inside a tenant (`KREX_SOCKET` and `KREX_TENANT` set by `krex run`), the outermo
 thread opens a connection of its own to the daemon, sends `region_begin` and holds the
 connection until `region_end` (docs/protocol.md); nested regions of that thread only count.
 Outside krex every marker is a no-op that costs a cached look-up.
+
+Auto-regions (krex/autoregions.py) end lazily: an `auto_region()` left by its thread stays held
+for KREX_REGION_LINGER_S (default 5 ms), and a region the thread begins in that time continues
+it, with no new drain or freeze. An autotuner's configurations, timed one after another, and a
+harness's trials, each between its own CUDA events, are so timed in one region, under the same
+conditions, with no sibling work between them. A held region nobody continues is ended by a
+reaper thread, by flush(), or at exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import errno
 import functools
 import os
@@ -33,6 +41,11 @@ R = TypeVar("R")
 
 CONNECT_RETRY_S = 5.0  # how long to retry connecting while the daemon comes up
 DEFAULT_WAIT_S = 600.0  # KREX_REGION_WAIT_S when unset: the bound on waiting for a grant
+# KREX_REGION_LINGER_S when unset: how long an auto-region is held after its call returns. It
+# bridges the gaps between consecutive timings (well under 1 ms: a loop's next step, an L2 flush
+# launched, the next config's call) and costs the siblings at most this much per region.
+DEFAULT_LINGER_S = 0.005
+MAX_LINGER_S = 1.0
 END_REPLY_S = 60.0  # the bound on the reply to region_end (the daemon thaws and reopens)
 WRAPPED_MARK = "__krex_region__"  # set on wrappers, so nothing gets wrapped twice
 
@@ -53,6 +66,7 @@ class _Tenant:
     path: str
     tenant: int
     wait_s: float
+    linger_s: float
 
 
 @functools.cache
@@ -71,32 +85,59 @@ def _environment() -> _Tenant | None:
         wait_s = -1.0
     if not 0 < wait_s < float("inf"):
         raise RegionError(f"KREX_REGION_WAIT_S must be a positive number of seconds, not {wait!r}")
+    linger = os.environ.get("KREX_REGION_LINGER_S", "")
+    try:
+        linger_s = float(linger) if linger else DEFAULT_LINGER_S
+    except ValueError:
+        linger_s = -1.0
+    if not 0 <= linger_s <= MAX_LINGER_S:
+        raise RegionError(
+            f"KREX_REGION_LINGER_S must be between 0 and {MAX_LINGER_S:g} seconds, not {linger!r}"
+        )
     # "Forever" is 1e9 s (30 years): socket time-outs must fit in 64-bit nanoseconds.
-    return _Tenant(path, int(tenant), min(wait_s, 1e9))
+    return _Tenant(path, int(tenant), min(wait_s, 1e9), linger_s)
+
+
+class _Held:
+    """One granted region: its connection and grant. A plain object, not thread-local, so
+    that the reaper thread can end it for the thread that held it."""
+
+    __slots__ = ("conn", "ended", "grant", "t_grant", "until")
+
+    def __init__(self, conn: socket.socket, grant: dict[str, Any]) -> None:
+        self.conn = conn
+        self.grant = grant  # the region_begin reply: its wait, drain, freeze times
+        self.t_grant = time.monotonic()
+        self.until = 0.0  # while lingering: when the reaper ends it (time.monotonic())
+        self.ended = False  # taken by the reaper or flush() (under _lock)
 
 
 class _ThreadState(threading.local):
     def __init__(self) -> None:
         self.depth = 0
-        self.conn: socket.socket | None = None
-        self.grant: dict[str, Any] = {}  # the region_begin reply: its wait, drain, freeze times
-        self.t_grant = 0.0  # time.monotonic() at the grant
+        self.held: _Held | None = None  # this thread's region, inside it or lingering
 
 
 _state = _ThreadState()
 _lock = threading.Lock()
+_reaped = threading.Condition(_lock)  # notified when a region starts lingering
 _open: set[socket.socket] = set()  # every thread's region connection, for the fork hook
+_lingering: set[_Held] = set()  # regions left by their threads, held until `until`
+_reaper: threading.Thread | None = None
 _last: dict[str, Any] | None = None
 
 
 def _forget_after_fork() -> None:
     # A forked child must not end its parent's region (region_end on the shared connection),
     # nor keep the connection open: the daemon learns the owner died from EOF.
-    global _state, _lock
+    global _state, _lock, _reaped, _reaper
     _lock = threading.Lock()
+    _reaped = threading.Condition(_lock)
+    _reaper = None
     for conn in _open:
         conn.close()
     _open.clear()
+    _lingering.clear()
     _state = _ThreadState()
 
 
@@ -112,8 +153,20 @@ def last_region() -> dict[str, Any] | None:
     """The record of the region this process finished last (any thread), or None.
 
     Its keys are the daemon's: `wait_s`, `drain_s`, `freeze_s`, `duration_s`, `clean`, `revoked`,
-    `problems` (every record has these), and on real GPUs the clock keys.
+    `problems` (every record has these), and on real GPUs the clock keys. A lingering
+    auto-region of this thread is ended first: asking for its record says the timing is over.
     """
+    held = _state.held
+    if held is not None and _state.depth == 0:
+        with _lock:
+            mine = held in _lingering
+            if mine:
+                _lingering.discard(held)
+                _open.discard(held.conn)
+                held.ended = True
+        if mine:
+            _state.held = None
+            _end_quietly(held)
     with _lock:
         return None if _last is None else dict(_last)
 
@@ -122,8 +175,12 @@ class Region:
     """One region marker: a re-entrant context manager and a decorator.
 
     It holds no state of its own (the depth and connection are per thread), so one instance
-    serves every thread and every nesting level.
+    serves every thread and every nesting level. A lingering one (auto_region()) is held
+    KREX_REGION_LINGER_S after its outermost exit, for the thread's next region to continue.
     """
+
+    def __init__(self, *, lingers: bool = False) -> None:
+        self.lingers = lingers
 
     def __enter__(self) -> None:
         tenant = _environment()
@@ -133,11 +190,19 @@ class Region:
         if state.depth:
             state.depth += 1
             return
-        conn, state.grant = _begin(tenant)
-        state.t_grant = time.monotonic()
+        held = state.held
+        if held is not None:
+            with _lock:
+                if not held.ended:  # still lingering: continue it
+                    held.until = 0.0
+                    _lingering.discard(held)
+                    state.depth = 1
+                    return
+            state.held = None  # the reaper is ending it
+        conn, grant = _begin(tenant)
         with _lock:
             _open.add(conn)
-        state.conn = conn
+        state.held = _Held(conn, grant)
         state.depth = 1
 
     def __exit__(
@@ -146,8 +211,8 @@ class Region:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        global _last
-        if _environment() is None:
+        tenant = _environment()
+        if tenant is None:
             return
         state = _state
         if state.depth == 0:  # entered before a fork, in the parent: not ours to end
@@ -155,20 +220,22 @@ class Region:
         state.depth -= 1
         if state.depth:
             return
-        conn, state.conn = state.conn, None
-        assert conn is not None
+        held = state.held
+        assert held is not None
+        if self.lingers and tenant.linger_s > 0:
+            _linger(held, tenant.linger_s)
+            return
+        state.held = None
         with _lock:
-            _open.discard(conn)
+            _open.discard(held.conn)
+            held.ended = True
         try:
-            record = _end(conn, state.grant, time.monotonic() - state.t_grant)
+            _finish(held)
         except RegionError as error:
             if exc is None:
                 raise
             # The body's own exception is the one the caller needs to see.
             print(f"krex: {error}", file=sys.stderr)
-            return
-        with _lock:
-            _last = record
 
     def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
         """Decorate `fn` so that each call runs inside this region (a plain function: a
@@ -183,7 +250,69 @@ class Region:
         return wrapper
 
 
+def _finish(held: _Held) -> None:
+    """End a region taken off its thread (held.ended set): region_end, and its record."""
+    global _last
+    record = _end(held.conn, held.grant, time.monotonic() - held.t_grant)
+    with _lock:
+        _last = record
+
+
+def _linger(held: _Held, linger_s: float) -> None:
+    """Hold `held` for linger_s more, then have the reaper end it unless it is continued."""
+    global _reaper
+    with _lock:
+        held.until = time.monotonic() + linger_s
+        _lingering.add(held)
+        if _reaper is None:
+            _reaper = threading.Thread(target=_reap, name="krex-region-reaper", daemon=True)
+            _reaper.start()
+        _reaped.notify()
+
+
+def _reap() -> None:
+    """The reaper thread: ends each lingering region when its time is up."""
+    while True:
+        with _lock:
+            now = time.monotonic()
+            due = [h for h in _lingering if h.until <= now]
+            if not due:
+                nearest = min((h.until for h in _lingering), default=now + 3600.0)
+                _reaped.wait(nearest - now)
+                continue
+            for held in due:
+                _lingering.discard(held)
+                _open.discard(held.conn)
+                held.ended = True
+        for held in due:
+            _end_quietly(held)
+
+
+def _end_quietly(held: _Held) -> None:
+    try:
+        _finish(held)
+    except RegionError as error:  # nobody to raise to: the thread has moved on
+        print(f"krex: {error}", file=sys.stderr)
+
+
+def flush() -> None:
+    """End now every region of this process that lingers (auto-regions whose calls returned),
+    so that their records are complete: at a command's end, and at exit."""
+    with _lock:
+        due = list(_lingering)
+        _lingering.clear()
+        for held in due:
+            _open.discard(held.conn)
+            held.ended = True
+    for held in due:
+        _end_quietly(held)
+
+
+atexit.register(flush)
+
+
 _REGION = Region()
+_AUTO_REGION = Region(lingers=True)
 
 
 def region() -> Region:
@@ -200,6 +329,12 @@ def region() -> Region:
             within KREX_REGION_WAIT_S; on exit, when it refuses region_end.
     """
     return _REGION
+
+
+def auto_region() -> Region:
+    """A region for auto-regions: like region(), but held KREX_REGION_LINGER_S after its
+    outermost exit, so that the thread's next timing continues it (see the module's text)."""
+    return _AUTO_REGION
 
 
 def _connect(path: str) -> socket.socket:

@@ -363,6 +363,7 @@ def run_child(job: Job) -> int:
         status = _execute(job.inv)
         _shutdown_threads()
         handlers.run(own=True)
+        _end_lingering_regions()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -392,6 +393,14 @@ def _auto_regions(value: str) -> None:
             auto.note_at_exit(log)
     except Exception as exc:
         print(f"krex: auto-regions are off in this process: {exc}", file=sys.stderr)
+
+
+def _end_lingering_regions() -> None:
+    """The command's auto-regions still held (krex/markers.py) ended now, before its status is
+    reported, so that its report has every region and the siblings are not held for it."""
+    markers = sys.modules.get("krex.markers")
+    if markers is not None:
+        markers.flush()
 
 
 def _shutdown_threads() -> None:

@@ -22,7 +22,16 @@ from krex.errors import KrexError
 from krex.markers import RegionError, last_region, region
 from krex.paths import shim_library
 
-KREX_ENV = ("KREX_SOCKET", "KREX_TENANT", "KREX_REGION_WAIT_S", "KREX_AUTO_REGIONS")
+KREX_ENV = (
+    "KREX_SOCKET",
+    "KREX_TENANT",
+    "KREX_REGION_WAIT_S",
+    "KREX_REGION_LINGER_S",
+    "KREX_AUTO_REGIONS",
+)
+# For tests that count one region per wrapped call: auto-regions that do not linger (the
+# lingering itself is tested on its own).
+NO_LINGER = {"KREX_REGION_LINGER_S": "0"}
 TENANT = 7
 
 
@@ -149,6 +158,123 @@ def test_a_forked_child_never_ends_its_parents_region(inside: FakeDaemon) -> Non
         os._exit(0)
     os.waitpid(pid, 0)
     assert inside.wait_for(2) == pairs(1)
+
+
+def linger(monkeypatch: pytest.MonkeyPatch, seconds: str) -> None:
+    monkeypatch.setenv("KREX_REGION_LINGER_S", seconds)
+    markers._environment.cache_clear()
+
+
+def test_an_auto_region_lingers_and_the_next_continues_it(
+    inside: FakeDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An auto-region left by its thread is held KREX_REGION_LINGER_S: the thread's next
+    region in that time continues it (no new begin: no new drain or freeze), and past it the
+    reaper ends it with nothing more from the thread."""
+    linger(monkeypatch, "0.3")
+    auto = markers.auto_region()
+    with auto:
+        pass
+    assert markers.region_depth() == 0
+    assert inside.ops() == ["region_begin"]  # held, not ended
+    with auto:  # the next timing, within the linger: the same region
+        pass
+    assert inside.ops() == ["region_begin"]
+    with auto:
+        pass
+    assert (last_region() or {}).get("clean") is True  # asking for it ends it: the timing is over
+    assert inside.ops() == ["region_begin", "region_end"]
+    with auto:
+        pass
+    left = time.monotonic()
+    assert inside.wait_for(4, timeout_s=5) == pairs(2)  # the reaper's end
+    assert 0.25 < time.monotonic() - left < 3
+    deadline = time.monotonic() + 5  # the record lands once the reaper has the reply
+    while last_region() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (last_region() or {}).get("clean") is True
+
+
+def test_a_plain_region_ends_a_lingering_one_at_its_exit(
+    inside: FakeDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """krex.region() continues a lingering auto-region but, not lingering itself, ends it at
+    its exit; an auto-region nested in a plain one ends with the plain one."""
+    linger(monkeypatch, "1")
+    with markers.auto_region():
+        pass
+    with region():
+        assert inside.ops() == ["region_begin"]
+    assert inside.ops() == ["region_begin", "region_end"]
+    with region(), markers.auto_region():
+        pass
+    assert inside.ops() == ["region_begin", "region_end"] * 2
+
+
+def test_flush_ends_lingering_regions_now(
+    inside: FakeDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """flush() (a command's end in a warm worker, and at exit) ends every lingering region of
+    the process at once, other threads' too; a region still entered is left alone."""
+    linger(monkeypatch, "1")
+    other = threading.Thread(target=markers.auto_region().__enter__)
+    other.start()  # entered and never left: not lingering, not flushed
+
+    def left_in_thread() -> None:
+        with markers.auto_region():
+            pass
+
+    worker = threading.Thread(target=left_in_thread)
+    other.join(timeout=10)
+    worker.start()
+    worker.join(timeout=10)
+    inside.wait_for(2)
+    markers.flush()
+    assert sorted(inside.ops()) == ["region_begin", "region_begin", "region_end"]
+
+
+def test_a_lingering_region_ends_at_exit_and_not_in_a_forked_child(
+    daemon: FakeDaemon, tmp_path: Path
+) -> None:
+    """A process that exits with its auto-region lingering ends it (region_end, not EOF) at
+    once, without waiting for the linger; a child forked meanwhile never ends it."""
+    script = textwrap.dedent("""
+        import os, time
+        from krex import markers
+        with markers.auto_region():
+            pass
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print(time.monotonic())
+        """)
+    env = clean_env(KREX_REGION_LINGER_S="1", **daemon.env(TENANT))
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    ended = time.monotonic()
+    assert (result.returncode, result.stderr) == (0, "")
+    assert ended - float(result.stdout) < 0.9  # flushed at exit, not reaped after 1 s
+    assert [op for op, _, _ in daemon.wait_for(2)] == ["region_begin", "region_end"]
+    assert daemon.ops() == ["region_begin", "region_end"]
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "2", "nan"])
+def test_bad_linger_variable_is_one_clear_error(
+    inside: FakeDaemon, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """KREX_REGION_LINGER_S outside [0, 1] s is reported as such, and no region begins."""
+    linger(monkeypatch, value)
+    with (
+        pytest.raises(
+            RegionError,
+            match=f"KREX_REGION_LINGER_S must be between 0 and 1 seconds, not '{value}'",
+        ),
+        markers.auto_region(),
+    ):
+        pass
+    assert inside.ops() == []
 
 
 def test_last_region_is_the_daemons_record(inside: FakeDaemon) -> None:
@@ -444,8 +570,9 @@ print("sitecustomize" in sys.modules and sys.modules["sitecustomize"].__file__)
 
 
 def test_auto_regions_wrap_an_unmodified_script(daemon: FakeDaemon, tmp_path: Path) -> None:
-    """With env_for(["fakebench.testing.do_bench"]), each do_bench call of a script that never
-    mentions krex is one region, and the user's own sitecustomize still runs."""
+    """With env_for(["fakebench.testing.do_bench"]), the do_bench calls of a script that never
+    mentions krex are in a region (its two calls back to back, one region: they linger), and the
+    user's own sitecustomize still runs."""
     (tmp_path / "fakebench").mkdir()
     (tmp_path / "fakebench" / "__init__.py").write_text("")
     (tmp_path / "fakebench" / "testing.py").write_text(FAKEBENCH)
@@ -471,7 +598,8 @@ def test_auto_regions_wrap_an_unmodified_script(daemon: FakeDaemon, tmp_path: Pa
         str(user_site),
         "1",
     ]
-    assert [op for op, _, _ in daemon.wait_for(4)] == ["region_begin", "region_end"] * 2
+    assert [op for op, _, _ in daemon.wait_for(2)] == ["region_begin", "region_end"]
+    assert daemon.ops() == ["region_begin", "region_end"]
 
 
 def test_auto_regions_never_break_the_program(tmp_path: Path) -> None:
@@ -575,6 +703,7 @@ def test_without_the_hook_inductors_benchmarkers_are_wrapped_on_torch_2_11(
         """)
     env = clean_env(**autoregions.env_for(["nomodule.f"], {"PYTHONPATH": str(tmp_path)}))
     env.update(daemon.env(TENANT))
+    env.update(NO_LINGER)  # one region per call, counted
     result = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
     )
@@ -690,6 +819,7 @@ def test_cudnn_benchmark_search_runs_in_a_region_once_per_configuration(
         """)
     env = clean_env(**autoregions.env_for(["nomodule.f"], {"PYTHONPATH": str(tmp_path)}))
     env.update(daemon.env(TENANT))
+    env.update(NO_LINGER)  # one region per call, counted
     result = subprocess.run(
         [sys.executable, "-c", script, "unused"],
         env=env,
@@ -811,6 +941,7 @@ def test_plain_cuda_event_timing_is_a_region(daemon: FakeDaemon, tmp_path: Path)
         """)
     env = clean_env(**autoregions.env_for(["nomodule.f"], {"PYTHONPATH": str(tmp_path)}))
     env.update(daemon.env(TENANT))
+    env.update(NO_LINGER)  # one region per call, counted
     result = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
     )
@@ -861,6 +992,8 @@ def test_install_wraps_now_or_on_import_and_only_once(
         "benchlib_early.Timer.helper",
         "never_imported_module.run",
     ]
+    monkeypatch.setenv("KREX_REGION_LINGER_S", "0")  # one region per call, counted
+    markers._environment.cache_clear()
     autoregions.install(names)
     autoregions.install(names)
     import benchlib_late  # type: ignore[import-not-found]  # written by this test

@@ -12,7 +12,9 @@ One candidate command (AUTOTUNE below) autotunes and times, in order, into fresh
 3. kernelbench: a KernelBench-style timing call, `kernelbench.timing.
    time_execution_with_cuda_event` (a module of that name and shape, written here: warm-up,
    CUDA events around each trial, L2 cleared before each, first trial discarded) of KernelBench
-   level 1 problem 1's matmul (fp32 4096^2), with no krex code in it;
+   level 1 problem 1's matmul (fp32 4096^2), with no krex code in it; events: the same matmul
+   timed by a plain per-trial CUDA-event loop in no named harness (krex/events.py's case;
+   `watched` says whether its events were);
 4. inductor: `torch.compile(mode="max-autotune-no-cudagraphs")` of an fp16 4096^3 matmul;
    winner: what the generated code runs (aten's mm, or the template's block sizes, stages and
    warps);
@@ -23,9 +25,17 @@ Each part's timing is triton.testing.do_bench's median (a region under --auto-re
 Modes, interleaved (exclusive, unprotected, krex; then again): exclusive: the command alone,
 natively; unprotected: natively beside 7 busy siblings (torch matmuls, steady or bursty: see
 SIBLING; no krex);
-krex: `krex run --auto-regions` beside the same 7 siblings under `krex run` (8 slots).
+krex: `krex run --auto-regions` beside the same 7 siblings under `krex run` (8 slots);
+with --alone, also krex-alone (first repeat): `krex run --auto-regions` with no siblings, which
+tells krex's own effect from what the siblings leave behind on the GPU.
+
+Each part records its candidates' times where the autotuner exposes them (Triton's
+`configs_timings`, Inductor's printed table), so a changed winner can be read against how close
+the race was, and the GPU's state over its final timing (SM clock, temperature, power, time
+capped; NVML sampled every 50 ms by this script).
 
     python3 scripts/bench/autotune_check.py --json OUT.json [--repeats 2] [--siblings bursty]
+        [--alone]
 """
 
 from __future__ import annotations
@@ -33,11 +43,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -46,6 +58,7 @@ from krex.bench.runner import fresh_caches
 from krex.client import private_daemon
 
 KREX = [sys.executable, "-m", "krex.cli"]
+MODES = ("exclusive", "unprotected", "krex", "krex-alone")
 
 KERNELBENCH_TIMING = textwrap.dedent('''
     """Stand-in of KernelBench's src/kernelbench/timing.py, its cuda_event timer's shape."""
@@ -91,6 +104,16 @@ AUTOTUNE = textwrap.dedent("""
         res[part] = {**kv, "at_s": round(time.monotonic() - t0, 1)}
         print(part, json.dumps(res[part]), file=sys.stderr, flush=True)
 
+    def timed(fn):  # the final timing, and its wall-clock window (for the GPU's telemetry)
+        w0 = time.time()
+        ms = triton.testing.do_bench(fn, return_mode="median")
+        return {"ms": ms, "window": [w0, time.time()]}
+
+    def candidates(tuner):  # an autotuner's configs, fastest first: its median per config
+        t = getattr(tuner, "configs_timings", None) or {}
+        return sorted(([str(c), float(v[0] if isinstance(v, (list, tuple)) else v)]
+                       for c, v in t.items()), key=lambda cv: cv[1])
+
     gen = torch.Generator(device="cuda").manual_seed(0)
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16, generator=gen)
     b = torch.randn(4096, 4096, device="cuda", dtype=torch.float16, generator=gen)
@@ -99,8 +122,8 @@ AUTOTUNE = textwrap.dedent("""
         from krex.bench.tasks import autotune as at
         matmul = at._triton_autotune([a, b])
         torch.testing.assert_close(matmul(), a @ b, atol=0.5, rtol=0.05)
-        done("triton", winner=str(at._matmul.best_config),
-             ms=triton.testing.do_bench(matmul, return_mode="median"))
+        done("triton", winner=str(at._matmul.best_config), candidates=candidates(at._matmul),
+             **timed(matmul))
 
     def softmax_part():  # the bench suite's Triton softmax, its three warp counts autotuned
         from krex.bench.tasks import softmax as sm
@@ -112,8 +135,7 @@ AUTOTUNE = textwrap.dedent("""
         fn = lambda: tuned[(sm.M,)](x, out, sm.N, x.stride(0), BLOCK=block)
         fn()
         torch.testing.assert_close(out, torch.softmax(x, dim=1), atol=1e-6, rtol=1e-4)
-        done("softmax", winner=str(tuned.best_config),
-             ms=triton.testing.do_bench(fn, return_mode="median"))
+        done("softmax", winner=str(tuned.best_config), candidates=candidates(tuned), **timed(fn))
 
     def cudnn_part():  # the bench suite's conv candidate, cudnn-benchmark variant
         x = torch.randn(256, 128, 64, 64, device="cuda", generator=gen)
@@ -134,15 +156,14 @@ AUTOTUNE = textwrap.dedent("""
                 winner = " | ".join(k[:120] for k in kernels)
             except Exception as e:
                 winner = f"unknown (profiler: {e!r:.200})"
-            done("cudnn", winner=winner, ms=triton.testing.do_bench(conv, return_mode="median"))
+            done("cudnn", winner=winner, **timed(conv))
             if "--compiled-conv" in sys.argv:
                 from torch._dynamo.utils import counters  # not `import torch...`: a local
                 fc = torch.compile(lambda x, w, b: F.relu(F.conv2d(x, w, b, padding=1)))
                 fc(x, w, bias)
                 torch.cuda.synchronize()
                 breaks = sum(counters["graph_break"].values())
-                done("compiled_conv", graph_breaks=breaks,
-                     ms=triton.testing.do_bench(lambda: fc(x, w, bias), return_mode="median"))
+                done("compiled_conv", graph_breaks=breaks, **timed(lambda: fc(x, w, bias)))
         finally:
             torch.backends.cudnn.benchmark = False
 
@@ -150,8 +171,28 @@ AUTOTUNE = textwrap.dedent("""
         from kernelbench.timing import time_execution_with_cuda_event
         A = torch.randn(4096, 4096, device="cuda", generator=gen)
         B = torch.randn(4096, 4096, device="cuda", generator=gen)
+        w0 = time.time()
         times = time_execution_with_cuda_event(torch.matmul, [A, B], num_trials=10)
-        done("kernelbench", ms=statistics.median(times), trials=times)
+        done("kernelbench", ms=statistics.median(times), trials=times, window=[w0, time.time()])
+
+    def events_part():  # a plain CUDA-event loop, per trial, in no named harness
+        A = torch.randn(4096, 4096, device="cuda", generator=gen)
+        B = torch.randn(4096, 4096, device="cuda", generator=gen)
+        for _ in range(3):
+            torch.matmul(A, B)
+        torch.cuda.synchronize()
+        times, w0, watched = [], time.time(), False
+        for _ in range(11):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            watched = watched or "record" in getattr(start, "__dict__", {})  # krex/events.py's
+            start.record()
+            torch.matmul(A, B)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        done("events", ms=statistics.median(times[1:]), trials=times[1:], watched=watched,
+             window=[w0, time.time()])
 
     def inductor_part():
         torch._dynamo.reset()
@@ -166,11 +207,11 @@ AUTOTUNE = textwrap.dedent("""
             launch = re.findall(r"num_stages=(\\d+), num_warps=(\\d+)", code)
             winner = "template " + ",".join(f"{k}={v}" for k, v in sorted(consts.items())
                                             if k.isupper()) + f" stages,warps={launch[:1]}"
-        ms = triton.testing.do_bench(lambda: f(a, b), return_mode="median")
-        done("inductor", winner=winner, ms=ms)
+        done("inductor", winner=winner, **timed(lambda: f(a, b)))
 
     for name, part in (("triton", triton_part), ("softmax", softmax_part), ("cudnn", cudnn_part),
-                       ("kernelbench", kernelbench_part), ("inductor", inductor_part)):
+                       ("kernelbench", kernelbench_part), ("events", events_part),
+                       ("inductor", inductor_part)):
         try:
             part()
         except Exception as e:  # one part's failure is recorded, the others still run
@@ -201,6 +242,80 @@ SIBLING = textwrap.dedent("""
 """)
 
 
+class Telemetry:
+    """The GPU's SM clock, temperature, energy and capped time, sampled every PERIOD_S in a
+    thread (NVML through krex.nvml), so that each part's timing window can be read against
+    the GPU's state (the power state moves fp16 matmuls by per cents: docs/results/)."""
+
+    PERIOD_S = 0.05
+
+    def __init__(self) -> None:
+        from krex.nvml import Nvml
+
+        self.nvml = Nvml.open()
+        self.samples: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Telemetry:
+        if self.nvml is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        assert self.nvml is not None
+        while not self._stop.wait(self.PERIOD_S):
+            sample = self.nvml.sample(0)
+            if sample is not None:
+                self.samples.append({"t": time.time(), **sample})
+
+    def window(self, t0: float, t1: float) -> dict[str, Any] | None:
+        """The GPU's state over [t0, t1] (wall clock): mean SM clock, temperature at both
+        ends, mean power and ms capped by power or temperature; None without samples."""
+        inside = [x for x in self.samples if t0 <= x["t"] <= t1]
+        if len(inside) < 2:
+            return None
+        first, last = inside[0], inside[-1]
+        out: dict[str, Any] = {
+            "sm_clock_mhz": round(statistics.mean(x["sm_clock_mhz"] for x in inside)),
+            "samples": len(inside),
+        }
+        if "temp_c" in first:
+            out["temp_c"] = [first["temp_c"], last.get("temp_c")]
+        span = last["t"] - first["t"]
+        if "energy_mj" in first and span > 0:
+            out["power_w"] = round((last["energy_mj"] - first["energy_mj"]) / 1000 / span)
+        for key in ("power_capped_ns", "thermal_capped_ns"):
+            if key in first:
+                out[key.replace("_ns", "_ms")] = round((last[key] - first[key]) / 1e6, 1)
+        return out
+
+
+# Inductor's autotuning table on stderr: "  mm 0.1773 ms 100.0% ..." under "AUTOTUNE mm(...)".
+_CHOICE = re.compile(r"^\s+(\S+) ([0-9.]+) ms ([0-9.]+)%")
+
+
+def inductor_choices(stderr: str) -> list[list[Any]]:
+    """The choices Inductor printed after autotuning, fastest first: [name, ms] (top 5)."""
+    out: list[list[Any]] = []
+    lines = stderr.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("AUTOTUNE "):
+            for row in lines[i + 1 :]:
+                m = _CHOICE.match(row)
+                if m:
+                    out.append([m.group(1), float(m.group(2))])
+                elif out or not row.startswith(("strides", "dtypes")):
+                    break
+            break
+    return out[:5]
+
+
 def _env(tmp: Path, tag: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
     env.pop("LD_PRELOAD", None)
@@ -227,12 +342,15 @@ def _siblings(tmp: Path, sock: Path | None, n: int, load: str) -> list[subproces
     return sibs
 
 
-def one(tmp: Path, mode: str, sock: Path | None, rep: int, load: str) -> dict[str, Any]:
+def one(
+    tmp: Path, mode: str, sock: Path | None, rep: int, load: str, gpu: Telemetry
+) -> dict[str, Any]:
     tag = f"{mode}{rep}"
-    sibs = _siblings(tmp, sock if mode == "krex" else None, 7, load) if mode != "exclusive" else []
+    crowded = mode in ("unprotected", "krex")
+    sibs = _siblings(tmp, sock if mode == "krex" else None, 7, load) if crowded else []
     argv = [sys.executable, str(tmp / "autotune.py")]
     report = tmp / f"{tag}.report.json"
-    if mode == "krex":
+    if mode in ("krex", "krex-alone"):
         argv = [*KREX, "run", "--socket", str(sock), "--no-pool", "--auto-regions",
                 "--report", str(report), "--", *argv, "--compiled-conv"]  # fmt: skip
     t0 = time.monotonic()
@@ -252,6 +370,12 @@ def one(tmp: Path, mode: str, sock: Path | None, rep: int, load: str) -> dict[st
         row["errors"] = {k: v for k, v in parts.items() if not isinstance(v, dict)}
     except (ValueError, IndexError, AttributeError):
         pass
+    for part in row.get("parts", {}).values():
+        window = part.pop("window", None)
+        if window:
+            part["gpu"] = gpu.window(*window)
+    if "inductor" in row.get("parts", {}):
+        row["parts"]["inductor"]["candidates"] = inductor_choices(err)
     row["stderr"] = err[-4000:]
     if report.exists():
         rep_doc = json.loads(report.read_text())
@@ -266,9 +390,11 @@ def one(tmp: Path, mode: str, sock: Path | None, rep: int, load: str) -> dict[st
     winners = {k: v.get("winner", v.get("graph_breaks")) for k, v in row.get("parts", {}).items()}
     regions = f", regions {row.get('regions')} ({row.get('regions_clean')} clean)"
     print(f"{tag}: rc {rc}, {row['wall_s']:.0f} s, {json.dumps(winners)}"
-          + (regions if mode == "krex" else ""), flush=True)  # fmt: skip
+          + (regions if mode.startswith("krex") else ""), flush=True)  # fmt: skip
     ms = {k: round(v["ms"], 4) for k, v in row.get("parts", {}).items() if "ms" in v}
     print(f"    ms {json.dumps(ms)}", flush=True)
+    state = {k: v.get("gpu") for k, v in row.get("parts", {}).items() if v.get("gpu")}
+    print(f"    gpu {json.dumps(state)}", flush=True)
     if row.get("errors") or "parts" not in row:
         print(f"    errors {json.dumps(row.get('errors'))}\n{err[-2500:]}", flush=True)
     return row
@@ -281,7 +407,7 @@ def verdict(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in runs if "parts" in r]
     for part in ("triton", "softmax", "cudnn", "inductor"):
         by = {m: [r["parts"][part]["winner"] for r in ok if r["mode"] == m and part in r["parts"]]
-              for m in ("exclusive", "unprotected", "krex")}  # fmt: skip
+              for m in MODES}  # fmt: skip
         ex = set(by["exclusive"])
         out[part] = {
             "winners": by,
@@ -289,9 +415,17 @@ def verdict(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "krex_equals_exclusive": bool(by["krex"]) and all(w in ex for w in by["krex"]),
             "unprotected_changed": any(w not in ex for w in by["unprotected"]),
         }
-    for part in ("triton", "softmax", "cudnn", "kernelbench", "inductor"):
+        # How close the race was alone: the runner-up's time over the winner's, per run.
+        gaps = []
+        for r in ok:
+            cands = r["parts"].get(part, {}).get("candidates") or []
+            if r["mode"] == "exclusive" and len(cands) > 1 and cands[0][1] > 0:
+                gaps.append(round((cands[1][1] - cands[0][1]) / cands[0][1] * 100, 2))
+        if gaps:
+            out[part]["exclusive_runner_up_gap_pct"] = gaps
+    for part in ("triton", "softmax", "cudnn", "kernelbench", "events", "inductor"):
         ms = {m: [r["parts"][part]["ms"] for r in ok if r["mode"] == m and part in r["parts"]]
-              for m in ("exclusive", "unprotected", "krex")}  # fmt: skip
+              for m in MODES}  # fmt: skip
         if not ms["exclusive"]:
             continue
         base = statistics.median(ms["exclusive"])
@@ -309,6 +443,12 @@ def main() -> int:
     ap.add_argument("--json", required=True)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--siblings", choices=("steady", "bursty"), default="steady")
+    ap.add_argument(
+        "--alone",
+        action="store_true",
+        help="also run the candidate under krex with no siblings (first repeat only): krex's "
+        "own effect, apart from what the siblings leave behind (the GPU's temperature)",
+    )
     args = ap.parse_args()
     out = Path(args.json)
     doc: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
@@ -321,10 +461,16 @@ def main() -> int:
         (tmp / "lib" / "kernelbench" / "timing.py").write_text(KERNELBENCH_TIMING)
         (tmp / "autotune.py").write_text(AUTOTUNE)
         (tmp / "sibling.py").write_text(SIBLING)
-        with private_daemon(tmp / "d", sim=False, slots=8, pool=0, gpus=1) as sock:
+        with (
+            private_daemon(tmp / "d", sim=False, slots=8, pool=0, gpus=1) as sock,
+            Telemetry() as gpu,
+        ):
             for rep in range(args.repeats):
-                for mode in ("exclusive", "unprotected", "krex"):
-                    doc["runs"].append(one(tmp, mode, sock, rep, args.siblings))
+                modes = ["exclusive", "unprotected", "krex"]
+                if args.alone and rep == 0:
+                    modes.append("krex-alone")
+                for mode in modes:
+                    doc["runs"].append(one(tmp, mode, sock, rep, args.siblings, gpu))
                     if not doc["runs"][-1].get("parts") and rep == 0 and mode == "exclusive":
                         print("the candidate produced nothing alone: stopping", flush=True)
                         out.write_text(json.dumps(doc, indent=1) + "\n")

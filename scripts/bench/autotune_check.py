@@ -18,8 +18,14 @@ One candidate command (AUTOTUNE below) autotunes and times, in order, into fresh
 4. inductor: `torch.compile(mode="max-autotune-no-cudagraphs")` of an fp16 4096^3 matmul;
    winner: what the generated code runs (aten's mm, or the template's block sizes, stages and
    warps);
-5. compiled conv (krex mode only): torch.compile of the conv with cudnn.benchmark on, and
-   dynamo's graph-break count (the cuDNN wrappers must not add any).
+5. compiled conv (every mode, after the cudnn part): torch.compile of the conv with
+   cudnn.benchmark on, and dynamo's graph-break count (the cuDNN wrappers must not add any);
+6. triton8k and inductor8k: the same two autotuners on the bench suite's matmul task at its
+   size (krex/bench/tasks/matmul.py: fp16 8192^3, 1.6-1.9 ms kernels): `@triton.autotune` over
+   the suite's four Triton configurations, and max-autotune. Kernels of milliseconds are where
+   time-slicing can reorder an autotuner's candidates: a 0.2 ms kernel mostly runs whole inside
+   one time slice, so do_bench's median reads it uncontended (the control of issue #18).
+--parts picks and orders them (default: all).
 Each part's timing is triton.testing.do_bench's median (a region under --auto-regions).
 
 Modes, interleaved (exclusive, unprotected, krex; then again): exclusive: the command alone,
@@ -59,6 +65,17 @@ from krex.client import private_daemon
 
 KREX = [sys.executable, "-m", "krex.cli"]
 MODES = ("exclusive", "unprotected", "krex", "krex-alone")
+PARTS = (
+    "triton",
+    "triton8k",
+    "softmax",
+    "cudnn",
+    "kernelbench",
+    "events",
+    "inductor",
+    "inductor8k",
+)
+WINNERS = ("triton", "triton8k", "softmax", "cudnn", "inductor", "inductor8k")
 
 KERNELBENCH_TIMING = textwrap.dedent('''
     """Stand-in of KernelBench's src/kernelbench/timing.py, its cuda_event timer's shape."""
@@ -194,11 +211,40 @@ AUTOTUNE = textwrap.dedent("""
         done("events", ms=statistics.median(times[1:]), trials=times[1:], watched=watched,
              window=[w0, time.time()])
 
-    def inductor_part():
+    big = {}
+
+    def inputs8k():  # the suite's matmul task's inputs (krex/bench/tasks/matmul.py: 8192^3)
+        if not big:
+            from krex.bench.tasks import matmul as mm
+            big["a"], big["b"] = mm.make_inputs(gen)
+        return big["a"], big["b"]
+
+    def triton8k_part():  # the suite's matmul kernel, its four Triton configs autotuned
+        from krex.bench.tasks import matmul as mm
+        configs = []
+        for name in mm.VARIANTS:
+            m = re.fullmatch(r"triton-(\\d+)x(\\d+)x(\\d+)-s(\\d+)w(\\d+)", name)
+            if m:
+                bm, bn, bk, st, wa = map(int, m.groups())
+                configs.append(triton.Config({"BM": bm, "BN": bn, "BK": bk, "GROUP": 8},
+                                             num_stages=st, num_warps=wa))
+        tuned = triton.autotune(configs=configs, key=["M", "N", "K"])(mm._matmul)
+        a8, b8 = inputs8k()
+        M, K = a8.shape
+        N = b8.shape[1]
+        c8 = torch.empty(M, N, device="cuda", dtype=a8.dtype)
+        grid = lambda meta: (triton.cdiv(M, meta["BM"]) * triton.cdiv(N, meta["BN"]),)
+        fn = lambda: tuned[grid](a8, b8, c8, M, N, K, a8.stride(0), a8.stride(1), b8.stride(0),
+                                 b8.stride(1), c8.stride(0), c8.stride(1))
+        fn()
+        torch.testing.assert_close(c8, a8 @ b8, atol=2e-2, rtol=1e-2)
+        done("triton8k", winner=str(tuned.best_config), candidates=candidates(tuned), **timed(fn))
+
+    def inductor_part(name="inductor", x=a, y=b):
         torch._dynamo.reset()
         from torch._inductor.utils import run_and_get_code
         f = torch.compile(lambda a, b: a @ b, mode="max-autotune-no-cudagraphs")
-        _, codes = run_and_get_code(f, a, b)
+        _, codes = run_and_get_code(f, x, y)
         code = "\\n".join(codes)
         if "extern_kernels.mm(" in code or "extern_kernels.bmm(" in code:
             winner = "aten mm"
@@ -207,11 +253,18 @@ AUTOTUNE = textwrap.dedent("""
             launch = re.findall(r"num_stages=(\\d+), num_warps=(\\d+)", code)
             winner = "template " + ",".join(f"{k}={v}" for k, v in sorted(consts.items())
                                             if k.isupper()) + f" stages,warps={launch[:1]}"
-        done("inductor", winner=winner, **timed(lambda: f(a, b)))
+        done(name, winner=winner, **timed(lambda: f(x, y)))
 
-    for name, part in (("triton", triton_part), ("softmax", softmax_part), ("cudnn", cudnn_part),
-                       ("kernelbench", kernelbench_part), ("events", events_part),
-                       ("inductor", inductor_part)):
+    def inductor8k_part():
+        inductor_part("inductor8k", *inputs8k())
+
+    every = {"triton": triton_part, "triton8k": triton8k_part, "softmax": softmax_part,
+             "cudnn": cudnn_part, "kernelbench": kernelbench_part, "events": events_part,
+             "inductor": inductor_part, "inductor8k": inductor8k_part}
+    chosen = next((a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--parts=")),
+                  list(every))
+    for name in chosen:
+        part = every[name]
         try:
             part()
         except Exception as e:  # one part's failure is recorded, the others still run
@@ -300,12 +353,13 @@ class Telemetry:
 _CHOICE = re.compile(r"^\s+(\S+) ([0-9.]+) ms ([0-9.]+)%")
 
 
-def inductor_choices(stderr: str) -> list[list[Any]]:
-    """The choices Inductor printed after autotuning, fastest first: [name, ms] (top 5)."""
+def inductor_choices(stderr: str, size: int) -> list[list[Any]]:
+    """The choices Inductor printed after autotuning its `size`^2 mm, fastest first:
+    [name, ms] (top 5)."""
     out: list[list[Any]] = []
     lines = stderr.splitlines()
     for i, line in enumerate(lines):
-        if line.startswith("AUTOTUNE "):
+        if line.startswith(f"AUTOTUNE mm({size}x"):
             for row in lines[i + 1 :]:
                 m = _CHOICE.match(row)
                 if m:
@@ -343,16 +397,17 @@ def _siblings(tmp: Path, sock: Path | None, n: int, load: str) -> list[subproces
 
 
 def one(
-    tmp: Path, mode: str, sock: Path | None, rep: int, load: str, gpu: Telemetry
+    tmp: Path, mode: str, sock: Path | None, rep: int, load: str, gpu: Telemetry, parts: str
 ) -> dict[str, Any]:
     tag = f"{mode}{rep}"
     crowded = mode in ("unprotected", "krex")
     sibs = _siblings(tmp, sock if mode == "krex" else None, 7, load) if crowded else []
-    argv = [sys.executable, str(tmp / "autotune.py")]
+    # The compiled conv in every mode, so that the later parts follow the same work in each.
+    argv = [sys.executable, str(tmp / "autotune.py"), "--compiled-conv", f"--parts={parts}"]
     report = tmp / f"{tag}.report.json"
     if mode in ("krex", "krex-alone"):
         argv = [*KREX, "run", "--socket", str(sock), "--no-pool", "--auto-regions",
-                "--report", str(report), "--", *argv, "--compiled-conv"]  # fmt: skip
+                "--report", str(report), "--", *argv]  # fmt: skip
     t0 = time.monotonic()
     try:
         p = subprocess.run(argv, env=_env(tmp, tag), capture_output=True, text=True, timeout=240)
@@ -365,17 +420,18 @@ def one(
             s.wait()
     row: dict[str, Any] = {"mode": mode, "repeat": rep, "rc": rc, "wall_s": time.monotonic() - t0}
     try:
-        parts = json.loads(out.strip().splitlines()[-1])
-        row["parts"] = {k: v for k, v in parts.items() if isinstance(v, dict)}
-        row["errors"] = {k: v for k, v in parts.items() if not isinstance(v, dict)}
+        got = json.loads(out.strip().splitlines()[-1])
+        row["parts"] = {k: v for k, v in got.items() if isinstance(v, dict)}
+        row["errors"] = {k: v for k, v in got.items() if not isinstance(v, dict)}
     except (ValueError, IndexError, AttributeError):
         pass
     for part in row.get("parts", {}).values():
         window = part.pop("window", None)
         if window:
             part["gpu"] = gpu.window(*window)
-    if "inductor" in row.get("parts", {}):
-        row["parts"]["inductor"]["candidates"] = inductor_choices(err)
+    for part, size in (("inductor", 4096), ("inductor8k", 8192)):
+        if part in row.get("parts", {}):
+            row["parts"][part]["candidates"] = inductor_choices(err, size)
     row["stderr"] = err[-4000:]
     if report.exists():
         rep_doc = json.loads(report.read_text())
@@ -405,7 +461,7 @@ def verdict(runs: list[dict[str, Any]]) -> dict[str, Any]:
     unprotected sharing changed one; per part, timings against the exclusive median."""
     out: dict[str, Any] = {}
     ok = [r for r in runs if "parts" in r]
-    for part in ("triton", "softmax", "cudnn", "inductor"):
+    for part in WINNERS:
         by = {m: [r["parts"][part]["winner"] for r in ok if r["mode"] == m and part in r["parts"]]
               for m in MODES}  # fmt: skip
         ex = set(by["exclusive"])
@@ -423,7 +479,7 @@ def verdict(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 gaps.append(round((cands[1][1] - cands[0][1]) / cands[0][1] * 100, 2))
         if gaps:
             out[part]["exclusive_runner_up_gap_pct"] = gaps
-    for part in ("triton", "softmax", "cudnn", "kernelbench", "events", "inductor"):
+    for part in (*PARTS, "compiled_conv"):
         ms = {m: [r["parts"][part]["ms"] for r in ok if r["mode"] == m and part in r["parts"]]
               for m in MODES}  # fmt: skip
         if not ms["exclusive"]:
@@ -444,12 +500,20 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--siblings", choices=("steady", "bursty"), default="steady")
     ap.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help=f"comma-separated, in order, of: {', '.join(PARTS)} (default: all)",
+    )
+    ap.add_argument(
         "--alone",
         action="store_true",
         help="also run the candidate under krex with no siblings (first repeat only): krex's "
         "own effect, apart from what the siblings leave behind (the GPU's temperature)",
     )
     args = ap.parse_args()
+    bad = [p for p in args.parts.split(",") if p not in PARTS]
+    if bad or not args.parts:
+        ap.error(f"--parts: unknown {', '.join(bad) or '(none given)'}; known: {', '.join(PARTS)}")
     out = Path(args.json)
     doc: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     doc["command"] = "python3 scripts/bench/autotune_check.py " + " ".join(sys.argv[1:])
@@ -470,7 +534,7 @@ def main() -> int:
                 if args.alone and rep == 0:
                     modes.append("krex-alone")
                 for mode in modes:
-                    doc["runs"].append(one(tmp, mode, sock, rep, args.siblings, gpu))
+                    doc["runs"].append(one(tmp, mode, sock, rep, args.siblings, gpu, args.parts))
                     if not doc["runs"][-1].get("parts") and rep == 0 and mode == "exclusive":
                         print("the candidate produced nothing alone: stopping", flush=True)
                         out.write_text(json.dumps(doc, indent=1) + "\n")

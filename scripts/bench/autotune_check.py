@@ -31,7 +31,9 @@ Each part's timing is triton.testing.do_bench's median (a region under --auto-re
 Modes, interleaved (exclusive, unprotected, krex; then again): exclusive: the command alone,
 natively; unprotected: natively beside 7 busy siblings (torch matmuls, steady or bursty: see
 SIBLING; no krex);
-krex: `krex run --auto-regions` beside the same 7 siblings under `krex run` (8 slots);
+krex: `krex run --auto-regions` beside the same 7 siblings under `krex run` (8 slots). With
+--sharing mps the unprotected mode's processes are clients of an MPS daemon (kernels of all of
+them on the SMs at once), the other way GPUs are shared without krex;
 with --alone, also krex-alone (first repeat): `krex run --auto-regions` with no siblings, which
 tells krex's own effect from what the siblings leave behind on the GPU.
 
@@ -47,6 +49,7 @@ capped; NVML sampled every 50 ms by this script).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -57,6 +60,7 @@ import tempfile
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -370,8 +374,14 @@ def inductor_choices(stderr: str, size: int) -> list[list[Any]]:
     return out[:5]
 
 
-def _env(tmp: Path, tag: str) -> dict[str, str]:
+# With --sharing mps: the MPS daemon's variables, given to the unprotected mode's processes
+# (siblings and candidate), which then share the GPU's SMs at once instead of in time slices.
+UNPROTECTED_ENV: dict[str, str] = {}
+
+
+def _env(tmp: Path, tag: str, unprotected: bool = False) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
+    env.update(UNPROTECTED_ENV if unprotected else {})
     env.pop("LD_PRELOAD", None)
     env["PYTHONPATH"] = os.pathsep.join([str(tmp / "lib"), env.get("PYTHONPATH", "")])
     return fresh_caches(env, tmp / f"cache-{tag}")
@@ -382,7 +392,7 @@ def _siblings(tmp: Path, sock: Path | None, n: int, load: str) -> list[subproces
     sibs = [
         subprocess.Popen(
             [*pre, sys.executable, str(tmp / "sibling.py"), load],
-            env=_env(tmp, "sib"),
+            env=_env(tmp, "sib", unprotected=sock is None),
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
@@ -410,7 +420,8 @@ def one(
                 "--report", str(report), "--", *argv]  # fmt: skip
     t0 = time.monotonic()
     try:
-        p = subprocess.run(argv, env=_env(tmp, tag), capture_output=True, text=True, timeout=240)
+        env = _env(tmp, tag, unprotected=mode == "unprotected")
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
         rc, out, err = p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired as e:
         rc, out, err = 124, str(e.stdout or ""), str(e.stderr or "")
@@ -494,6 +505,23 @@ def verdict(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def _mps(directory: Path, on: bool) -> Iterator[None]:
+    """An MPS daemon for the unprotected mode while on (UNPROTECTED_ENV), stopped after."""
+    if not on:
+        yield
+        return
+    from krex.mps import Mps
+
+    mps = Mps.start(directory)
+    UNPROTECTED_ENV.update(mps.env())
+    try:
+        yield
+    finally:
+        UNPROTECTED_ENV.clear()
+        mps.stop()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
@@ -503,6 +531,13 @@ def main() -> int:
         "--parts",
         default=",".join(PARTS),
         help=f"comma-separated, in order, of: {', '.join(PARTS)} (default: all)",
+    )
+    ap.add_argument(
+        "--sharing",
+        choices=("timeslice", "mps"),
+        default="timeslice",
+        help="how the unprotected mode shares the GPU: the driver's time slices (default), or "
+        "an MPS daemon of this script's (all its processes' kernels on the SMs at once)",
     )
     ap.add_argument(
         "--alone",
@@ -528,6 +563,7 @@ def main() -> int:
         with (
             private_daemon(tmp / "d", sim=False, slots=8, pool=0, gpus=1) as sock,
             Telemetry() as gpu,
+            _mps(tmp / "mps", args.sharing == "mps"),
         ):
             for rep in range(args.repeats):
                 modes = ["exclusive", "unprotected", "krex"]

@@ -1,0 +1,69 @@
+"""scripts/bench/autotune_check.py's reading of its runs (the GPU runs themselves are in
+docs/results/h200-autotune/): Inductor's printed choices, and the verdict per autotuner."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench" / "autotune_check.py"
+
+STDERR = """\
+AUTOTUNE mm(4096x4096, 4096x4096)
+strides: [4096, 1], [4096, 1]
+dtypes: torch.float16, torch.float16
+  mm 0.1773 ms 100.0%
+  triton_mm_17 0.1988 ms 89.2% ACC_TYPE='tl.float32', BLOCK_K=64
+SingleProcess AUTOTUNE benchmarking takes 0.6603 seconds
+AUTOTUNE mm(8192x8192, 8192x8192)
+strides: [8192, 1], [8192, 1]
+dtypes: torch.float16, torch.float16
+  triton_mm_16 1.4100 ms 100.0% BLOCK_K=32
+  mm 1.4350 ms 98.3%
+"""
+
+
+def load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("autotune_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_inductors_choices_are_read_per_size() -> None:
+    check = load()
+    assert check.inductor_choices(STDERR, 4096) == [["mm", 0.1773], ["triton_mm_17", 0.1988]]
+    assert check.inductor_choices(STDERR, 8192) == [["triton_mm_16", 1.41], ["mm", 1.435]]
+    assert check.inductor_choices(STDERR, 2048) == []
+
+
+def run(mode: str, winner: str, ms: float, cands: list[list[Any]] | None = None) -> dict[str, Any]:
+    part: dict[str, Any] = {"winner": winner, "ms": ms}
+    if cands:
+        part["candidates"] = cands
+    return {"mode": mode, "parts": {"triton8k": part}}
+
+
+def test_the_verdict_compares_winners_and_times_with_the_exclusive_runs() -> None:
+    """krex keeps the exclusive winner in every repeat; unprotected changed one; the runner-up's
+    gap alone and each time against the exclusive median, in per cent."""
+    check = load()
+    runs = [
+        run("exclusive", "A", 1.0, [["A", 1.0], ["B", 1.1]]),
+        run("unprotected", "B", 5.0),
+        run("krex", "A", 1.01),
+        run("exclusive", "A", 1.02, [["A", 1.02], ["B", 1.0404]]),
+        run("unprotected", "A", 6.0),
+        run("krex", "A", 0.99),
+    ]
+    v = check.verdict(runs)["triton8k"]
+    assert v["winners"]["krex"] == ["A", "A"] and v["exclusive_stable"]
+    assert v["krex_equals_exclusive"] and v["unprotected_changed"]
+    assert v["exclusive_runner_up_gap_pct"] == [10.0, 2.0]
+    assert v["vs_exclusive_pct"]["krex"] == [0.0, -1.98]  # against the median, 1.01
+    assert v["native_repeat_spread_pct"] == 1.98
+    runs[-1]["parts"]["triton8k"]["winner"] = "B"
+    assert not check.verdict(runs)["triton8k"]["krex_equals_exclusive"]

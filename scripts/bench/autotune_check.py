@@ -35,7 +35,10 @@ krex: `krex run --auto-regions` beside the same 7 siblings under `krex run` (8 s
 --sharing mps the unprotected mode's processes are clients of an MPS daemon (kernels of all of
 them on the SMs at once), the other way GPUs are shared without krex;
 with --alone, also krex-alone (first repeat): `krex run --auto-regions` with no siblings, which
-tells krex's own effect from what the siblings leave behind on the GPU.
+tells krex's own effect from what the siblings leave behind on the GPU; with --held, also
+exclusive-held (every repeat): natively beside 7 processes that hold the siblings' device memory
+and do no work, which tells where the owner's buffers land (the records' `memory_placement`)
+from the rest.
 
 Each part records its candidates' times where the autotuner exposes them (Triton's
 `configs_timings`, Inductor's printed table), so a changed winner can be read against how close
@@ -68,7 +71,7 @@ from krex.bench.runner import fresh_caches
 from krex.client import private_daemon
 
 KREX = [sys.executable, "-m", "krex.cli"]
-MODES = ("exclusive", "unprotected", "krex", "krex-alone")
+MODES = ("exclusive", "unprotected", "krex", "krex-alone", "exclusive-held")
 PARTS = (
     "triton",
     "triton8k",
@@ -286,6 +289,10 @@ SIBLING = textwrap.dedent("""
     rng = random.Random(os.getpid())
     bursty = sys.argv[1] == "bursty"
     a = torch.randn(8192 if bursty else 4096, 8192 if bursty else 4096, device="cuda")
+    if len(sys.argv) > 2 and sys.argv[2] == "hold":  # its device memory, and no work
+        (a @ a).sum().item()
+        print("ready", flush=True)
+        time.sleep(1e6)
     print("ready", flush=True)
     while True:
         if not bursty:
@@ -387,11 +394,13 @@ def _env(tmp: Path, tag: str, unprotected: bool = False) -> dict[str, str]:
     return fresh_caches(env, tmp / f"cache-{tag}")
 
 
-def _siblings(tmp: Path, sock: Path | None, n: int, load: str) -> list[subprocess.Popen[str]]:
+def _siblings(
+    tmp: Path, sock: Path | None, n: int, load: str, hold: bool = False
+) -> list[subprocess.Popen[str]]:
     pre = [*KREX, "run", "--socket", str(sock), "--no-pool", "--"] if sock else []
     sibs = [
         subprocess.Popen(
-            [*pre, sys.executable, str(tmp / "sibling.py"), load],
+            [*pre, sys.executable, str(tmp / "sibling.py"), load, *(["hold"] if hold else [])],
             env=_env(tmp, "sib", unprotected=sock is None),
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -410,8 +419,12 @@ def one(
     tmp: Path, mode: str, sock: Path | None, rep: int, load: str, gpu: Telemetry, parts: str
 ) -> dict[str, Any]:
     tag = f"{mode}{rep}"
-    crowded = mode in ("unprotected", "krex")
-    sibs = _siblings(tmp, sock if mode == "krex" else None, 7, load) if crowded else []
+    crowded = mode in ("unprotected", "krex", "exclusive-held")
+    sibs = (
+        _siblings(tmp, sock if mode == "krex" else None, 7, load, hold=mode == "exclusive-held")
+        if crowded
+        else []
+    )
     # The compiled conv in every mode, so that the later parts follow the same work in each.
     argv = [sys.executable, str(tmp / "autotune.py"), "--compiled-conv", f"--parts={parts}"]
     report = tmp / f"{tag}.report.json"
@@ -540,6 +553,13 @@ def main() -> int:
         "an MPS daemon of this script's (all its processes' kernels on the SMs at once)",
     )
     ap.add_argument(
+        "--held",
+        action="store_true",
+        help="also run the candidate natively beside 7 processes that hold the siblings' device "
+        "memory and do no work (every repeat): where the owner's buffers land, apart from the "
+        "siblings' work and krex",
+    )
+    ap.add_argument(
         "--alone",
         action="store_true",
         help="also run the candidate under krex with no siblings (first repeat only): krex's "
@@ -569,6 +589,8 @@ def main() -> int:
                 modes = ["exclusive", "unprotected", "krex"]
                 if args.alone and rep == 0:
                     modes.append("krex-alone")
+                if args.held:
+                    modes.append("exclusive-held")
                 for mode in modes:
                     doc["runs"].append(one(tmp, mode, sock, rep, args.siblings, gpu, args.parts))
                     if not doc["runs"][-1].get("parts") and rep == 0 and mode == "exclusive":

@@ -384,6 +384,7 @@ def inductor_choices(stderr: str, size: int) -> list[list[Any]]:
 # With --sharing mps: the MPS daemon's variables, given to the unprotected mode's processes
 # (siblings and candidate), which then share the GPU's SMs at once instead of in time slices.
 UNPROTECTED_ENV: dict[str, str] = {}
+LINGER_S: str | None = None  # --linger: KREX_REGION_LINGER_S for the krex modes' command
 
 
 def _env(tmp: Path, tag: str, unprotected: bool = False) -> dict[str, str]:
@@ -434,6 +435,8 @@ def one(
     t0 = time.monotonic()
     try:
         env = _env(tmp, tag, unprotected=mode == "unprotected")
+        if mode.startswith("krex") and LINGER_S is not None:
+            env["KREX_REGION_LINGER_S"] = LINGER_S  # krex run passes it on to the command
         p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
         rc, out, err = p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired as e:
@@ -553,6 +556,11 @@ def main() -> int:
         "an MPS daemon of this script's (all its processes' kernels on the SMs at once)",
     )
     ap.add_argument(
+        "--linger",
+        metavar="S",
+        help="KREX_REGION_LINGER_S for the krex modes' command (default: krex's, 0.005)",
+    )
+    ap.add_argument(
         "--held",
         action="store_true",
         help="also run the candidate natively beside 7 processes that hold the siblings' device "
@@ -566,6 +574,8 @@ def main() -> int:
         "own effect, apart from what the siblings leave behind (the GPU's temperature)",
     )
     args = ap.parse_args()
+    global LINGER_S
+    LINGER_S = args.linger
     bad = [p for p in args.parts.split(",") if p not in PARTS]
     if bad or not args.parts:
         ap.error(f"--parts: unknown {', '.join(bad) or '(none given)'}; known: {', '.join(PARTS)}")

@@ -97,7 +97,10 @@ def test_a_region_on_gpu_0_never_touches_a_tenant_of_gpu_1(node4: Daemon, native
         cores1 = affinity(s1.pid())
         holder = on(node4, "0", sys.executable, "-c", HOLDER, "2.0", stdout=subprocess.PIPE)
         assert holder.stdout is not None
-        assert holder.stdout.readline().startswith("in region")
+        # Once (1 of 4 full runs, 2026-12-02) the holder's admission timed out ("did not answer
+        # in time"); not reproduced since: the daemon's log says what it was doing.
+        line = holder.stdout.readline()
+        assert line.startswith("in region"), node4.log.read_text()[-4000:]
         at0, at1 = s0.settled(), s1.value()
         time.sleep(0.6)
         assert s0.value() == at0, "GPU 0's sibling ran during GPU 0's region"

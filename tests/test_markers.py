@@ -636,6 +636,21 @@ def maybe_gpu_benchmark_lock():
 '''
 
 
+def run_auto(
+    daemon: FakeDaemon, tmp_path: Path, script: str, *args: str, linger: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """`python -c script args` with auto-regions installed (the stand-in packages under
+    tmp_path first on its path), as a tenant of `daemon`; without `linger`, one region per
+    call, so that they can be counted."""
+    env = clean_env(**autoregions.env_for(["nomodule.f"], {"PYTHONPATH": str(tmp_path)}))
+    env.update(daemon.env(TENANT))
+    if not linger:
+        env.update(NO_LINGER)
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
 def test_auto_regions_register_into_inductors_lock_hook(daemon: FakeDaemon, tmp_path: Path) -> None:
     """Where torch._inductor.runtime.benchmarking has set_gpu_benchmark_lock_context, its
     benchmarks (nested ones too) become one region each once the module is imported."""
@@ -651,11 +666,7 @@ def test_auto_regions_register_into_inductors_lock_hook(daemon: FakeDaemon, tmp_
                 pass
         print("benchmarked")
         """)
-    env = clean_env(**autoregions.env_for(["nomodule.f"], {"PYTHONPATH": str(tmp_path)}))
-    env.update(daemon.env(TENANT))
-    result = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
-    )
+    result = run_auto(daemon, tmp_path, script)
     assert (result.returncode, result.stdout, result.stderr) == (0, "benchmarked\n", "")
     assert daemon.ops() == ["region_begin", "region_end"]
 
@@ -701,12 +712,7 @@ def test_without_the_hook_inductors_benchmarkers_are_wrapped_on_torch_2_11(
         from torch._inductor.runtime.benchmarking import TritonBenchmarker, benchmarker
         print(benchmarker.benchmark_gpu(lambda: None), TritonBenchmarker().benchmark_gpu(int))
         """)
-    env = clean_env(**autoregions.env_for(["nomodule.f"], {"PYTHONPATH": str(tmp_path)}))
-    env.update(daemon.env(TENANT))
-    env.update(NO_LINGER)  # one region per call, counted
-    result = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
-    )
+    result = run_auto(daemon, tmp_path, script, linger=False)  # regions counted
     assert (result.returncode, result.stdout) == (0, "0.5 1.0\n"), result.stderr
     if covered:
         assert result.stderr == ""
@@ -817,16 +823,7 @@ def test_cudnn_benchmark_search_runs_in_a_region_once_per_configuration(
         assert not hasattr(torch.convolution, "__krex_region__")
         step("inductor again", lambda: extern_kernels.convolution(torch.Tensor(1, 2), w))
         """)
-    env = clean_env(**autoregions.env_for(["nomodule.f"], {"PYTHONPATH": str(tmp_path)}))
-    env.update(daemon.env(TENANT))
-    env.update(NO_LINGER)  # one region per call, counted
-    result = subprocess.run(
-        [sys.executable, "-c", script, "unused"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_auto(daemon, tmp_path, script, "unused", linger=False)  # regions counted
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "off ('conv2d', (8, 64, 56, 56), 1)"  # the real function's result
@@ -857,11 +854,7 @@ def test_inductors_subprocess_autotuning_is_in_regions_of_the_child(
         p = subprocess.run([sys.executable, "-c", {child!r}], env=dict(os.environ))
         print(p.returncode, os.getpid())
         """)
-    env = clean_env(**autoregions.env_for(["nomodule.f"], {"PYTHONPATH": str(tmp_path)}))
-    env.update(daemon.env(TENANT))
-    result = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
-    )
+    result = run_auto(daemon, tmp_path, script)
     assert result.returncode == 0, result.stderr
     status, parent = (int(x) for x in result.stdout.split())
     assert status == 0
@@ -939,12 +932,7 @@ def test_plain_cuda_event_timing_is_a_region(daemon: FakeDaemon, tmp_path: Path)
         f.record(); f.elapsed_time(f)
         print("done")
         """)
-    env = clean_env(**autoregions.env_for(["nomodule.f"], {"PYTHONPATH": str(tmp_path)}))
-    env.update(daemon.env(TENANT))
-    env.update(NO_LINGER)  # one region per call, counted
-    result = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
-    )
+    result = run_auto(daemon, tmp_path, script, linger=False)  # regions counted
     assert (result.returncode, result.stdout) == (0, "done\n"), result.stderr
     assert daemon.ops() == ["region_begin", "region_end"] * 7, result.stderr
 

@@ -161,9 +161,7 @@ def last_region() -> dict[str, Any] | None:
         with _lock:
             mine = held in _lingering
             if mine:
-                _lingering.discard(held)
-                _open.discard(held.conn)
-                held.ended = True
+                _take(held)
         if mine:
             _state.held = None
             _end_quietly(held)
@@ -194,7 +192,6 @@ class Region:
         if held is not None:
             with _lock:
                 if not held.ended:  # still lingering: continue it
-                    held.until = 0.0
                     _lingering.discard(held)
                     state.depth = 1
                     return
@@ -227,8 +224,7 @@ class Region:
             return
         state.held = None
         with _lock:
-            _open.discard(held.conn)
-            held.ended = True
+            _take(held)
         try:
             _finish(held)
         except RegionError as error:
@@ -248,6 +244,14 @@ class Region:
 
         setattr(wrapper, WRAPPED_MARK, True)
         return wrapper
+
+
+def _take(held: _Held) -> None:
+    """Take `held` off its thread, to be ended by the caller (who holds _lock): no longer
+    lingering, its connection no longer the fork hook's to close."""
+    _lingering.discard(held)
+    _open.discard(held.conn)
+    held.ended = True
 
 
 def _finish(held: _Held) -> None:
@@ -281,9 +285,7 @@ def _reap() -> None:
                 _reaped.wait(nearest - now)
                 continue
             for held in due:
-                _lingering.discard(held)
-                _open.discard(held.conn)
-                held.ended = True
+                _take(held)
         for held in due:
             _end_quietly(held)
 
@@ -300,10 +302,8 @@ def flush() -> None:
     so that their records are complete: at a command's end, and at exit."""
     with _lock:
         due = list(_lingering)
-        _lingering.clear()
         for held in due:
-            _open.discard(held.conn)
-            held.ended = True
+            _take(held)
     for held in due:
         _end_quietly(held)
 

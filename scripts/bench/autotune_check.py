@@ -227,14 +227,12 @@ AUTOTUNE = textwrap.dedent("""
         return big["a"], big["b"]
 
     def triton8k_part():  # the suite's matmul kernel, its four Triton configs autotuned
-        from krex.bench.tasks import matmul as mm
+        from krex.bench.tasks import autotune as at, matmul as mm
         configs = []
-        for name in mm.VARIANTS:
+        for name in mm.VARIANTS:  # BM x BN x BK, stages, warps: the autotune task's configs
             m = re.fullmatch(r"triton-(\\d+)x(\\d+)x(\\d+)-s(\\d+)w(\\d+)", name)
             if m:
-                bm, bn, bk, st, wa = map(int, m.groups())
-                configs.append(triton.Config({"BM": bm, "BN": bn, "BK": bk, "GROUP": 8},
-                                             num_stages=st, num_warps=wa))
+                configs.append(at._config(*map(int, m.groups())))
         tuned = triton.autotune(configs=configs, key=["M", "N", "K"])(mm._matmul)
         a8, b8 = inputs8k()
         M, K = a8.shape

@@ -108,7 +108,9 @@ class FakeDaemon:
         tenant: int | None = None
         pid: int | None = None
         began = 0.0
-        with client, client.makefile("rwb") as stream:
+        # A client gone before its reply: _reply let the write fail, and closing the stream
+        # would try it again; the conversation is over either way.
+        with contextlib.suppress(OSError), client, client.makefile("rwb") as stream:
             for line in stream:
                 try:
                     request = wire.decode(line)  # as the daemon: the version checked

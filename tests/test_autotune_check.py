@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench" / "autotune_check.py"
@@ -25,7 +24,7 @@ dtypes: torch.float16, torch.float16
 """
 
 
-def load() -> ModuleType:
+def load() -> Any:
     spec = importlib.util.spec_from_file_location("autotune_check", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -67,3 +66,61 @@ def test_the_verdict_compares_winners_and_times_with_the_exclusive_runs() -> Non
     assert v["native_repeat_spread_pct"] == 1.98
     runs[-1]["parts"]["triton8k"]["winner"] = "B"
     assert not check.verdict(runs)["triton8k"]["krex_equals_exclusive"]
+
+
+def state(pid: int) -> str:
+    """A process's state letter from /proc (T: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_the_frozen_mode_stops_the_siblings_over_a_timing_and_resumes_them(tmp_path: Path) -> None:
+    """exclusive-frozen's handoff: a "stop" request stops every sibling before its ack, a "go"
+    resumes them; leaving the handoff resumes any still stopped (they are killed after)."""
+    import subprocess
+    import sys
+    import time
+
+    check = load()
+    check.DRAIN_S = 0.0
+    sibs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], text=True)
+            for _ in range(2)]  # fmt: skip
+    d = tmp_path / "handoff"
+
+    def ask(n: int, action: str) -> None:
+        (d / f"req-{n}").write_text(action)
+        end = time.monotonic() + 10
+        while not (d / f"ack-{n}").exists():
+            assert time.monotonic() < end, f"no ack of {action}"
+            time.sleep(0.005)
+
+    try:
+        with check._handoff(d, sibs):
+            ask(0, "stop")
+            assert [state(s.pid) for s in sibs] == ["T", "T"]
+            ask(1, "go")
+            assert "T" not in [state(s.pid) for s in sibs]
+            ask(2, "stop")
+        time.sleep(0.1)
+        assert "T" not in [state(s.pid) for s in sibs]
+    finally:
+        for s in sibs:
+            s.kill()
+            s.wait()
+
+
+def test_a_timings_gpu_state_has_the_clock_range_reasons_and_trace() -> None:
+    check = load()
+    gpu = check.Telemetry.__new__(check.Telemetry)
+    gpu.samples = [
+        {"t": 99.85, "sm_clock_mhz": 1980, "throttle_reasons": 0},
+        {"t": 100.0, "sm_clock_mhz": 1980, "throttle_reasons": 0x1},
+        {"t": 100.01, "sm_clock_mhz": 1700, "throttle_reasons": 0x4},
+        {"t": 100.02, "sm_clock_mhz": 1800, "throttle_reasons": 0x4},
+        {"t": 100.5, "sm_clock_mhz": 1980, "throttle_reasons": 0},
+    ]
+    w = check.Telemetry.window(gpu, 100.0, 100.02, trace=True)
+    assert w["sm_clock_mhz_range"] == [1700, 1980] and w["throttle_reasons"] == "0x5"
+    assert w["samples"] == 3 and w["sm_clock_mhz"] == 1827
+    assert [row[:2] for row in w["trace"]] == [[-150, 1980], [0, 1980], [10, 1700], [20, 1800]]
+    assert "trace" not in check.Telemetry.window(gpu, 100.0, 100.02)
+    assert check.Telemetry.window(gpu, 101.0, 102.0) is None

@@ -56,6 +56,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -71,7 +72,7 @@ from krex.bench.runner import fresh_caches
 from krex.client import private_daemon
 
 KREX = [sys.executable, "-m", "krex.cli"]
-MODES = ("exclusive", "unprotected", "krex", "krex-alone", "exclusive-held")
+MODES = ("exclusive", "unprotected", "krex", "krex-alone", "exclusive-held", "exclusive-frozen")
 PARTS = (
     "triton",
     "triton8k",
@@ -119,19 +120,42 @@ KERNELBENCH_TIMING = textwrap.dedent('''
 ''')
 
 AUTOTUNE = textwrap.dedent("""
-    import json, re, statistics, sys, time
+    import json, os, re, statistics, sys, time
     import torch, torch.nn.functional as F, triton, triton.testing
     res = {}
     t0 = time.monotonic()
+    handoff = os.environ.get("AUTOTUNE_HANDOFF")  # exclusive-frozen: the check's directory
+    asked = [0]
+
+    def ask(action):  # the check stops ("stop") or resumes ("go") the siblings, then acks
+        if not handoff:
+            return
+        n, asked[0] = asked[0], asked[0] + 1
+        with open(os.path.join(handoff, f"req-{n}.tmp"), "w") as f:
+            f.write(action)
+        os.rename(os.path.join(handoff, f"req-{n}.tmp"), os.path.join(handoff, f"req-{n}"))
+        end = time.monotonic() + 10
+        while not os.path.exists(os.path.join(handoff, f"ack-{n}")):
+            if time.monotonic() > end:
+                raise RuntimeError(f"no ack of {action} from the check")
+            time.sleep(0.002)
+
+    class frozen:  # exclusive-frozen's siblings stopped over a timing, as a region's would be
+        def __enter__(self):
+            ask("stop")
+
+        def __exit__(self, *exc):
+            ask("go")
 
     def done(part, **kv):
         res[part] = {**kv, "at_s": round(time.monotonic() - t0, 1)}
         print(part, json.dumps(res[part]), file=sys.stderr, flush=True)
 
     def timed(fn):  # the final timing, and its wall-clock window (for the GPU's telemetry)
-        w0 = time.time()
-        ms = triton.testing.do_bench(fn, return_mode="median")
-        return {"ms": ms, "window": [w0, time.time()]}
+        with frozen():
+            w0 = time.time()
+            ms = triton.testing.do_bench(fn, return_mode="median")
+            return {"ms": ms, "window": [w0, time.time()]}
 
     def candidates(tuner):  # an autotuner's configs, fastest first: its median per config
         t = getattr(tuner, "configs_timings", None) or {}
@@ -168,8 +192,9 @@ AUTOTUNE = textwrap.dedent("""
         conv = lambda: F.relu(F.conv2d(x, w, bias, padding=1))
         torch.backends.cudnn.benchmark = True
         try:
-            conv()
-            torch.cuda.synchronize()
+            with frozen():  # cuDNN's search
+                conv()
+                torch.cuda.synchronize()
             try:  # the winner: the kernels one call runs
                 acts = [torch.profiler.ProfilerActivity.CUDA]
                 with torch.profiler.profile(activities=acts) as prof:
@@ -195,9 +220,15 @@ AUTOTUNE = textwrap.dedent("""
         from kernelbench.timing import time_execution_with_cuda_event
         A = torch.randn(4096, 4096, device="cuda", generator=gen)
         B = torch.randn(4096, 4096, device="cuda", generator=gen)
-        w0 = time.time()
-        times = time_execution_with_cuda_event(torch.matmul, [A, B], num_trials=10)
-        done("kernelbench", ms=statistics.median(times), trials=times, window=[w0, time.time()])
+        torch.cuda.synchronize()
+        with frozen():
+            w0 = time.time()
+            times = time_execution_with_cuda_event(torch.matmul, [A, B], num_trials=10)
+            w1 = time.time()
+        done("kernelbench", ms=statistics.median(times), trials=times, window=[w0, w1])
+        # The same kernel back to back (do_bench): the GPU's time for it without the timer's
+        # per-trial launch, to tell the GPU's state from the timer's own path.
+        done("kernelbench_gpu", **timed(lambda: torch.matmul(A, B)))
 
     def events_part():  # a plain CUDA-event loop, per trial, in no named harness
         A = torch.randn(4096, 4096, device="cuda", generator=gen)
@@ -205,18 +236,23 @@ AUTOTUNE = textwrap.dedent("""
         for _ in range(3):
             torch.matmul(A, B)
         torch.cuda.synchronize()
-        times, w0, watched = [], time.time(), False
+        times, launch, watched = [], [], False
+        frozen().__enter__()
+        w0 = time.time()
         for _ in range(11):
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             watched = watched or "record" in getattr(start, "__dict__", {})  # krex/events.py's
             start.record()
-            torch.matmul(A, B)
+            c0 = time.perf_counter()
+            torch.matmul(A, B)  # the GPU is idle at the start event: this launch is timed too
+            launch.append((time.perf_counter() - c0) * 1e6)
             end.record()
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end))
+        frozen().__exit__()
         done("events", ms=statistics.median(times[1:]), trials=times[1:], watched=watched,
-             window=[w0, time.time()])
+             launch_us=round(statistics.median(launch[1:]), 1), window=[w0, time.time()])
 
     big = {}
 
@@ -310,10 +346,12 @@ class Telemetry:
     the GPU's state (the power state moves fp16 matmuls by per cents: docs/results/)."""
 
     PERIOD_S = 0.05
+    TRACED = ("kernelbench", "events")  # parts whose windows keep every sample (short ones)
 
-    def __init__(self) -> None:
+    def __init__(self, period_s: float = PERIOD_S) -> None:
         from krex.nvml import Nvml
 
+        self.period_s = period_s
         self.nvml = Nvml.open()
         self.samples: list[dict[str, Any]] = []
         self._stop = threading.Event()
@@ -331,22 +369,36 @@ class Telemetry:
 
     def _run(self) -> None:
         assert self.nvml is not None
-        while not self._stop.wait(self.PERIOD_S):
+        while not self._stop.wait(self.period_s):
             sample = self.nvml.sample(0)
             if sample is not None:
                 self.samples.append({"t": time.time(), **sample})
 
-    def window(self, t0: float, t1: float) -> dict[str, Any] | None:
-        """The GPU's state over [t0, t1] (wall clock): mean SM clock, temperature at both
-        ends, mean power and ms capped by power or temperature; None without samples."""
+    def window(self, t0: float, t1: float, trace: bool = False) -> dict[str, Any] | None:
+        """The GPU's state over [t0, t1] (wall clock): mean and range of the SM clock, the
+        throttle reasons seen (NVML's bits, OR-ed), temperature at both ends, mean power and
+        ms capped by power or temperature; with `trace`, every sample as [ms after t0, SM
+        clock, reasons]; None without samples."""
         inside = [x for x in self.samples if t0 <= x["t"] <= t1]
         if len(inside) < 2:
             return None
         first, last = inside[0], inside[-1]
+        clocks = [x["sm_clock_mhz"] for x in inside]
+        reasons = 0
+        for x in inside:
+            reasons |= x.get("throttle_reasons", 0)
         out: dict[str, Any] = {
-            "sm_clock_mhz": round(statistics.mean(x["sm_clock_mhz"] for x in inside)),
+            "sm_clock_mhz": round(statistics.mean(clocks)),
+            "sm_clock_mhz_range": [min(clocks), max(clocks)],
+            "throttle_reasons": hex(reasons),
             "samples": len(inside),
         }
+        if trace:  # from 0.2 s before: the state the timing began in
+            out["trace"] = [
+                [round((x["t"] - t0) * 1000), x["sm_clock_mhz"], hex(x.get("throttle_reasons", 0))]
+                for x in self.samples
+                if t0 - 0.2 <= x["t"] <= t1
+            ]
         if "temp_c" in first:
             out["temp_c"] = [first["temp_c"], last.get("temp_c")]
         span = last["t"] - first["t"]
@@ -414,11 +466,53 @@ def _siblings(
     return sibs
 
 
+DRAIN_S = 0.4
+"""exclusive-frozen: how long the check waits after stopping the siblings for the GPU work they
+had queued to end (each has at most one 8192^2 matmul and a sum in flight: 7 x ~25 ms)."""
+
+
+@contextlib.contextmanager
+def _handoff(directory: Path, sibs: list[subprocess.Popen[str]]) -> Iterator[None]:
+    """exclusive-frozen, natively: stop the siblings (SIGSTOP, then DRAIN_S) when the candidate
+    asks before a timing, resume them (SIGCONT) after: a region's freeze and drain without
+    krex, so that what the siblings leave on the GPU (heat, held memory) can be told from
+    krex's own effect. The candidate writes req-N ("stop" or "go"); this thread acks ack-N."""
+    directory.mkdir(parents=True, exist_ok=True)
+    done = threading.Event()
+
+    def serve() -> None:
+        n = 0
+        while not done.is_set():
+            req = directory / f"req-{n}"
+            if not req.exists():
+                time.sleep(0.002)
+                continue
+            stop = req.read_text() == "stop"
+            for s in sibs:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(s.pid, signal.SIGSTOP if stop else signal.SIGCONT)
+            if stop:
+                time.sleep(DRAIN_S)
+            (directory / f"ack-{n}").touch()
+            n += 1
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=5)
+        for s in sibs:  # SIGKILL follows; a stopped sibling must not outlive a lost "go"
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(s.pid, signal.SIGCONT)
+
+
 def one(
     tmp: Path, mode: str, sock: Path | None, rep: int, load: str, gpu: Telemetry, parts: str
 ) -> dict[str, Any]:
     tag = f"{mode}{rep}"
-    crowded = mode in ("unprotected", "krex", "exclusive-held")
+    crowded = mode in ("unprotected", "krex", "exclusive-held", "exclusive-frozen")
     sibs = (
         _siblings(tmp, sock if mode == "krex" else None, 7, load, hold=mode == "exclusive-held")
         if crowded
@@ -431,11 +525,15 @@ def one(
         argv = [*KREX, "run", "--socket", str(sock), "--no-pool", "--auto-regions",
                 "--report", str(report), "--", *argv]  # fmt: skip
     t0 = time.monotonic()
+    handoff = tmp / f"handoff-{tag}"
     try:
         env = _env(tmp, tag, unprotected=mode == "unprotected")
         if mode.startswith("krex") and LINGER_S is not None:
             env["KREX_REGION_LINGER_S"] = LINGER_S  # krex run passes it on to the command
-        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
+        if mode == "exclusive-frozen":
+            env["AUTOTUNE_HANDOFF"] = str(handoff)
+        with _handoff(handoff, sibs) if mode == "exclusive-frozen" else contextlib.nullcontext():
+            p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
         rc, out, err = p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired as e:
         rc, out, err = 124, str(e.stdout or ""), str(e.stderr or "")
@@ -450,10 +548,10 @@ def one(
         row["errors"] = {k: v for k, v in got.items() if not isinstance(v, dict)}
     except (ValueError, IndexError, AttributeError):
         pass
-    for part in row.get("parts", {}).values():
+    for name, part in row.get("parts", {}).items():
         window = part.pop("window", None)
         if window:
-            part["gpu"] = gpu.window(*window)
+            part["gpu"] = gpu.window(*window, trace=name in gpu.TRACED)
     for part, size in (("inductor", 4096), ("inductor8k", 8192)):
         if part in row.get("parts", {}):
             row["parts"][part]["candidates"] = inductor_choices(err, size)
@@ -504,7 +602,7 @@ def verdict(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 gaps.append(round((cands[1][1] - cands[0][1]) / cands[0][1] * 100, 2))
         if gaps:
             out[part]["exclusive_runner_up_gap_pct"] = gaps
-    for part in (*PARTS, "compiled_conv"):
+    for part in (*PARTS, "compiled_conv", "kernelbench_gpu"):
         ms = {m: [r["parts"][part]["ms"] for r in ok if r["mode"] == m and part in r["parts"]]
               for m in MODES}  # fmt: skip
         if not ms["exclusive"]:
@@ -566,6 +664,25 @@ def main() -> int:
         "siblings' work and krex",
     )
     ap.add_argument(
+        "--frozen",
+        action="store_true",
+        help="also run the candidate natively beside 7 busy siblings that this script stops "
+        "(SIGSTOP, then a drain) over each timing and cuDNN's search and resumes after (every "
+        "repeat): a region's freeze without krex",
+    )
+    ap.add_argument(
+        "--sample-ms",
+        type=float,
+        default=Telemetry.PERIOD_S * 1000,
+        help="NVML's sampling period (default %(default)s); the kernelbench and events parts "
+        "keep every sample of their timings",
+    )
+    ap.add_argument(
+        "--no-unprotected",
+        action="store_true",
+        help="leave out the unprotected mode (the autotuners' control), for runs about timings",
+    )
+    ap.add_argument(
         "--alone",
         action="store_true",
         help="also run the candidate under krex with no siblings (first repeat only): krex's "
@@ -590,15 +707,17 @@ def main() -> int:
         (tmp / "sibling.py").write_text(SIBLING)
         with (
             private_daemon(tmp / "d", sim=False, slots=8, pool=0, gpus=1) as sock,
-            Telemetry() as gpu,
+            Telemetry(args.sample_ms / 1000) as gpu,
             _mps(tmp / "mps", args.sharing == "mps"),
         ):
             for rep in range(args.repeats):
-                modes = ["exclusive", "unprotected", "krex"]
+                modes = ["exclusive", *([] if args.no_unprotected else ["unprotected"]), "krex"]
                 if args.alone and rep == 0:
                     modes.append("krex-alone")
                 if args.held:
                     modes.append("exclusive-held")
+                if args.frozen:
+                    modes.append("exclusive-frozen")
                 for mode in modes:
                     doc["runs"].append(one(tmp, mode, sock, rep, args.siblings, gpu, args.parts))
                     if not doc["runs"][-1].get("parts") and rep == 0 and mode == "exclusive":

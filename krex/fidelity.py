@@ -84,10 +84,13 @@ def warnings(
     out: list[dict[str, str]] = []
     capped = fields.get("power_capped_ms", 0) + fields.get("thermal_capped_ms", 0)
     if capped > 0 or throttled:
+        # NVML's violation counters move in coarse steps: a short region can show a capped
+        # clock sample while they stand still; say which of the two said so.
+        how = f"for {capped:.0f} ms of the region" if capped > 0 else "in its clock samples"
         out.append({
             "name": "gpu_capped",
-            "detail": f"the GPU's clocks were held down (power or thermal limit) for "
-            f"{capped:.0f} ms of the region: compute-bound kernels read slow",
+            "detail": f"the GPU's clocks were held down (power or thermal limit) {how}: "
+            "compute-bound kernels read slow",
         })  # fmt: skip
     before, limit = fields.get("power_w_before"), fields.get("power_limit_w")
     if before is not None and limit and before >= HEAVY * limit:

@@ -550,3 +550,16 @@ def test_shutdown_lets_a_set_up_finish_then_revokes_every_region() -> None:
         assert not regions.busy() and node.frozen == set()
 
     run(main())
+
+
+def test_a_capped_clock_sample_is_named_without_a_zero_count() -> None:
+    """A short region whose clock sample says power-capped while NVML's violation counters have
+    not moved: the warning says the samples said so, not "for 0 ms"."""
+    from krex.fidelity import warnings
+
+    by_sample = warnings({"power_capped_ms": 0.0, "thermal_capped_ms": 0.0}, True, None)
+    assert [w["name"] for w in by_sample] == ["gpu_capped"]
+    assert "in its clock samples" in by_sample[0]["detail"] and "0 ms" not in by_sample[0]["detail"]
+    by_count = warnings({"power_capped_ms": 42.0}, False, None)
+    assert "for 42 ms of the region" in by_count[0]["detail"]
+    assert warnings({"power_capped_ms": 0.0}, False, None) == []

@@ -12,7 +12,12 @@ One candidate command (AUTOTUNE below) autotunes and times, in order, into fresh
 3. kernelbench: a KernelBench-style timing call, `kernelbench.timing.
    time_execution_with_cuda_event` (a module of that name and shape, written here: warm-up,
    CUDA events around each trial, L2 cleared before each, first trial discarded) of KernelBench
-   level 1 problem 1's matmul (fp32 4096^2), with no krex code in it; events: the same matmul
+   level 1 problem 1's matmul (fp32 4096^2), with no krex code in it, called as KernelBench's
+   eval calls it (100 trials; `ms` is their mean, what it reports; `median10` the median of the
+   first 10, what runs 3-7 of docs/results/h200-autotune/ read); then `kernelbench_gpu`, the
+   same kernel back to back under do_bench; kernelbench_more: problems 19 (ReLU), 23
+   (softmax), 47 (sum over a dimension) and 63 (conv2d) at their published sizes (inputs of
+   1-8 GiB), each under the same timer; events: the same matmul
    timed by a plain per-trial CUDA-event loop in no named harness (krex/events.py's case;
    `watched` says whether its events were);
 4. inductor: `torch.compile(mode="max-autotune-no-cudagraphs")` of an fp16 4096^3 matmul;
@@ -79,10 +84,13 @@ PARTS = (
     "softmax",
     "cudnn",
     "kernelbench",
+    "kernelbench_more",
     "events",
     "inductor",
     "inductor8k",
 )
+# Timings that parts record besides their own name's.
+MORE = ("compiled_conv", "kernelbench_gpu", "kb19_relu", "kb23_softmax", "kb47_sum", "kb63_conv2d")
 WINNERS = ("triton", "triton8k", "softmax", "cudnn", "inductor", "inductor8k")
 
 KERNELBENCH_TIMING = textwrap.dedent('''
@@ -104,6 +112,7 @@ KERNELBENCH_TIMING = textwrap.dedent('''
             for _ in range(num_warmup):
                 kernel_fn(*args)
                 torch.cuda.synchronize(device=device)
+            torch.cuda.empty_cache()
             elapsed = []
             for trial in range(num_trials + discard_first):
                 torch.cuda.synchronize(device=device)
@@ -216,19 +225,40 @@ AUTOTUNE = textwrap.dedent("""
         finally:
             torch.backends.cudnn.benchmark = False
 
-    def kernelbench_part():  # KernelBench level 1 problem 1 (fp32 matmul, N = 4096)
+    def kb_time(name, fn, args):  # as KernelBench's eval times a problem: 100 trials, the mean
         from kernelbench.timing import time_execution_with_cuda_event
-        A = torch.randn(4096, 4096, device="cuda", generator=gen)
-        B = torch.randn(4096, 4096, device="cuda", generator=gen)
         torch.cuda.synchronize()
         with frozen():
             w0 = time.time()
-            times = time_execution_with_cuda_event(torch.matmul, [A, B], num_trials=10)
+            times = time_execution_with_cuda_event(fn, args, num_trials=100, verbose=False)
             w1 = time.time()
-        done("kernelbench", ms=statistics.median(times), trials=times, window=[w0, w1])
+        # ms: the mean KernelBench reports; median10: runs 3-7's reading (10 trials, median)
+        done(name, ms=statistics.mean(times), median=statistics.median(times),
+             median10=statistics.median(times[:10]), trials=[round(t, 4) for t in times],
+             window=[w0, w1])
+
+    def kernelbench_part():  # KernelBench level 1 problem 1 (fp32 matmul, N = 4096)
+        A = torch.randn(4096, 4096, device="cuda", generator=gen)
+        B = torch.randn(4096, 4096, device="cuda", generator=gen)
+        kb_time("kernelbench", torch.matmul, [A, B])
         # The same kernel back to back (do_bench): the GPU's time for it without the timer's
         # per-trial launch, to tell the GPU's state from the timer's own path.
         done("kernelbench_gpu", **timed(lambda: torch.matmul(A, B)))
+
+    def kernelbench_more_part():  # more of KernelBench's level 1, at their published sizes
+        x = torch.randn(4096, 393216, device="cuda", generator=gen)  # 6 GiB
+        kb_time("kb19_relu", torch.relu, [x])
+        kb_time("kb23_softmax", lambda t: torch.softmax(t, dim=1), [x])
+        del x
+        x = torch.randn(128, 4096, 4095, device="cuda", generator=gen)  # 8 GiB
+        kb_time("kb47_sum", lambda t: torch.sum(t, dim=1, keepdim=True), [x])
+        del x
+        conv = torch.nn.Conv2d(16, 128, 3, bias=False).cuda()
+        x = torch.randn(16, 16, 1024, 1024, device="cuda", generator=gen)
+        with torch.no_grad():
+            kb_time("kb63_conv2d", conv, [x])
+        del x, conv
+        torch.cuda.empty_cache()
 
     def events_part():  # a plain CUDA-event loop, per trial, in no named harness
         A = torch.randn(4096, 4096, device="cuda", generator=gen)
@@ -301,6 +331,7 @@ AUTOTUNE = textwrap.dedent("""
 
     every = {"triton": triton_part, "triton8k": triton8k_part, "softmax": softmax_part,
              "cudnn": cudnn_part, "kernelbench": kernelbench_part, "events": events_part,
+             "kernelbench_more": kernelbench_more_part,
              "inductor": inductor_part, "inductor8k": inductor8k_part}
     chosen = next((a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--parts=")),
                   list(every))
@@ -346,7 +377,7 @@ class Telemetry:
     the GPU's state (the power state moves fp16 matmuls by per cents: docs/results/)."""
 
     PERIOD_S = 0.05
-    TRACED = ("kernelbench", "events")  # parts whose windows keep every sample (short ones)
+    TRACED = ("events",)  # parts whose windows keep every sample (short ones)
 
     def __init__(self, period_s: float = PERIOD_S) -> None:
         from krex.nvml import Nvml
@@ -602,7 +633,7 @@ def verdict(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 gaps.append(round((cands[1][1] - cands[0][1]) / cands[0][1] * 100, 2))
         if gaps:
             out[part]["exclusive_runner_up_gap_pct"] = gaps
-    for part in (*PARTS, "compiled_conv", "kernelbench_gpu"):
+    for part in (*PARTS, *MORE):
         ms = {m: [r["parts"][part]["ms"] for r in ok if r["mode"] == m and part in r["parts"]]
               for m in MODES}  # fmt: skip
         if not ms["exclusive"]:

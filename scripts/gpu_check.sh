@@ -30,7 +30,8 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # AUTOTUNE_SHARING=mps, AUTOTUNE_LINGER, AUTOTUNE_ALONE=1 adds krex with no siblings,
 # AUTOTUNE_HELD=1 natively beside idle memory holders, AUTOTUNE_FROZEN=1 natively beside
 # siblings stopped over each timing, AUTOTUNE_SAMPLE_MS, AUTOTUNE_NO_UNPROTECTED=1,
-# AUTOTUNE_ROTATE=1), preload-probe (scripts/gpu/preload_probe.py), SECURITY_CASES picks security's,
+# AUTOTUNE_ROTATE=1, AUTOTUNE_SLICE=REGION/SHARED), preload-probe
+# (scripts/gpu/preload_probe.py), SECURITY_CASES picks security's,
 # bench (krex bench run: BENCH_PROFILE, default quick; BENCH_CONCURRENCY, default 8;
 # BENCH_TASKS, default all; BENCH_MODES, default exclusive,shared,krex),
 # mgpu-native and mgpu-krex (scripts/bench/multi_gpu.py on a node of two GPUs: the native
@@ -105,7 +106,8 @@ if [[ " $PARTS " == *" autotune "* ]]; then
         ${AUTOTUNE_SHARING:+--sharing "$AUTOTUNE_SHARING"} ${AUTOTUNE_HELD:+--held} \
         ${AUTOTUNE_LINGER:+--linger "$AUTOTUNE_LINGER"} ${AUTOTUNE_FROZEN:+--frozen} \
         ${AUTOTUNE_SAMPLE_MS:+--sample-ms "$AUTOTUNE_SAMPLE_MS"} \
-        ${AUTOTUNE_NO_UNPROTECTED:+--no-unprotected} ${AUTOTUNE_ROTATE:+--rotate} || rc=1
+        ${AUTOTUNE_NO_UNPROTECTED:+--no-unprotected} ${AUTOTUNE_ROTATE:+--rotate} \
+        ${AUTOTUNE_SLICE:+--slice "$AUTOTUNE_SLICE"} || rc=1
 fi
 if [[ " $PARTS " == *" warm "* ]]; then
     echo "== the fork-server pool: preloads, a compute-bound kernel warm vs exclusive, walls"

@@ -235,15 +235,23 @@ AUTOTUNE = textwrap.dedent("""
             launch.append(round((time.perf_counter() - c0) * 1e6, 1))
             return out
 
+        cpu = {}
+
+        def where():  # the cores this process may use, and the one it is on (a region pins it)
+            with open("/proc/self/stat") as f:
+                cpu["on"] = int(f.read().rsplit(")", 1)[1].split()[36])
+            cpu["allowed"] = sorted(os.sched_getaffinity(0))
+
         torch.cuda.synchronize()
         with frozen():
             w0 = time.time()
             times = time_execution_with_cuda_event(launched, args, num_trials=100, verbose=False)
             w1 = time.time()
+            where()  # within the timer's lingering region
         # ms: the mean KernelBench reports; median10: runs 3-7's reading (10 trials, median)
         done(name, ms=statistics.mean(times), median=statistics.median(times),
              median10=statistics.median(times[:10]), trials=[round(t, 4) for t in times],
-             launch_us=launch[-100:], window=[w0, w1])
+             launch_us=launch[-100:], cpu=cpu, window=[w0, w1])
 
     def kernelbench_part():  # KernelBench level 1 problem 1 (fp32 matmul, N = 4096)
         A = torch.randn(4096, 4096, device="cuda", generator=gen)
@@ -717,6 +725,12 @@ def main() -> int:
         "keep every sample of their timings",
     )
     ap.add_argument(
+        "--slice",
+        metavar="REGION/SHARED",
+        help="the krex daemon's CPU slice for the GPU, as two CPU lists (e.g. 12-15/0-11; "
+        "default: derived from the topology, region cores first): where a region's owner runs",
+    )
+    ap.add_argument(
         "--rotate",
         action="store_true",
         help="rotate the order of the modes by one each repeat (with as many repeats as modes, "
@@ -742,6 +756,13 @@ def main() -> int:
         ap.error(f"--parts: unknown {', '.join(bad) or '(none given)'}; known: {', '.join(PARTS)}")
     out = Path(args.json)
     doc: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    if args.slice:
+        region, sep, shared = args.slice.partition("/")
+        if not sep or not region or not shared:
+            ap.error(f"--slice: {args.slice!r} is not REGION/SHARED (two CPU lists)")
+        config = out.with_suffix(".config.toml")
+        config.write_text(f'[slices.0]\nregion = "{region}"\nshared = "{shared}"\n')
+        os.environ["KREX_CONFIG"] = str(config)  # the daemon's; commands' KREX_ are cleared
     doc["command"] = "python3 scripts/bench/autotune_check.py " + " ".join(sys.argv[1:])
     doc["runs"] = []
     with tempfile.TemporaryDirectory(prefix="krex-autotune-") as d:

@@ -124,3 +124,21 @@ def test_a_timings_gpu_state_has_the_clock_range_reasons_and_trace() -> None:
     assert [row[:2] for row in w["trace"]] == [[-150, 1980], [0, 1980], [10, 1700], [20, 1800]]
     assert "trace" not in check.Telemetry.window(gpu, 100.0, 100.02)
     assert check.Telemetry.window(gpu, 101.0, 102.0) is None
+
+
+def test_a_slice_that_is_not_two_cpu_lists_is_one_clear_error(
+    tmp_path: Path, monkeypatch: Any, capsys: Any
+) -> None:
+    """--slice REGION/SHARED: anything else stops before a daemon starts, naming the option."""
+    import sys
+
+    import pytest
+
+    check = load()
+    out = tmp_path / "out.json"
+    monkeypatch.setattr(sys, "argv", ["autotune_check.py", "--json", str(out), "--slice", "12-15"])
+    with pytest.raises(SystemExit) as stop:
+        check.main()
+    assert stop.value.code == 2
+    assert "--slice: '12-15' is not REGION/SHARED" in capsys.readouterr().err
+    assert not out.exists() and not out.with_suffix(".config.toml").exists()

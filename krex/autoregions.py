@@ -46,6 +46,7 @@ DEFAULT_AUTO_REGIONS = (
     "kernelbench.timing.time_execution_with_do_bench_interface",
     "kernelbench.timing.time_execution_with_do_bench_impl",
     "kernelbench.timing.time_execution_with_host_time",
+    "kernelbench.timing.time_execution_with_nsight_python",
 )
 # Inductor's hook for an external benchmark lock (pytorch PR #184905): it takes a factory of
 # context managers that must allow nested entry from one thread, which regions do.

@@ -70,25 +70,53 @@ def test_a_name_resolved_in_a_child_process_is_not_warned_about(
     assert len(report["regions"]) == 1  # type: ignore[arg-type]
 
 
+# A stand-in of KernelBench's src/kernelbench/timing.py (read at 423217d): its five timers with
+# their signature, and get_timing_function's choice among them.
+KB_METHODS = ("cuda_event", "do_bench", "do_bench_impl", "host_time", "nsight_python_time")
 KB_TIMING = """
-def time_execution_with_cuda_event(kernel_fn, args, num_warmup=3, num_trials=10):
+def _timer(kernel_fn, args, num_warmup=3, num_trials=10, discard_first=1, verbose=True,
+           device=None):
     return [kernel_fn(*args) for _ in range(num_trials)]
 
 
+time_execution_with_cuda_event = _timer
+time_execution_with_do_bench_interface = _timer
+time_execution_with_do_bench_impl = _timer
+time_execution_with_host_time = _timer
+time_execution_with_nsight_python = _timer
+
+
 def get_timing_function(method="cuda_event"):
-    return time_execution_with_cuda_event
+    match method:
+        case "cuda_event":
+            return time_execution_with_cuda_event
+        case "do_bench":
+            return time_execution_with_do_bench_interface
+        case "do_bench_impl":
+            return time_execution_with_do_bench_impl
+        case "host_time":
+            return time_execution_with_host_time
+        case "nsight_python_time":
+            return time_execution_with_nsight_python
+        case _:
+            raise ValueError(f"Unsupported timing method: {method}")
 """
 
 KB_MAIN = """
-import json, krex
+import json, sys, krex
 from kernelbench.timing import get_timing_function
-times = get_timing_function("cuda_event")(lambda: 1.0, [], num_trials=3)
-print(json.dumps({"times": times, "region": krex.last_region() is not None}))
+out, last = {}, None
+for method in sys.argv[1:]:
+    times = get_timing_function(method)(lambda: 1.0, [], num_trials=3)
+    record = krex.last_region()  # this call's region (ending it), or the one before
+    out[method] = [times, record is not None and record != last]
+    last = record
+print(json.dumps(out))
 """
 
 
 def test_kernelbench_s_timers_are_regions_by_default(sim: Daemon, tmp_path: Path) -> None:
-    """`--auto-regions` alone covers KernelBench's harness: the timer get_timing_function
+    """`--auto-regions` alone covers KernelBench's harness: each timer get_timing_function
     hands out is the wrapped one, one region per timing call."""
     pkg = tmp_path / "kernelbench"
     pkg.mkdir()
@@ -98,11 +126,12 @@ def test_kernelbench_s_timers_are_regions_by_default(sim: Daemon, tmp_path: Path
     report = tmp_path / "report.json"
     p = subprocess.run(
         [*run_argv(sim), "--report", str(report), "--auto-regions", "--",
-         sys.executable, str(tmp_path / "main.py")],
+         sys.executable, str(tmp_path / "main.py"), *KB_METHODS],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
         env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout.strip().splitlines()[-1]) == {"times": [1.0] * 3, "region": True}
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got == {m: [[1.0] * 3, True] for m in KB_METHODS}
     doc = json.loads(report.read_text())
-    assert len(doc["regions"]) == 1 and "auto_regions_unresolved" not in doc
+    assert len(doc["regions"]) == len(KB_METHODS) and "auto_regions_unresolved" not in doc

@@ -64,6 +64,9 @@ def test_the_verdict_compares_winners_and_times_with_the_exclusive_runs() -> Non
     assert v["exclusive_runner_up_gap_pct"] == [10.0, 2.0]
     assert v["vs_exclusive_pct"]["krex"] == [0.0, -1.98]  # against the median, 1.01
     assert v["native_repeat_spread_pct"] == 1.98
+    # krex at 0.0 and -1.98 against a spread of 1.98: both within it, one within 1 %
+    assert v["within"]["krex"] == {"native_spread": "2 of 2", "one_pct": "1 of 2"}
+    assert "exclusive" not in v["within"] and "krex-alone" not in v["within"]
     runs[-1]["parts"]["triton8k"]["winner"] = "B"
     assert not check.verdict(runs)["triton8k"]["krex_equals_exclusive"]
 

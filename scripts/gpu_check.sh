@@ -30,7 +30,8 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # AUTOTUNE_SHARING=mps, AUTOTUNE_LINGER, AUTOTUNE_ALONE=1 adds krex with no siblings,
 # AUTOTUNE_HELD=1 natively beside idle memory holders, AUTOTUNE_FROZEN=1 natively beside
 # siblings stopped over each timing, AUTOTUNE_SAMPLE_MS, AUTOTUNE_NO_UNPROTECTED=1,
-# AUTOTUNE_ROTATE=1, AUTOTUNE_SLICE=REGION/SHARED), preload-probe
+# AUTOTUNE_ROTATE=1, AUTOTUNE_SLICE=REGION/SHARED), launch-probe
+# (scripts/bench/launch_probe.py; AUTOTUNE_SLICE too), preload-probe
 # (scripts/gpu/preload_probe.py), SECURITY_CASES picks security's,
 # bench (krex bench run: BENCH_PROFILE, default quick; BENCH_CONCURRENCY, default 8;
 # BENCH_TASKS, default all; BENCH_MODES, default exclusive,shared,krex),
@@ -93,6 +94,11 @@ fi
 if [[ " $PARTS " == *" pool-probe "* ]]; then
     echo "== a compile command's teardown; fork-server start cost (scripts/bench/pool_probe.py)"
     python3 scripts/bench/pool_probe.py --json "$OUT/pool_probe.json" --log "$OUT/pool_probe.log" || rc=1
+fi
+if [[ " $PARTS " == *" launch-probe "* ]]; then
+    echo "== a launch's CPU time per set of cores, natively and in krex regions (launch_probe.py)"
+    python3 scripts/bench/launch_probe.py --json "$OUT/launch_probe.json" \
+        ${AUTOTUNE_SLICE:+--slice "$AUTOTUNE_SLICE"} || rc=1
 fi
 if [[ " $PARTS " == *" preload-probe "* ]]; then
     echo "== does importing Inductor's compiler initialise the driver (scripts/gpu/preload_probe.py)"

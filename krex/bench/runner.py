@@ -121,6 +121,18 @@ def fresh_caches(env: dict[str, str], directory: Path) -> dict[str, str]:
     }
 
 
+def slice_config(spec: str, path: Path) -> Path:
+    """A daemon configuration at `path` that gives GPU 0 the CPU slice `spec`, REGION/SHARED
+    as two CPU lists (e.g. "12-15/0-11"), for the GPU scripts that compare where a region's
+    owner runs; ValueError (one sentence) for anything else. The lists themselves are checked
+    by the daemon that reads it (KREX_CONFIG)."""
+    region, sep, shared = spec.partition("/")
+    if not sep or not region.strip() or not shared.strip() or '"' in spec:
+        raise ValueError(f"{spec!r} is not REGION/SHARED (two CPU lists such as 12-15/0-11)")
+    path.write_text(f'[slices.0]\nregion = "{region.strip()}"\nshared = "{shared.strip()}"\n')
+    return path
+
+
 @dataclass(frozen=True)
 class Timed:
     """One command's run (`run_timed`): its exit status, its wall time until it returned (s),

@@ -73,7 +73,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from krex.bench.runner import fresh_caches
+from krex.bench.runner import fresh_caches, slice_config
 from krex.client import private_daemon
 
 KREX = [sys.executable, "-m", "krex.cli"]
@@ -766,11 +766,10 @@ def main() -> int:
     out = Path(args.json)
     doc: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     if args.slice:
-        region, sep, shared = args.slice.partition("/")
-        if not sep or not region or not shared:
-            ap.error(f"--slice: {args.slice!r} is not REGION/SHARED (two CPU lists)")
-        config = out.with_suffix(".config.toml")
-        config.write_text(f'[slices.0]\nregion = "{region}"\nshared = "{shared}"\n')
+        try:
+            config = slice_config(args.slice, out.with_suffix(".config.toml"))
+        except ValueError as e:
+            ap.error(f"--slice: {e}")
         os.environ["KREX_CONFIG"] = str(config)  # the daemon's; commands' KREX_ are cleared
     doc["command"] = "python3 scripts/bench/autotune_check.py " + " ".join(sys.argv[1:])
     doc["runs"] = []

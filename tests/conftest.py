@@ -111,6 +111,19 @@ class Node:
         return env
 
 
+def load_script(relpath: str) -> Any:
+    """A script of the repository (e.g. "scripts/bench/launch_probe.py") loaded as a module, for
+    testing its functions without running its main."""
+    import importlib.util
+
+    path = ROOT / relpath
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def unique(prefix: str) -> str:
     return f"/{prefix}-{os.getpid()}-{next(_names)}"
 

@@ -3,11 +3,10 @@ docs/results/h200-autotune/): Inductor's printed choices, and the verdict per au
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench" / "autotune_check.py"
+from conftest import load_script
 
 STDERR = """\
 AUTOTUNE mm(4096x4096, 4096x4096)
@@ -25,11 +24,7 @@ dtypes: torch.float16, torch.float16
 
 
 def load() -> Any:
-    spec = importlib.util.spec_from_file_location("autotune_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/bench/autotune_check.py")
 
 
 def test_inductors_choices_are_read_per_size() -> None:

@@ -3,24 +3,18 @@ give their daemon (krex.bench.runner.slice_config); the probe itself runs on the
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import load_script
 
 from krex.bench.runner import slice_config
 from krex.config import load
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench" / "launch_probe.py"
-
 
 def probe() -> Any:
-    spec = importlib.util.spec_from_file_location("launch_probe", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/bench/launch_probe.py")
 
 
 def test_core_sets_are_all_then_contiguous_quarters() -> None:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from helpers import blocked_tasks
 
 from krex import tenants
 from krex.slices import parse_cpu_list
@@ -699,3 +700,24 @@ def test_prune_removes_only_empty_groups_of_unknown_tenants() -> None:
         for g in (mine, busy, stale):
             with contextlib.suppress(Exception):
                 g.destroy()
+
+
+@pytest.fixture
+def v1_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Env]:
+    """A test's group root under the cgroup v1 freezer (skipped where there is none)."""
+    yield from _env(tmp_path, monkeypatch, "cgroup-v1")
+
+
+def test_a_frozen_member_is_among_the_blocked_tasks_named_for_a_stuck_exit(v1_env: Env) -> None:
+    """tests/helpers.blocked_tasks (what a SIGKILLed tenant that will not die is reported with)
+    names a task the cgroup v1 freezer holds: it sleeps uninterruptibly, D in /proc (v2's
+    freezer traps its tasks interruptibly, S)."""
+    g = v1_env.group()
+    p = v1_env.burner()
+    g.add(p.pid)
+    assert g.freeze(5.0)
+    try:
+        assert f"{p.pid} " in blocked_tasks(limit=10_000)
+    finally:
+        g.thaw()
+    wait_for(lambda: f"{p.pid} " not in blocked_tasks(limit=10_000), what="the thaw")

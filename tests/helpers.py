@@ -23,6 +23,7 @@ from conftest import Node, unique
 
 from krex.gate import exclusive
 from krex.shm import Segment
+from krex.tenants import _stat
 
 KREX = [sys.executable, "-m", "krex.cli"]
 
@@ -101,10 +102,10 @@ def blocked_tasks(limit: int = 8) -> str:
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
+        stat = _stat(str(proc / "stat"))
+        if stat is None or stat[0] != "D":
+            continue
         try:
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            if state != "D":
-                continue
             comm = (proc / "comm").read_text().strip()
             wchan = (proc / "wchan").read_text().strip()
             try:

@@ -8,6 +8,8 @@ from typing import Any
 
 from conftest import load_script
 
+from krex.tenants import _stat
+
 STDERR = """\
 AUTOTUNE mm(4096x4096, 4096x4096)
 strides: [4096, 1], [4096, 1]
@@ -68,7 +70,9 @@ def test_the_verdict_compares_winners_and_times_with_the_exclusive_runs() -> Non
 
 def state(pid: int) -> str:
     """A process's state letter from /proc (T: stopped)."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    stat = _stat(f"/proc/{pid}/stat")
+    assert stat is not None, f"process {pid} is gone"
+    return stat[0]
 
 
 def test_the_frozen_mode_stops_the_siblings_over_a_timing_and_resumes_them(tmp_path: Path) -> None:

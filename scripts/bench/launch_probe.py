@@ -29,6 +29,10 @@ from typing import Any
 from krex.bench.runner import slice_config
 from krex.client import private_daemon
 
+# The siblings are autotune_check's ("bursty": 8192^2 matmuls in bursts of 0.05-0.5 s).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from autotune_check import SIBLING
+
 KREX = [sys.executable, "-m", "krex.cli"]
 TRIALS = 200
 
@@ -85,21 +89,9 @@ def inner() -> None:
     print(json.dumps(res), flush=True)
 
 
-SIBLING = """
-import random, sys, time, torch
-a = torch.randn(8192, 8192, device="cuda")
-print("ready", flush=True)
-while True:
-    end = time.monotonic() + random.uniform(0.05, 0.5)
-    while time.monotonic() < end:
-        (a @ a).sum().item()
-    time.sleep(random.uniform(0.0, 0.3))
-"""
-
-
 def under_krex(sock: Path, tmp: Path, siblings: int) -> dict[str, Any]:
     pre = [*KREX, "run", "--socket", str(sock), "--no-pool", "--"]
-    sibs = [subprocess.Popen([*pre, sys.executable, str(tmp / "sibling.py")],
+    sibs = [subprocess.Popen([*pre, sys.executable, str(tmp / "sibling.py"), "bursty"],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             for _ in range(siblings)]  # fmt: skip
     try:

@@ -40,3 +40,27 @@ def test_a_slice_that_is_not_two_cpu_lists_is_refused(tmp_path: Path, bad: str) 
     with pytest.raises(ValueError, match="is not REGION/SHARED"):
         slice_config(bad, tmp_path / "krex.toml")
     assert not (tmp_path / "krex.toml").exists()
+
+
+def test_steal_is_summed_over_the_named_cores_only() -> None:
+    stat = (
+        "cpu  10 0 5 100 0 0 0 90 0 0\n"
+        "cpu0 1 0 1 50 0 0 0 30 0 0\n"
+        "cpu1 9 0 4 50 0 0 0 60 0 0\n"
+        "cpu12 9 0 4 50 0 0 0 7 0 0\n"
+        "intr 5 1 2\n"
+    )
+    tick_ms = 1000 / probe().os.sysconf("SC_CLK_TCK")
+    assert probe().steal_ms([1, 12], stat) == 67 * tick_ms
+    assert probe().steal_ms([0], stat) == 30 * tick_ms
+    assert probe().steal_ms([5], stat) == 0  # a core the file does not list
+
+
+def test_the_cpu_counters_of_this_thread_only_grow() -> None:
+    mod = probe()
+    before = mod.counters([0])
+    for _ in range(200):
+        mod.reference()
+    after = mod.counters([0])
+    assert set(before) == {"steal_ms", "runq_wait_ms", "involuntary_switches"}
+    assert all(after[k] >= before[k] for k in before)

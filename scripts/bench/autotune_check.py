@@ -242,12 +242,20 @@ AUTOTUNE = textwrap.dedent("""
                 cpu["on"] = int(f.read().rsplit(")", 1)[1].split()[36])
             cpu["allowed"] = sorted(os.sched_getaffinity(0))
 
+        def cpu_lost():  # the hypervisor's steal on every core (ticks), this thread's run-
+            with open("/proc/stat") as f:  # queue wait (ns): where a slow launch's time went
+                steal = sum(int(x.split()[8]) for x in f if x.startswith("cpu") and x[3] != " ")
+            with open("/proc/thread-self/schedstat") as f:
+                return steal, int(f.read().split()[1])
+
         torch.cuda.synchronize()
         with frozen():
-            w0 = time.time()
+            w0, lost0 = time.time(), cpu_lost()
             times = time_execution_with_cuda_event(launched, args, num_trials=100, verbose=False)
-            w1 = time.time()
+            w1, lost1 = time.time(), cpu_lost()
             where()  # within the timer's lingering region
+        cpu["steal_ms"] = (lost1[0] - lost0[0]) * 1000 / os.sysconf("SC_CLK_TCK")
+        cpu["runq_wait_ms"] = round((lost1[1] - lost0[1]) / 1e6, 3)
         # ms: the mean KernelBench reports; median10: runs 3-7's reading (10 trials, median)
         done(name, ms=statistics.mean(times), median=statistics.median(times),
              median10=statistics.median(times[:10]), trials=[round(t, 4) for t in times],

@@ -9,6 +9,10 @@ krex: it times the launch (sync, then the CPU time of one `torch.matmul` of fp32
   in-process: no krex at all);
 - under `krex run` (a private daemon, 1 GPU, default or --slice CPU slice), inside a region,
   alone and beside 7 siblings under krex that hold memory and work in bursts.
+Beside each launch it times a fixed piece of CPU-only work (`ref`), and over each set it reads
+the hypervisor's steal time on those cores (/proc/stat), the thread's wait on the run queue
+(schedstat) and its involuntary context switches: whether a slow launch is a slow CPU (the
+reference slows with it), a CPU taken away (steal, run-queue wait) or the driver's path alone.
 
     python3 scripts/bench/launch_probe.py --json OUT.json [--slice 12-15/0-11]
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -57,8 +62,39 @@ def summary(us: list[float]) -> dict[str, float]:
             "p90_us": round(q[-1], 1)}  # fmt: skip
 
 
-def launches(trials: int = TRIALS) -> list[float]:
-    """The CPU time (us) of launching `torch.matmul` on fp32 4096^2 after a sync, per trial."""
+def steal_ms(cpus: list[int], stat: str | None = None) -> float:
+    """The hypervisor's steal time (ms) on `cpus` since boot, from /proc/stat (or `stat`)."""
+    if stat is None:
+        stat = Path("/proc/stat").read_text()
+    want = {f"cpu{c}" for c in cpus}
+    ticks = sum(int(f[8]) for f in (line.split() for line in stat.splitlines())
+                if f and f[0] in want and len(f) > 8)  # fmt: skip
+    return ticks * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def counters(cpus: list[int]) -> dict[str, float]:
+    """This thread's run-queue wait and involuntary switches, and the steal on `cpus`, now."""
+    try:  # run_delay: the second field of schedstat, in ns
+        wait_ns = int(Path("/proc/thread-self/schedstat").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        wait_ns = 0
+    ru = resource.getrusage(resource.RUSAGE_THREAD)
+    return {"steal_ms": steal_ms(cpus), "runq_wait_ms": wait_ns / 1e6,
+            "involuntary_switches": float(ru.ru_nivcsw)}  # fmt: skip
+
+
+def reference() -> None:
+    """A fixed piece of CPU-only work, about as long as a fast launch."""
+    x = 0
+    for i in range(600):
+        x ^= i * 7
+    if x < 0:  # never: keeps the loop's result used
+        print(x)
+
+
+def launches(trials: int = TRIALS, ref: list[float] | None = None) -> list[float]:
+    """The CPU time (us) of launching `torch.matmul` on fp32 4096^2 after a sync, per trial;
+    with `ref`, the time of `reference()` right after each launch goes there."""
     import torch
 
     a = torch.randn(4096, 4096, device="cuda")
@@ -70,22 +106,36 @@ def launches(trials: int = TRIALS) -> list[float]:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         torch.matmul(a, b)
-        out.append((time.perf_counter() - t0) * 1e6)
+        t1 = time.perf_counter()
+        out.append((t1 - t0) * 1e6)
+        if ref is not None:
+            reference()
+            ref.append((time.perf_counter() - t1) * 1e6)
     torch.cuda.synchronize()
     return out
+
+
+def measured(cpus: list[int]) -> dict[str, Any]:
+    """Launches on `cpus` (where this thread runs now): their summary, the reference's, how
+    the two move together per trial, and the CPU counters' change over the set."""
+    before = counters(cpus)
+    ref: list[float] = []
+    us = launches(ref=ref)
+    after = counters(cpus)
+    return {**summary(us), "ref": summary(ref),
+            "launch_ref_corr": round(statistics.correlation(us, ref), 2),
+            **{k: round(after[k] - before[k], 3) for k in before}}  # fmt: skip
 
 
 def inner() -> None:
     """Under `krex run`: the launches outside a region, then inside one (where krex pins)."""
     import krex
 
-    res: dict[str, Any] = {
-        "outside": summary(launches()),
-        "cpus_outside": sorted(os.sched_getaffinity(0)),
-    }
+    outside = sorted(os.sched_getaffinity(0))
+    res: dict[str, Any] = {"outside": measured(outside), "cpus_outside": outside}
     with krex.region():
         res["cpus_inside"] = sorted(os.sched_getaffinity(0))
-        res["inside"] = summary(launches())
+        res["inside"] = measured(res["cpus_inside"])
     print(json.dumps(res), flush=True)
 
 
@@ -137,9 +187,10 @@ def main() -> int:
     for _ in range(2):  # twice round, so that a set's reading is not one moment's
         for cores in core_sets(mine):
             os.sched_setaffinity(0, cores)
-            doc["native"].append({"cpus": cores, **summary(launches())})
+            doc["native"].append({"cpus": cores, **measured(cores)})
             print("native", json.dumps(doc["native"][-1]), flush=True)
     os.sched_setaffinity(0, mine)
+    doc["steal_ms_total"] = steal_ms(mine)  # since boot, on every core this probe may use
     with tempfile.TemporaryDirectory(prefix="krex-launch-") as d:
         tmp = Path(d)
         (tmp / "sibling.py").write_text(SIBLING)

@@ -144,3 +144,26 @@ def test_a_slice_that_is_not_two_cpu_lists_is_one_clear_error(
     assert stop.value.code == 2
     assert "--slice: '12-15' is not REGION/SHARED" in capsys.readouterr().err
     assert not out.exists() and not out.with_suffix(".config.toml").exists()
+
+
+def test_the_cooled_mode_acks_a_stop_only_after_its_wait(tmp_path: Path) -> None:
+    """exclusive-cooled: the timing may start only `wait_s` after the siblings stopped."""
+    import subprocess
+    import sys
+    import time
+
+    check = load()
+    sib = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], text=True)
+    d = tmp_path / "handoff"
+    try:
+        with check._handoff(d, [sib], wait_s=0.5):
+            t0 = time.monotonic()
+            (d / "req-0").write_text("stop")
+            while not (d / "ack-0").exists():
+                assert time.monotonic() - t0 < 10, "no ack"
+                time.sleep(0.005)
+            assert time.monotonic() - t0 >= 0.5
+            assert state(sib.pid) == "T"
+    finally:
+        sib.kill()
+        sib.wait()

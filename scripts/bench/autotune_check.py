@@ -43,7 +43,10 @@ with --alone, also krex-alone (first repeat): `krex run --auto-regions` with no 
 tells krex's own effect from what the siblings leave behind on the GPU; with --held, also
 exclusive-held (every repeat): natively beside 7 processes that hold the siblings' device memory
 and do no work, which tells where the owner's buffers land (the records' `memory_placement`)
-from the rest.
+from the rest; with --frozen, exclusive-frozen: natively beside busy siblings stopped over each
+timing (a region's freeze without krex); with --cooled, exclusive-cooled: the same, but the
+timing waits COOL_S after the stop, so the GPU cools down from the siblings' work first (heat
+and power history apart from their memory).
 
 Each part records its candidates' times where the autotuner exposes them (Triton's
 `configs_timings`, Inductor's printed table), so a changed winner can be read against how close
@@ -77,7 +80,16 @@ from krex.bench.runner import fresh_caches, slice_config
 from krex.client import private_daemon
 
 KREX = [sys.executable, "-m", "krex.cli"]
-MODES = ("exclusive", "unprotected", "krex", "krex-alone", "exclusive-held", "exclusive-frozen")
+MODES = (
+    "exclusive",
+    "unprotected",
+    "krex",
+    "krex-alone",
+    "exclusive-held",
+    "exclusive-frozen",
+    "exclusive-cooled",
+)
+STOPPED = ("exclusive-frozen", "exclusive-cooled")  # siblings stopped over each timing
 PARTS = (
     "triton",
     "triton8k",
@@ -524,11 +536,18 @@ def _siblings(
 DRAIN_S = 0.4
 """exclusive-frozen: how long the check waits after stopping the siblings for the GPU work they
 had queued to end (each has at most one 8192^2 matmul and a sum in flight: 7 x ~25 ms)."""
+COOL_S = 3.0
+"""exclusive-cooled: the wait after the stop instead, long enough for the GPU's power and
+temperature to fall back from the siblings' work (the region records' temp_c fell by 10-15 C
+within a second of the freeze on the H200)."""
 
 
 @contextlib.contextmanager
-def _handoff(directory: Path, sibs: list[subprocess.Popen[str]]) -> Iterator[None]:
-    """exclusive-frozen, natively: stop the siblings (SIGSTOP, then DRAIN_S) when the candidate
+def _handoff(
+    directory: Path, sibs: list[subprocess.Popen[str]], wait_s: float | None = None
+) -> Iterator[None]:
+    """exclusive-frozen, natively: stop the siblings (SIGSTOP, then `wait_s`, default DRAIN_S)
+    when the candidate
     asks before a timing, resume them (SIGCONT) after: a region's freeze and drain without
     krex, so that what the siblings leave on the GPU (heat, held memory) can be told from
     krex's own effect. The candidate writes req-N ("stop" or "go"); this thread acks ack-N."""
@@ -547,7 +566,7 @@ def _handoff(directory: Path, sibs: list[subprocess.Popen[str]]) -> Iterator[Non
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(s.pid, signal.SIGSTOP if stop else signal.SIGCONT)
             if stop:
-                time.sleep(DRAIN_S)
+                time.sleep(DRAIN_S if wait_s is None else wait_s)
             (directory / f"ack-{n}").touch()
             n += 1
 
@@ -567,7 +586,7 @@ def one(
     tmp: Path, mode: str, sock: Path | None, rep: int, load: str, gpu: Telemetry, parts: str
 ) -> dict[str, Any]:
     tag = f"{mode}{rep}"
-    crowded = mode in ("unprotected", "krex", "exclusive-held", "exclusive-frozen")
+    crowded = mode in ("unprotected", "krex", "exclusive-held", *STOPPED)
     sibs = (
         _siblings(tmp, sock if mode == "krex" else None, 7, load, hold=mode == "exclusive-held")
         if crowded
@@ -585,9 +604,10 @@ def one(
         env = _env(tmp, tag, unprotected=mode == "unprotected")
         if mode.startswith("krex") and LINGER_S is not None:
             env["KREX_REGION_LINGER_S"] = LINGER_S  # krex run passes it on to the command
-        if mode == "exclusive-frozen":
+        if mode in STOPPED:
             env["AUTOTUNE_HANDOFF"] = str(handoff)
-        with _handoff(handoff, sibs) if mode == "exclusive-frozen" else contextlib.nullcontext():
+        wait_s = COOL_S if mode == "exclusive-cooled" else DRAIN_S
+        with _handoff(handoff, sibs, wait_s) if mode in STOPPED else contextlib.nullcontext():
             p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
         rc, out, err = p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired as e:
@@ -735,6 +755,12 @@ def main() -> int:
         "repeat): a region's freeze without krex",
     )
     ap.add_argument(
+        "--cooled",
+        action="store_true",
+        help=f"also run it as --frozen does, but with each timing {COOL_S:.0f} s after the stop "
+        "(every repeat): the GPU cooled down from the siblings' work, their memory still held",
+    )
+    ap.add_argument(
         "--sample-ms",
         type=float,
         default=Telemetry.PERIOD_S * 1000,
@@ -801,6 +827,8 @@ def main() -> int:
                     modes.append("exclusive-held")
                 if args.frozen:
                     modes.append("exclusive-frozen")
+                if args.cooled:
+                    modes.append("exclusive-cooled")
                 if args.rotate:
                     modes = modes[rep % len(modes) :] + modes[: rep % len(modes)]
                 for mode in modes:

@@ -1,0 +1,82 @@
+"""How far a KernelBench-style timing follows its launch time, per mode, over autotune_check runs.
+
+KernelBench's cuda_event timer reads the part of each launch that outlasts its L2 flush
+(docs/results/h200-autotune/). This fits each run's `kernelbench` mean against the median of
+its trials' launch times (least squares, over every run and mode given) and gives, per mode,
+the residuals in per cent of the fitted value: what a mode adds once the launch is accounted
+for. It also gives each mode's mean over the trials whose launch took under FAST_US.
+
+    python3 scripts/bench/launch_fit.py RUN/autotune_check.json [...] [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+FAST_US = 40.0  # a launch the flush (about 70 us) hides with room to spare
+
+
+def points(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """(mode, median launch us, mean ms, trials, launches) of each run with per-trial launches."""
+    out = []
+    for doc in docs:
+        for run in doc.get("runs", []):
+            kb = run.get("parts", {}).get("kernelbench")
+            if not kb or not isinstance(kb.get("launch_us"), list) or not kb["launch_us"]:
+                continue
+            launches = kb["launch_us"]
+            out.append({"mode": run["mode"], "launch_us": statistics.median(launches),
+                        "ms": kb["ms"], "trials": kb["trials"], "launches": launches})  # fmt: skip
+    return out
+
+
+def fit(pts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The least-squares line ms = a + b * launch_us, and per mode its residuals (%)."""
+    if len(pts) < 3:
+        raise ValueError(f"{len(pts)} runs with launch times: at least 3 are needed")
+    xs, ys = [p["launch_us"] for p in pts], [p["ms"] for p in pts]
+    b, a = statistics.linear_regression(xs, ys)
+    modes: dict[str, Any] = {}
+    for p in pts:
+        m = modes.setdefault(p["mode"], {"residual_pct": [], "launch_us": [], "fast": []})
+        m["residual_pct"].append(round((p["ms"] / (a + b * p["launch_us"]) - 1) * 100, 3))
+        m["launch_us"].append(p["launch_us"])
+        m["fast"] += [t for t, u in zip(p["trials"], p["launches"], strict=False) if u < FAST_US]
+    for m in modes.values():
+        r, fast, launch = m.pop("residual_pct"), m.pop("fast"), m.pop("launch_us")
+        m["runs"] = len(r)
+        m["residual_mean_pct"] = round(statistics.mean(r), 3)
+        m["residual_range_pct"] = [min(r), max(r)]
+        m["launch_us_range"] = [round(min(launch), 1), round(max(launch), 1)]
+        m["fast_trials"] = len(fast)
+        m["fast_mean_ms"] = round(statistics.mean(fast), 4) if fast else None
+    return {"runs": len(pts), "intercept_ms": round(a, 4), "ms_per_launch_us": round(b, 5),
+            "correlation": round(statistics.correlation(xs, ys), 3), "modes": modes}  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", help="autotune_check.json files")
+    ap.add_argument("--json", help="also write the fit there")
+    args = ap.parse_args()
+    try:
+        docs = [json.loads(Path(f).read_text()) for f in args.runs]
+        out = fit(points(docs))
+    except (OSError, ValueError) as e:
+        print(f"launch_fit: {e}", file=sys.stderr)
+        return 2
+    out["files"] = args.runs
+    text = json.dumps(out, indent=1)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""scripts/bench/launch_fit.py: a mode's residual once the launch time is fitted out."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import load_script
+
+
+def fitter() -> Any:
+    return load_script("scripts/bench/launch_fit.py")
+
+
+def run(mode: str, launch_us: float, extra: float = 1.0) -> dict[str, Any]:
+    ms = (2.6 + 0.001 * launch_us) * extra
+    return {"mode": mode, "parts": {"kernelbench": {
+        "ms": ms, "trials": [ms] * 4, "launch_us": [launch_us] * 4}}}  # fmt: skip
+
+
+def test_a_mode_that_adds_one_per_cent_shows_it_once_the_launch_is_fitted_out() -> None:
+    runs = [run("exclusive", u) for u in (25, 40, 60, 90)]
+    runs += [run("krex", u, 1.01) for u in (30, 80)]
+    runs.append({"mode": "krex", "parts": {"cudnn": {"ms": 2.0}}})  # no kernelbench: skipped
+    out = fitter().fit(fitter().points([{"runs": runs}]))
+    assert out["runs"] == 6 and out["correlation"] > 0.8
+    ex, kx = out["modes"]["exclusive"], out["modes"]["krex"]
+    assert kx["residual_mean_pct"] - ex["residual_mean_pct"] == pytest.approx(1.0, abs=0.05)
+    assert ex["launch_us_range"] == [25, 90] and kx["runs"] == 2
+    assert ex["fast_trials"] == 4 and kx["fast_trials"] == 4  # launches under 40 us: 25, 30
+
+
+def test_too_few_runs_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    f = tmp_path / "a.json"
+    f.write_text(json.dumps({"runs": [run("exclusive", 30)]}))
+    monkeypatch.setattr(sys, "argv", ["launch_fit.py", str(f)])
+    assert fitter().main() == 2
+    assert "1 runs with launch times: at least 3" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "argv", ["launch_fit.py", str(tmp_path / "missing.json")])
+    assert fitter().main() == 2

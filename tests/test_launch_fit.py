@@ -42,3 +42,21 @@ def test_too_few_runs_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.Mon
     assert "1 runs with launch times: at least 3" in capsys.readouterr().err
     monkeypatch.setattr(sys, "argv", ["launch_fit.py", str(tmp_path / "missing.json")])
     assert fitter().main() == 2
+
+
+def test_a_part_that_runs_slower_on_a_hotter_gpu_correlates_with_its_start_temperature() -> None:
+    def row(mode: str, temp: int, clock: int) -> dict[str, Any]:
+        ms = 6.5 + 0.01 * temp
+        gpu = {"temp_c": [temp, temp + 5], "sm_clock_mhz_range": [clock, 1980]}
+        return {"mode": mode, "parts": {"kb63_conv2d": {"ms": ms, "gpu": gpu}}}
+
+    runs = [row("exclusive", t, c) for t, c in ((50, 1600), (54, 1500))]
+    runs += [row("exclusive-frozen", t, c) for t, c in ((42, 1935), (45, 1920))]
+    runs.append({"mode": "krex", "parts": {"kb63_conv2d": {"ms": 6.9}}})  # no samples: left out
+    out = fitter().telemetry([{"runs": runs}], "kb63_conv2d")
+    assert out["runs"] == 4 and out["corr_ms_start_temp"] == pytest.approx(1.0)
+    assert out["corr_ms_min_clock"] < -0.9
+    assert out["modes"]["exclusive-frozen"]["start_temp_c_range"] == [42, 45]
+    assert out["modes"]["exclusive"]["min_sm_clock_mhz_range"] == [1500, 1600]
+    with pytest.raises(ValueError, match="0 runs of kb19_relu"):
+        fitter().telemetry([{"runs": runs}], "kb19_relu")

@@ -59,14 +59,50 @@ def fit(pts: list[dict[str, Any]]) -> dict[str, Any]:
             "correlation": round(statistics.correlation(xs, ys), 3), "modes": modes}  # fmt: skip
 
 
+def _span(values: list[Any], digits: int | None = None) -> list[Any]:
+    return [min(values), max(values)] if digits is None else [
+        round(min(values), digits), round(max(values), digits)]  # fmt: skip
+
+
+def telemetry(docs: list[dict[str, Any]], part: str) -> dict[str, Any]:
+    """How `part`'s timing follows the GPU's temperature at its start and its lowest SM clock."""
+    rows = []
+    for doc in docs:
+        for run in doc.get("runs", []):
+            p = run.get("parts", {}).get(part)
+            g = (p or {}).get("gpu") or {}
+            if p and "temp_c" in g and "sm_clock_mhz_range" in g:
+                rows.append((run["mode"], p["ms"], g["temp_c"][0], g["sm_clock_mhz_range"][0]))
+    if len(rows) < 3:
+        raise ValueError(f"{len(rows)} runs of {part} with the GPU's samples: at least 3 needed")
+    ms, temp, clock = ([r[i] for r in rows] for i in (1, 2, 3))
+    modes: dict[str, Any] = {}
+    for mode in dict.fromkeys(r[0] for r in rows):
+        mine = [r for r in rows if r[0] == mode]
+        modes[mode] = {
+            "runs": len(mine),
+            "ms_range": _span([r[1] for r in mine], 4),
+            "start_temp_c_range": _span([r[2] for r in mine]),
+            "min_sm_clock_mhz_range": _span([r[3] for r in mine]),
+        }
+    return {
+        "part": part,
+        "runs": len(rows),
+        "corr_ms_start_temp": round(statistics.correlation(ms, temp), 3),
+        "corr_ms_min_clock": round(statistics.correlation(ms, clock), 3),
+        "modes": modes,
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", help="autotune_check.json files")
+    ap.add_argument("--part", help="a part's timing against the GPU's temperature and clock")
     ap.add_argument("--json", help="also write the fit there")
     args = ap.parse_args()
     try:
         docs = [json.loads(Path(f).read_text()) for f in args.runs]
-        out = fit(points(docs))
+        out = telemetry(docs, args.part) if args.part else fit(points(docs))
     except (OSError, ValueError) as e:
         print(f"launch_fit: {e}", file=sys.stderr)
         return 2

@@ -58,5 +58,7 @@ def test_a_part_that_runs_slower_on_a_hotter_gpu_correlates_with_its_start_tempe
     assert out["corr_ms_min_clock"] < -0.9
     assert out["modes"]["exclusive-frozen"]["start_temp_c_range"] == [42, 45]
     assert out["modes"]["exclusive"]["min_sm_clock_mhz_range"] == [1500, 1600]
+    steady = [row("exclusive", t, 1980) for t in (40, 45, 50)]  # a clock that never moved
+    assert fitter().telemetry([{"runs": steady}], "kb63_conv2d")["corr_ms_min_clock"] is None
     with pytest.raises(ValueError, match="0 runs of kb19_relu"):
         fitter().telemetry([{"runs": runs}], "kb19_relu")

@@ -59,6 +59,14 @@ def fit(pts: list[dict[str, Any]]) -> dict[str, Any]:
             "correlation": round(statistics.correlation(xs, ys), 3), "modes": modes}  # fmt: skip
 
 
+def _corr(xs: list[float], ys: list[float]) -> float | None:
+    """Pearson's r, or None where either series is constant (no correlation to speak of)."""
+    try:
+        return round(statistics.correlation(xs, ys), 3)
+    except statistics.StatisticsError:
+        return None
+
+
 def _span(values: list[Any], digits: int | None = None) -> list[Any]:
     return [min(values), max(values)] if digits is None else [
         round(min(values), digits), round(max(values), digits)]  # fmt: skip
@@ -88,8 +96,8 @@ def telemetry(docs: list[dict[str, Any]], part: str) -> dict[str, Any]:
     return {
         "part": part,
         "runs": len(rows),
-        "corr_ms_start_temp": round(statistics.correlation(ms, temp), 3),
-        "corr_ms_min_clock": round(statistics.correlation(ms, clock), 3),
+        "corr_ms_start_temp": _corr(ms, temp),
+        "corr_ms_min_clock": _corr(ms, clock),
         "modes": modes,
     }
 

@@ -291,3 +291,30 @@ def test_run_timed_keeps_the_last_json_line_and_fresh_caches(tmp_path: Path) -> 
     assert (r.rc, r.report) == (3, None)
     assert r.result == {"n": 2, "cache": str(tmp_path / "cache-t" / "triton")}
     assert r.wall_s > 0
+
+
+def test_not_ready_names_the_processes_that_did_not_say_ready_in_time() -> None:
+    """A process that hangs before its first line cannot hang the caller: it is returned once
+    the time-out passes, as is one that said something else; those that said it are not."""
+    import subprocess
+    import sys
+    import time
+
+    from krex.bench.runner import not_ready
+
+    def proc(code: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+
+    ok = proc("print('ready', flush=True); import time; time.sleep(30)")
+    hung = proc("import time; time.sleep(30)")
+    wrong = proc("print('no gpu', flush=True)")
+    procs = [ok, hung, wrong]
+    try:
+        t0 = time.monotonic()
+        assert not_ready(procs, timeout_s=1.5) == [hung, wrong]
+        assert time.monotonic() - t0 < 10
+        assert not_ready([ok], timeout_s=0.5) == [ok]  # its one line has been read already
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -25,6 +25,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -144,6 +145,29 @@ class Timed:
     result: dict[str, Any] | None
     stderr: str
     report: dict[str, Any] | None
+
+
+def _first_line(stream: Any, into: list[str]) -> None:
+    into.append(stream.readline())
+
+
+def not_ready(
+    procs: Sequence[subprocess.Popen[str]], timeout_s: float = 180.0, word: str = "ready"
+) -> list[subprocess.Popen[str]]:
+    """Those of `procs` (text stdout pipes) whose first line was not `word` within `timeout_s`
+    in all; [] when every one said it. Each line is read in a thread, so that a process that
+    hangs before its first line cannot hang the caller (which kills what this returns)."""
+    deadline = time.monotonic() + timeout_s
+    late: list[subprocess.Popen[str]] = []
+    for p in procs:
+        line: list[str] = []
+        if p.stdout is not None:
+            reader = threading.Thread(target=_first_line, args=(p.stdout, line), daemon=True)
+            reader.start()
+            reader.join(max(0.0, deadline - time.monotonic()))
+        if not line or line[0].strip() != word:
+            late.append(p)
+    return late
 
 
 def run_timed(

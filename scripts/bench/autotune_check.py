@@ -76,7 +76,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from krex.bench.runner import fresh_caches, slice_config
+from krex.bench.runner import fresh_caches, not_ready, slice_config
 from krex.client import private_daemon
 
 KREX = [sys.executable, "-m", "krex.cli"]
@@ -526,10 +526,11 @@ def _siblings(
         )
         for _ in range(n)
     ]
-    for s in sibs:
-        assert s.stdout is not None
-        if s.stdout.readline().strip() != "ready":
-            raise RuntimeError("a sibling did not start")
+    if late := not_ready(sibs):
+        for s in sibs:
+            s.kill()
+            s.wait()
+        raise RuntimeError(f"{len(late)} of {n} siblings did not start")
     return sibs
 
 
@@ -626,7 +627,8 @@ def one(
     for name, part in row.get("parts", {}).items():
         window = part.pop("window", None)
         if window:
-            part["gpu"] = gpu.window(*window, trace=name in gpu.TRACED)
+            w0, w1 = window
+            part["gpu"] = gpu.window(w0, w1, trace=name in gpu.TRACED)
     for part, size in (("inductor", 4096), ("inductor8k", 8192)):
         if part in row.get("parts", {}):
             row["parts"][part]["candidates"] = inductor_choices(err, size)

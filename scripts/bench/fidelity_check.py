@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from krex.bench.runner import not_ready
+
 ROOT = Path(__file__).resolve().parents[2]
 CANDIDATE = str(ROOT / "scripts" / "bench" / "bw_candidate.py")
 SIBLING = str(ROOT / "scripts" / "bench" / "sibling_mem.py")
@@ -115,10 +117,8 @@ def siblings(sock: Path, n: int, hold_gib: float, mode: str) -> Iterator[None]:
         for _ in range(n)
     ]
     try:
-        for p in procs:
-            assert p.stdout is not None
-            if p.stdout.readline().strip() != "ready":
-                raise RuntimeError("a sibling did not start")
+        if late := not_ready(procs):
+            raise RuntimeError(f"{len(late)} of {n} siblings did not start")
         yield
     finally:
         for p in procs:

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from krex.bench.runner import slice_config
+from krex.bench.runner import not_ready, slice_config
 from krex.client import private_daemon
 
 # The siblings are autotune_check's ("bursty": 8192^2 matmuls in bursts of 0.05-0.5 s).
@@ -145,10 +145,8 @@ def under_krex(sock: Path, tmp: Path, siblings: int) -> dict[str, Any]:
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             for _ in range(siblings)]  # fmt: skip
     try:
-        for s in sibs:
-            assert s.stdout is not None
-            if s.stdout.readline().strip() != "ready":
-                raise RuntimeError("a sibling did not start")
+        if late := not_ready(sibs):
+            raise RuntimeError(f"{len(late)} of {siblings} siblings did not start")
         p = subprocess.run([*pre, sys.executable, __file__, "--inner"], capture_output=True,
                            text=True, timeout=300)  # fmt: skip
         if p.returncode != 0:

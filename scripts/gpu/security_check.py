@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from krex.bench.runner import not_ready
+
 KREX = [sys.executable, "-m", "krex.cli"]
 
 SIBLING = textwrap.dedent("""
@@ -183,7 +185,7 @@ def main() -> int:
             cases = (("normal", ["plain"] * 7), ("dlmopen", ["dlmopen"]), ("noshim", ["noshim"]))
             for case, kinds in [c for c in cases if c[0] in wanted]:
                 sibs = [_run(sock, *_sibling(tmp, k, dl)) for k in kinds]
-                failed = [s for s in sibs if not s.stdout or s.stdout.readline().strip() != "ready"]
+                failed = not_ready(sibs)
                 if failed:  # a sibling that cannot start (e.g. this driver refuses dlmopen)
                     for s in sibs:
                         s.kill()

@@ -30,6 +30,13 @@ from krex.shm import Segment
 from krex.simnode import users as _sim_users
 
 N_GPUS = 4
+# The busy tenants run at nice 19. On the 2-core dev VM, four of them at nice 0 starve the
+# kernel's own work there (the VM also runs a DAMON pageout scheme), and in about 1 run of 5
+# processes forking or exiting then waited in D state on memory-management locks for 10 s to
+# minutes (exit_mmap: unlink_file_vma, unlink_anon_vmas; cgroup attach behind a stalled fork),
+# failing the test by a time-out; at nice 19, 0 of 20 runs. What holds those locks was not
+# established. What is tested here is isolation, which nice does not change.
+NICE = ["nice", "-n", "19"]
 
 
 @pytest.fixture
@@ -65,7 +72,7 @@ class Pinned(Counter):
     """A CPU-burning tenant on chosen GPUs (Counter runs on the least loaded one)."""
 
     def __init__(self, d: Daemon, gpu: str) -> None:
-        self.proc = on(d, gpu, sys.executable, "-c", BURNER, stdout=subprocess.PIPE)
+        self.proc = on(d, gpu, *NICE, sys.executable, "-c", BURNER, stdout=subprocess.PIPE)
         self.last = 0
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -84,7 +91,7 @@ def test_a_region_on_gpu_0_never_touches_a_tenant_of_gpu_1(node4: Daemon, native
     are never blocked, asked to drain or re-pinned."""
     # Past any slow run (a 10 s one was gone before the checks on a loaded machine, its slot
     # freed with it); stopped at the end.
-    hammer = [native.program("workload"), "hammer", "200000", "120"]
+    hammer = [*NICE, native.program("workload"), "hammer", "200000", "120"]
     h0 = on(node4, "0", *hammer, stdout=subprocess.PIPE)
     h1 = on(node4, "1", *hammer, stdout=subprocess.PIPE)
     for h in (h0, h1):
@@ -97,8 +104,8 @@ def test_a_region_on_gpu_0_never_touches_a_tenant_of_gpu_1(node4: Daemon, native
         cores1 = affinity(s1.pid())
         holder = on(node4, "0", sys.executable, "-c", HOLDER, "2.0", stdout=subprocess.PIPE)
         assert holder.stdout is not None
-        # Once (1 of 4 full runs, 2026-12-02) the holder's admission timed out ("did not answer
-        # in time"); not reproduced since: the daemon's log says what it was doing.
+        # Its start timed out ("did not answer in time") in about 1 run of 5 with the busy
+        # tenants at nice 0 (NICE); the daemon's log says what it was doing.
         line = holder.stdout.readline()
         assert line.startswith("in region"), node4.log.read_text()[-4000:]
         at0, at1 = s0.settled(), s1.value()

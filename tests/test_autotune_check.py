@@ -167,3 +167,20 @@ def test_the_cooled_mode_acks_a_stop_only_after_its_wait(tmp_path: Path) -> None
     finally:
         sib.kill()
         sib.wait()
+
+
+def test_the_verdict_fits_the_kernelbench_timer_against_its_launch_time() -> None:
+    """A mode that reads slow only because its launches were slow has no residual."""
+
+    def run(mode: str, launch_us: float) -> dict[str, Any]:
+        ms = 2.65 + 0.0012 * launch_us
+        kb = {"ms": ms, "trials": [ms] * 3, "launch_us": [launch_us] * 3}
+        return {"mode": mode, "repeat": 0, "parts": {"kernelbench": kb}}
+
+    runs = [run("exclusive", u) for u in (25, 35, 90)] + [run("krex", u) for u in (30, 85)]
+    fit = load().verdict(runs)["kernelbench"]["launch_fit"]
+    assert fit["correlation"] == 1.0
+    assert fit["residual_mean_pct"] == {"exclusive": 0.0, "krex": 0.0}
+    # Without launch times (older runs): no fit, and no error.
+    bare = [{"mode": r["mode"], "repeat": 0, "parts": {"kernelbench": {"ms": 2.7}}} for r in runs]
+    assert "launch_fit" not in load().verdict(bare)["kernelbench"]

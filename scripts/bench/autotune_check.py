@@ -79,6 +79,9 @@ from typing import Any
 from krex.bench.runner import fresh_caches, not_ready, slice_config
 from krex.client import private_daemon
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import launch_fit  # a script beside this one
+
 KREX = [sys.executable, "-m", "krex.cli"]
 MODES = (
     "exclusive",
@@ -699,6 +702,14 @@ def verdict(runs: list[dict[str, Any]]) -> dict[str, Any]:
             }
             for m, xs in pct.items()
             if xs and m != "exclusive"
+        }
+    # The KernelBench timer reads the launch as well as the kernel (runs 7-11 of
+    # docs/results/h200-autotune/): each mode's reading once the launch time is fitted out.
+    with contextlib.suppress(ValueError):
+        fit = launch_fit.fit(launch_fit.points([{"runs": ok}]))
+        out.setdefault("kernelbench", {})["launch_fit"] = {
+            "correlation": fit["correlation"],
+            "residual_mean_pct": {m: v["residual_mean_pct"] for m, v in fit["modes"].items()},
         }
     return out
 

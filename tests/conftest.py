@@ -8,6 +8,7 @@ process runs with: the shim preloaded and the simulated libcuda.so.1 on the libr
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import subprocess
@@ -62,6 +63,31 @@ def compile_c(
     cmd += ["-ldl", "-lpthread", "-lrt"]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return out
+
+
+def _group_roots() -> set[str]:
+    """The krex group roots (krex-...) under the cgroup hierarchies mounted here."""
+    from krex.tenants import V1_CPUSET, V1_FREEZER, V2_MOUNT
+
+    roots: set[str] = set()
+    for mount in (V2_MOUNT, V1_FREEZER, V1_CPUSET):
+        with contextlib.suppress(OSError):
+            roots |= {n for n in os.listdir(mount) if n.startswith("krex-")}
+    return roots
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_group_roots_left() -> Iterator[None]:
+    """Remove the group roots the session's daemons left. A daemon that stops while its
+    commands run leaves their groups (they keep running, and the next daemon on the same
+    root prunes them); every test daemon has a root of its own, so nothing would."""
+    from krex.tenants import TenantsError, recover
+
+    before = _group_roots()
+    yield
+    for root in _group_roots() - before:
+        with contextlib.suppress(TenantsError, OSError):
+            recover(root)
 
 
 @pytest.fixture(scope="session")

@@ -29,8 +29,8 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # autotune (scripts/bench/autotune_check.py; AUTOTUNE_REPEATS, AUTOTUNE_SIBLINGS, AUTOTUNE_PARTS,
 # AUTOTUNE_SHARING=mps, AUTOTUNE_LINGER, AUTOTUNE_ALONE=1 adds krex with no siblings,
 # AUTOTUNE_HELD=1 natively beside idle memory holders, AUTOTUNE_FROZEN=1 natively beside
-# siblings stopped over each timing, AUTOTUNE_COOLED=1 the same after 3 s of cooling, AUTOTUNE_SAMPLE_MS, AUTOTUNE_NO_UNPROTECTED=1,
-# AUTOTUNE_ROTATE=1, AUTOTUNE_SLICE=REGION/SHARED), launch-probe
+# siblings stopped over each timing, AUTOTUNE_COOLED=1 the same after 3 s of cooling,
+# AUTOTUNE_SAMPLE_MS, AUTOTUNE_NO_UNPROTECTED=1, AUTOTUNE_ROTATE=1, AUTOTUNE_SLICE=REGION/SHARED), launch-probe
 # (scripts/bench/launch_probe.py; AUTOTUNE_SLICE too), preload-probe
 # (scripts/gpu/preload_probe.py), SECURITY_CASES picks security's,
 # bench (krex bench run: BENCH_PROFILE, default quick; BENCH_CONCURRENCY, default 8;

@@ -83,7 +83,6 @@ def test_the_frozen_mode_stops_the_siblings_over_a_timing_and_resumes_them(tmp_p
     import time
 
     check = load()
-    check.DRAIN_S = 0.0
     sibs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], text=True)
             for _ in range(2)]  # fmt: skip
     d = tmp_path / "handoff"
@@ -96,7 +95,7 @@ def test_the_frozen_mode_stops_the_siblings_over_a_timing_and_resumes_them(tmp_p
             time.sleep(0.005)
 
     try:
-        with check._handoff(d, sibs):
+        with check._handoff(d, sibs, wait_s=0.0):
             ask(0, "stop")
             assert [state(s.pid) for s in sibs] == ["T", "T"]
             ask(1, "go")

@@ -548,10 +548,9 @@ within a second of the freeze on the H200)."""
 
 @contextlib.contextmanager
 def _handoff(
-    directory: Path, sibs: list[subprocess.Popen[str]], wait_s: float | None = None
+    directory: Path, sibs: list[subprocess.Popen[str]], wait_s: float = DRAIN_S
 ) -> Iterator[None]:
-    """exclusive-frozen, natively: stop the siblings (SIGSTOP, then `wait_s`, default DRAIN_S)
-    when the candidate
+    """exclusive-frozen, natively: stop the siblings (SIGSTOP, then `wait_s`) when the candidate
     asks before a timing, resume them (SIGCONT) after: a region's freeze and drain without
     krex, so that what the siblings leave on the GPU (heat, held memory) can be told from
     krex's own effect. The candidate writes req-N ("stop" or "go"); this thread acks ack-N."""
@@ -570,7 +569,7 @@ def _handoff(
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(s.pid, signal.SIGSTOP if stop else signal.SIGCONT)
             if stop:
-                time.sleep(DRAIN_S if wait_s is None else wait_s)
+                time.sleep(wait_s)
             (directory / f"ack-{n}").touch()
             n += 1
 

@@ -35,6 +35,19 @@ def points(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _corr(xs: list[float], ys: list[float]) -> float | None:
+    """Pearson's r, or None where either series is constant (no correlation to speak of)."""
+    try:
+        return round(statistics.correlation(xs, ys), 3)
+    except statistics.StatisticsError:
+        return None
+
+
+def _span(values: list[Any], digits: int | None = None) -> list[Any]:
+    return [min(values), max(values)] if digits is None else [
+        round(min(values), digits), round(max(values), digits)]  # fmt: skip
+
+
 def fit(pts: list[dict[str, Any]]) -> dict[str, Any]:
     """The least-squares line ms = a + b * launch_us, and per mode its residuals (%)."""
     if len(pts) < 3:
@@ -51,25 +64,12 @@ def fit(pts: list[dict[str, Any]]) -> dict[str, Any]:
         r, fast, launch = m.pop("residual_pct"), m.pop("fast"), m.pop("launch_us")
         m["runs"] = len(r)
         m["residual_mean_pct"] = round(statistics.mean(r), 3)
-        m["residual_range_pct"] = [min(r), max(r)]
-        m["launch_us_range"] = [round(min(launch), 1), round(max(launch), 1)]
+        m["residual_range_pct"] = _span(r)
+        m["launch_us_range"] = _span(launch, 1)
         m["fast_trials"] = len(fast)
         m["fast_mean_ms"] = round(statistics.mean(fast), 4) if fast else None
     return {"runs": len(pts), "intercept_ms": round(a, 4), "ms_per_launch_us": round(b, 5),
             "correlation": round(statistics.correlation(xs, ys), 3), "modes": modes}  # fmt: skip
-
-
-def _corr(xs: list[float], ys: list[float]) -> float | None:
-    """Pearson's r, or None where either series is constant (no correlation to speak of)."""
-    try:
-        return round(statistics.correlation(xs, ys), 3)
-    except statistics.StatisticsError:
-        return None
-
-
-def _span(values: list[Any], digits: int | None = None) -> list[Any]:
-    return [min(values), max(values)] if digits is None else [
-        round(min(values), digits), round(max(values), digits)]  # fmt: skip
 
 
 def telemetry(docs: list[dict[str, Any]], part: str) -> dict[str, Any]:

@@ -92,35 +92,33 @@ def reference() -> None:
         print(x)
 
 
-def launches(trials: int = TRIALS, ref: list[float] | None = None) -> list[float]:
-    """The CPU time (us) of launching `torch.matmul` on fp32 4096^2 after a sync, per trial;
-    with `ref`, the time of `reference()` right after each launch goes there."""
+def launches(trials: int = TRIALS) -> tuple[list[float], list[float]]:
+    """The CPU time (us) of launching `torch.matmul` on fp32 4096^2 after a sync, per trial,
+    and of `reference()` right after each launch."""
     import torch
 
     a = torch.randn(4096, 4096, device="cuda")
     b = torch.randn(4096, 4096, device="cuda")
     for _ in range(3):
         torch.matmul(a, b)
-    out = []
+    out, ref = [], []
     for _ in range(trials):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         torch.matmul(a, b)
         t1 = time.perf_counter()
         out.append((t1 - t0) * 1e6)
-        if ref is not None:
-            reference()
-            ref.append((time.perf_counter() - t1) * 1e6)
+        reference()
+        ref.append((time.perf_counter() - t1) * 1e6)
     torch.cuda.synchronize()
-    return out
+    return out, ref
 
 
 def measured(cpus: list[int]) -> dict[str, Any]:
     """Launches on `cpus` (where this thread runs now): their summary, the reference's, how
     the two move together per trial, and the CPU counters' change over the set."""
     before = counters(cpus)
-    ref: list[float] = []
-    us = launches(ref=ref)
+    us, ref = launches()
     after = counters(cpus)
     return {**summary(us), "ref": summary(ref),
             "launch_ref_corr": round(statistics.correlation(us, ref), 2),

@@ -59,7 +59,8 @@ class PowerHistory:
 
 def power_fields(grant: dict[str, Any], end: dict[str, Any], duration_s: float) -> dict[str, Any]:
     """The record's power fields from a GPU's samples at the grant and at the end (those
-    NVML gave): mean power during the region and before it, time spent capped, temperature."""
+    NVML gave): mean power during the region and before it, time spent capped, the GPU's and
+    its memory's temperature."""
     out: dict[str, Any] = {}
     # NVML's energy counter moves in steps: a mean over less than a second says little.
     if "energy_mj" in grant and "energy_mj" in end and duration_s >= 1.0:
@@ -69,8 +70,9 @@ def power_fields(grant: dict[str, Any], end: dict[str, Any], duration_s: float) 
     for key in ("power_capped_ns", "thermal_capped_ns"):
         if key in grant and key in end:
             out[key.replace("_ns", "_ms")] = round(max(0, end[key] - grant[key]) / 1e6, 3)
-    if "temp_c" in grant and "temp_c" in end:
-        out["temp_c"] = [grant["temp_c"], end["temp_c"]]
+    for key in ("temp_c", "mem_temp_c"):
+        if key in grant and key in end:
+            out[key] = [grant[key], end[key]]
     if "power_limit_mw" in grant:
         out["power_limit_w"] = round(grant["power_limit_mw"] / 1000, 1)
     return out

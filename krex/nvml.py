@@ -34,7 +34,8 @@ class Nvml:
         where NVML has them, the counters a region's power fields are made of: "energy_mj"
         (energy since the driver loaded), "power_capped_ns" and "thermal_capped_ns" (time
         the clocks were held down by the power or the thermal limit, since the driver
-        loaded), "power_limit_mw" and "temp_c"."""
+        loaded), "power_limit_mw", "temp_c", and the HBM's "mem_temp_c" and "mem_clock_mhz"
+        (memory slows under heat apart from the SM clock: docs/results/h200-autotune/)."""
         lib = self._lib
         try:
             h = lib.nvmlDeviceGetHandleByIndex(gpu)
@@ -52,6 +53,8 @@ class Nvml:
             ("thermal_capped_ns", lambda: _violation(lib, h, "NVML_PERF_POLICY_THERMAL")),
             ("power_limit_mw", lambda: lib.nvmlDeviceGetEnforcedPowerLimit(h)),
             ("temp_c", lambda: lib.nvmlDeviceGetTemperature(h, lib.NVML_TEMPERATURE_GPU)),
+            ("mem_temp_c", lambda: _field(lib, h, "NVML_FI_DEV_MEMORY_TEMP")),
+            ("mem_clock_mhz", lambda: lib.nvmlDeviceGetClockInfo(h, lib.NVML_CLOCK_MEM)),
         ):
             with contextlib.suppress(Exception):  # each is optional: older drivers lack some
                 out[key] = int(read())
@@ -120,6 +123,20 @@ class Nvml:
 def _violation(lib: Any, h: Any, policy: str) -> int:
     """Nanoseconds the clocks were held down under one perf policy since the driver loaded."""
     return int(lib.nvmlDeviceGetViolationStatus(h, getattr(lib, policy)).violationTime)
+
+
+# nvmlValue_t's member for each nvmlValueType_t (nvml.h): double, uint, ulong, ulonglong,
+# slonglong, sint, ushort.
+_VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+
+
+def _field(lib: Any, h: Any, name: str) -> int:
+    """One NVML field value (nvmlDeviceGetFieldValues), by its NVML_FI_ name; raises where
+    the driver does not give it."""
+    value = lib.nvmlDeviceGetFieldValues(h, [getattr(lib, name)])[0]
+    if value.nvmlReturn != 0:  # NVML_SUCCESS
+        raise RuntimeError(f"{name}: NVML error {value.nvmlReturn}")
+    return int(getattr(value.value, _VALUE_MEMBERS[value.valueType]))
 
 
 # Reasons that mean the clock was held down by something other than idling or the app's

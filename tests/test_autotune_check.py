@@ -125,6 +125,20 @@ def test_a_timings_gpu_state_has_the_clock_range_reasons_and_trace() -> None:
     assert [row[:2] for row in w["trace"]] == [[-150, 1980], [0, 1980], [10, 1700], [20, 1800]]
     assert "trace" not in check.Telemetry.window(gpu, 100.0, 100.02)
     assert check.Telemetry.window(gpu, 101.0, 102.0) is None
+    assert "mem_temp_c" not in w and "mem_clock_mhz_range" not in w  # NVML gave neither
+
+
+def test_a_timings_gpu_state_has_the_memorys_temperature_and_clock_where_nvml_gives_them() -> None:
+    check = load()
+    gpu = check.Telemetry.__new__(check.Telemetry)
+    gpu.samples = [
+        {"t": 100.0 + i / 100, "sm_clock_mhz": 1980, "temp_c": 50 - i}
+        | {"mem_temp_c": 61 - i, "mem_clock_mhz": 3201 - i}
+        for i in range(3)
+    ]
+    w = check.Telemetry.window(gpu, 100.0, 100.02)
+    assert w["temp_c"] == [50, 48] and w["mem_temp_c"] == [61, 59]
+    assert w["mem_clock_mhz_range"] == [3199, 3201]
 
 
 def test_a_slice_that_is_not_two_cpu_lists_is_one_clear_error(
@@ -183,3 +197,26 @@ def test_the_verdict_fits_the_kernelbench_timer_against_its_launch_time() -> Non
     # Without launch times (older runs): no fit, and no error.
     bare = [{"mode": r["mode"], "repeat": 0, "parts": {"kernelbench": {"ms": 2.7}}} for r in runs]
     assert "launch_fit" not in load().verdict(bare)["kernelbench"]
+
+
+def test_the_verdict_sets_the_convs_timings_beside_the_gpus_state_at_their_start() -> None:
+    """Runs 7-13's conv residual followed the GPU's temperature: the verdict says by how much,
+    per mode, with the memory's temperature where the runs recorded it."""
+
+    def run(mode: str, temp: int, mem: int | None) -> dict[str, Any]:
+        gpu: dict[str, Any] = {"temp_c": [temp, temp], "sm_clock_mhz_range": [1980, 1980]}
+        if mem is not None:
+            gpu["mem_temp_c"] = [mem, mem]
+        conv = {"winner": "k", "ms": 2.0 + 0.001 * mem if mem else 2.0, "gpu": gpu}
+        return {"mode": mode, "repeat": 0, "parts": {"cudnn": conv}}
+
+    runs = [run("exclusive", 30, m) for m in (40, 41)] + [run("krex", 50, m) for m in (55, 60)]
+    state = load().verdict(runs)["cudnn"]["gpu_state"]
+    assert state["corr_ms_start_mem_temp"] == 1.0 and state["corr_ms_min_clock"] is None
+    assert state["modes"]["krex"]["start_mem_temp_c_range"] == [55, 60]
+    assert state["modes"]["exclusive"]["start_temp_c_range"] == [30, 30]
+    older = [run("exclusive", t, None) for t in (30, 31, 33)]  # runs before run 14: no memory's
+    state = load().verdict(older)["cudnn"]["gpu_state"]
+    assert state["corr_ms_start_mem_temp"] is None
+    assert "start_mem_temp_c_range" not in state["modes"]["exclusive"]
+    assert "gpu_state" not in load().verdict(older[:2])["cudnn"]  # too few to correlate

@@ -446,9 +446,11 @@ def test_power_and_placement_are_named_warnings_that_leave_a_region_clean() -> N
         owner = tenant(gpus, 1)
         grant = {"sm_clock_mhz": 1980, "throttle_reasons": 0, "energy_mj": 1_000_000,
                  "power_capped_ns": 7_000_000, "thermal_capped_ns": 0,
-                 "power_limit_mw": 700_000, "temp_c": 40, "power_w_before": 600}  # fmt: skip
+                 "power_limit_mw": 700_000, "temp_c": 40, "mem_temp_c": 48,
+                 "power_w_before": 600}  # fmt: skip
         end = grant | {"energy_mj": 1_000_000 + 840_000, "power_capped_ns": 12_000_000,
-                       "temp_c": 52, "sm_clock_mhz": 1530, "throttle_reasons": 0x4}  # fmt: skip
+                       "temp_c": 52, "mem_temp_c": 57, "sm_clock_mhz": 1530,
+                       "throttle_reasons": 0x4}  # fmt: skip
         node.samples = [grant, end]
         node.split = (8 * GIB, 98 * GIB)
         r = await regions.acquire(owner, plain_wait)
@@ -460,6 +462,7 @@ def test_power_and_placement_are_named_warnings_that_leave_a_region_clean() -> N
         }  # fmt: skip
         assert rec["power_capped_ms"] == 5.0 and rec["thermal_capped_ms"] == 0.0
         assert rec["power_w_before"] == 600 and rec["temp_c"] == [40, 52]
+        assert rec["mem_temp_c"] == [48, 57]
         assert 650 < rec["power_w"] < 720  # 840 J over about 1.2 s
         assert rec["memory_gib"] == {"owner": 8.0, "others": 98.0}
 

@@ -446,7 +446,8 @@ class Telemetry:
 
     def window(self, t0: float, t1: float, trace: bool = False) -> dict[str, Any] | None:
         """The GPU's state over [t0, t1] (wall clock): mean and range of the SM clock, the
-        throttle reasons seen (NVML's bits, OR-ed), temperature at both ends, mean power and
+        throttle reasons seen (NVML's bits, OR-ed), the GPU's and its memory's temperature at
+        both ends, the memory clock's range, mean power and
         ms capped by power or temperature; with `trace`, every sample as [ms after t0, SM
         clock, reasons]; None without samples."""
         inside = [x for x in self.samples if t0 <= x["t"] <= t1]
@@ -469,8 +470,12 @@ class Telemetry:
                 for x in self.samples
                 if t0 - 0.2 <= x["t"] <= t1
             ]
-        if "temp_c" in first:
-            out["temp_c"] = [first["temp_c"], last.get("temp_c")]
+        for key in ("temp_c", "mem_temp_c"):  # the GPU's and its HBM's, at both ends
+            if key in first:
+                out[key] = [first[key], last.get(key)]
+        mem = [x["mem_clock_mhz"] for x in inside if "mem_clock_mhz" in x]
+        if mem:
+            out["mem_clock_mhz_range"] = [min(mem), max(mem)]
         span = last["t"] - first["t"]
         if "energy_mj" in first and span > 0:
             out["power_w"] = round((last["energy_mj"] - first["energy_mj"]) / 1000 / span)
@@ -642,7 +647,7 @@ def one(
         row["regions_clean"] = sum(bool(r.get("clean")) for r in regions)
         row["region_problems"] = sorted({p for r in regions for p in r.get("problems", [])})[:10]
         keep = ("duration_s", "clean", "warnings", "power_w_before", "power_capped_ms",
-                "thermal_capped_ms", "temp_c", "sm_clock_mhz")  # fmt: skip
+                "thermal_capped_ms", "temp_c", "mem_temp_c", "sm_clock_mhz")  # fmt: skip
         row["region_records"] = [{k: r[k] for k in keep if k in r} for r in regions]
         row["auto_regions_unresolved"] = rep_doc.get("auto_regions_unresolved", [])
     winners = {k: v.get("winner", v.get("graph_breaks")) for k, v in row.get("parts", {}).items()}
@@ -710,6 +715,14 @@ def verdict(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "correlation": fit["correlation"],
             "residual_mean_pct": {m: v["residual_mean_pct"] for m, v in fit["modes"].items()},
         }
+    # The conv timings follow the GPU's temperature at their start (runs 7-13): per mode, the
+    # start temperatures (the GPU's, its memory's) beside the timings, and the correlations.
+    for part in ("cudnn", "kb63_conv2d"):
+        with contextlib.suppress(ValueError):
+            state = launch_fit.telemetry([{"runs": ok}], part)
+            out.setdefault(part, {})["gpu_state"] = {
+                k: v for k, v in state.items() if k not in ("part", "runs")
+            }
     return out
 
 

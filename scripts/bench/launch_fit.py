@@ -73,17 +73,19 @@ def fit(pts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def telemetry(docs: list[dict[str, Any]], part: str) -> dict[str, Any]:
-    """How `part`'s timing follows the GPU's temperature at its start and its lowest SM clock."""
+    """How `part`'s timing follows the GPU's and its memory's temperature at its start and
+    its lowest SM clock."""
     rows = []
     for doc in docs:
         for run in doc.get("runs", []):
             p = run.get("parts", {}).get(part)
             g = (p or {}).get("gpu") or {}
             if p and "temp_c" in g and "sm_clock_mhz_range" in g:
-                rows.append((run["mode"], p["ms"], g["temp_c"][0], g["sm_clock_mhz_range"][0]))
+                mem = g.get("mem_temp_c", [None])[0]  # recorded from run 14 of h200-autotune
+                rows.append((run["mode"], p["ms"], g["temp_c"][0], g["sm_clock_mhz_range"][0], mem))
     if len(rows) < 3:
         raise ValueError(f"{len(rows)} runs of {part} with the GPU's samples: at least 3 needed")
-    ms, temp, clock = ([r[i] for r in rows] for i in (1, 2, 3))
+    ms, temp, clock, mem_temp = ([r[i] for r in rows] for i in (1, 2, 3, 4))
     modes: dict[str, Any] = {}
     for mode in dict.fromkeys(r[0] for r in rows):
         mine = [r for r in rows if r[0] == mode]
@@ -93,11 +95,16 @@ def telemetry(docs: list[dict[str, Any]], part: str) -> dict[str, Any]:
             "start_temp_c_range": _span([r[2] for r in mine]),
             "min_sm_clock_mhz_range": _span([r[3] for r in mine]),
         }
+        if all(r[4] is not None for r in mine):
+            modes[mode]["start_mem_temp_c_range"] = _span([r[4] for r in mine])
     return {
         "part": part,
         "runs": len(rows),
         "corr_ms_start_temp": _corr(ms, temp),
         "corr_ms_min_clock": _corr(ms, clock),
+        "corr_ms_start_mem_temp": (
+            _corr(ms, mem_temp) if all(t is not None for t in mem_temp) else None
+        ),
         "modes": modes,
     }
 

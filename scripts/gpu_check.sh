@@ -27,7 +27,8 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # (scripts/bench/fidelity_check.py; FIDELITY_PHASES), fidelity-probe (PROBE_PARTS) and
 # pool-probe (scripts/bench/fidelity_probe.py, pool_probe.py), warm (warm_check.py),
 # autotune (scripts/bench/autotune_check.py; AUTOTUNE_REPEATS, AUTOTUNE_SIBLINGS, AUTOTUNE_PARTS,
-# AUTOTUNE_SHARING=mps, AUTOTUNE_LINGER, AUTOTUNE_ALONE=1 adds krex with no siblings,
+# AUTOTUNE_SHARING=mps, AUTOTUNE_LINGER, AUTOTUNE_ALONE=1 adds krex with no siblings
+# (AUTOTUNE_ALONE_EACH=1: in every repeat),
 # AUTOTUNE_HELD=1 natively beside idle memory holders, AUTOTUNE_FROZEN=1 natively beside
 # siblings stopped over each timing, AUTOTUNE_COOLED=1 the same after 3 s of cooling,
 # AUTOTUNE_SAMPLE_MS, AUTOTUNE_NO_UNPROTECTED=1, AUTOTUNE_ROTATE=1, AUTOTUNE_SLICE=REGION/SHARED), launch-probe
@@ -108,7 +109,8 @@ if [[ " $PARTS " == *" autotune "* ]]; then
     echo "== autotuners' winners and harness timers: exclusive, unprotected and krex beside 7 siblings"
     python3 scripts/bench/autotune_check.py --json "$OUT/autotune_check.json" \
         --repeats "${AUTOTUNE_REPEATS:-2}" --siblings "${AUTOTUNE_SIBLINGS:-steady}" \
-        ${AUTOTUNE_ALONE:+--alone} ${AUTOTUNE_PARTS:+--parts "$AUTOTUNE_PARTS"} \
+        ${AUTOTUNE_ALONE:+--alone} ${AUTOTUNE_ALONE_EACH:+--alone-each} \
+        ${AUTOTUNE_PARTS:+--parts "$AUTOTUNE_PARTS"} \
         ${AUTOTUNE_SHARING:+--sharing "$AUTOTUNE_SHARING"} ${AUTOTUNE_HELD:+--held} \
         ${AUTOTUNE_LINGER:+--linger "$AUTOTUNE_LINGER"} ${AUTOTUNE_FROZEN:+--frozen} \
         ${AUTOTUNE_COOLED:+--cooled} \

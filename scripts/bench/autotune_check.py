@@ -39,8 +39,9 @@ SIBLING; no krex);
 krex: `krex run --auto-regions` beside the same 7 siblings under `krex run` (8 slots). With
 --sharing mps the unprotected mode's processes are clients of an MPS daemon (kernels of all of
 them on the SMs at once), the other way GPUs are shared without krex;
-with --alone, also krex-alone (first repeat): `krex run --auto-regions` with no siblings, which
-tells krex's own effect from what the siblings leave behind on the GPU; with --held, also
+with --alone, also krex-alone (first repeat; every repeat with --alone-each): `krex run
+--auto-regions` with no siblings, which tells krex's own effect from what the siblings leave
+behind on the GPU; with --held, also
 exclusive-held (every repeat): natively beside 7 processes that hold the siblings' device memory
 and do no work, which tells where the owner's buffers land (the records' `memory_placement`)
 from the rest; with --frozen, exclusive-frozen: natively beside busy siblings stopped over each
@@ -816,6 +817,12 @@ def main() -> int:
         help="also run the candidate under krex with no siblings (first repeat only): krex's "
         "own effect, apart from what the siblings leave behind (the GPU's temperature)",
     )
+    ap.add_argument(
+        "--alone-each",
+        action="store_true",
+        help="the same as --alone, in every repeat (enough krex-alone runs to set against the "
+        "exclusive runs' spread)",
+    )
     args = ap.parse_args()
     global LINGER_S
     LINGER_S = args.linger
@@ -846,7 +853,7 @@ def main() -> int:
         ):
             for rep in range(args.repeats):
                 modes = ["exclusive", *([] if args.no_unprotected else ["unprotected"]), "krex"]
-                if args.alone and rep == 0:
+                if args.alone_each or (args.alone and rep == 0):
                     modes.append("krex-alone")
                 if args.held:
                     modes.append("exclusive-held")

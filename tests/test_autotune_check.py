@@ -220,3 +220,27 @@ def test_the_verdict_sets_the_convs_timings_beside_the_gpus_state_at_their_start
     assert state["corr_ms_start_mem_temp"] is None
     assert "start_mem_temp_c_range" not in state["modes"]["exclusive"]
     assert "gpu_state" not in load().verdict(older[:2])["cudnn"]  # too few to correlate
+
+
+def test_the_verdict_counts_the_conv_timings_within_the_spread_apart_when_power_capped() -> None:
+    """Runs 14-16's slow conv readings were those the power limit held down: the verdict counts
+    the capped and the uncapped timings apart, per mode."""
+
+    def run(mode: str, ms: float, capped: float | None) -> dict[str, Any]:
+        gpu: dict[str, Any] = {"temp_c": [40, 40], "sm_clock_mhz_range": [1980, 1980]}
+        if capped is not None:
+            gpu["power_capped_ms"] = capped
+        return {
+            "mode": mode,
+            "repeat": 0,
+            "parts": {"cudnn": {"winner": "k", "ms": ms, "gpu": gpu}},
+        }
+
+    runs = [run("exclusive", ms, 0.0) for ms in (2.000, 2.001, 2.002)]  # spread 0.1 points
+    runs += [run("krex", 2.001, 0.0), run("krex", 2.010, 25.0), run("krex", 2.0015, 3.0)]
+    runs.append(run("krex", 2.020, None))  # no samples of the counter: left out
+    v = load().verdict(runs)["cudnn"]
+    assert v["within_by_capping"]["krex"] == {"capped": "1 of 2", "uncapped": "1 of 1"}
+    assert v["within_by_capping"]["exclusive"] == {"uncapped": "3 of 3"}
+    assert v["gpu_state"]["modes"]["exclusive"]["capped_runs"] == 0
+    assert "capped_runs" not in v["gpu_state"]["modes"]["krex"]  # one run without the counter

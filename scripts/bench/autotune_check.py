@@ -724,7 +724,27 @@ def verdict(runs: list[dict[str, Any]]) -> dict[str, Any]:
             out.setdefault(part, {})["gpu_state"] = {
                 k: v for k, v in state.items() if k not in ("part", "runs")
             }
+        if "native_repeat_spread_pct" in out.get(part, {}):
+            out[part]["within_by_capping"] = _within_by_capping(ok, part, out[part])
     return out
+
+
+def _within_by_capping(ok: list[dict[str, Any]], part: str, v: dict[str, Any]) -> dict[str, Any]:
+    """Per mode, the timings within the exclusive runs' spread, counted apart for those during
+    which the power limit held the clocks down (launch_fit.CAPPED_MS or more) and the rest;
+    timings without the GPU's samples are left out."""
+    base = statistics.median(v["ms"]["exclusive"])
+    out: dict[str, Any] = {}
+    for r in ok:
+        p = r["parts"].get(part)
+        capped = ((p or {}).get("gpu") or {}).get("power_capped_ms")
+        if p is None or capped is None:
+            continue
+        key = "capped" if capped >= launch_fit.CAPPED_MS else "uncapped"
+        pct = round((p["ms"] - base) / base * 100, 2)
+        within, n = out.setdefault(r["mode"], {}).get(key, (0, 0))
+        out[r["mode"]][key] = (within + (abs(pct) <= v["native_repeat_spread_pct"]), n + 1)
+    return {m: {k: f"{a} of {b}" for k, (a, b) in sorted(c.items())} for m, c in out.items()}
 
 
 @contextlib.contextmanager

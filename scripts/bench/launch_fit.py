@@ -72,39 +72,56 @@ def fit(pts: list[dict[str, Any]]) -> dict[str, Any]:
             "correlation": round(statistics.correlation(xs, ys), 3), "modes": modes}  # fmt: skip
 
 
+CAPPED_MS = 1.0
+"""A timing during which NVML's power-limit violation counter advanced by this much or more is
+`capped` (runs 14-16 of docs/results/h200-autotune/: the conv's slow readings were these)."""
+
+
 def telemetry(docs: list[dict[str, Any]], part: str) -> dict[str, Any]:
-    """How `part`'s timing follows the GPU's and its memory's temperature at its start and
-    its lowest SM clock."""
+    """How `part`'s timing follows the GPU's and its memory's temperature at its start, its
+    lowest SM clock and the time the power limit held its clocks down."""
     rows = []
     for doc in docs:
         for run in doc.get("runs", []):
             p = run.get("parts", {}).get(part)
             g = (p or {}).get("gpu") or {}
             if p and "temp_c" in g and "sm_clock_mhz_range" in g:
-                mem = g.get("mem_temp_c", [None])[0]  # recorded from run 14 of h200-autotune
-                rows.append((run["mode"], p["ms"], g["temp_c"][0], g["sm_clock_mhz_range"][0], mem))
+                rows.append({
+                    "mode": run["mode"],
+                    "ms": p["ms"],
+                    "temp": g["temp_c"][0],
+                    "clock": g["sm_clock_mhz_range"][0],
+                    "mem_temp": g.get("mem_temp_c", [None])[0],  # recorded from run 14
+                    "capped": g.get("power_capped_ms"),
+                })  # fmt: skip
     if len(rows) < 3:
         raise ValueError(f"{len(rows)} runs of {part} with the GPU's samples: at least 3 needed")
-    ms, temp, clock, mem_temp = ([r[i] for r in rows] for i in (1, 2, 3, 4))
+    ms = [r["ms"] for r in rows]
+
+    def corr(key: str) -> float | None:
+        ys = [r[key] for r in rows]
+        return _corr(ms, ys) if all(y is not None for y in ys) else None
+
     modes: dict[str, Any] = {}
-    for mode in dict.fromkeys(r[0] for r in rows):
-        mine = [r for r in rows if r[0] == mode]
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        mine = [r for r in rows if r["mode"] == mode]
         modes[mode] = {
             "runs": len(mine),
-            "ms_range": _span([r[1] for r in mine], 4),
-            "start_temp_c_range": _span([r[2] for r in mine]),
-            "min_sm_clock_mhz_range": _span([r[3] for r in mine]),
+            "ms_range": _span([r["ms"] for r in mine], 4),
+            "start_temp_c_range": _span([r["temp"] for r in mine]),
+            "min_sm_clock_mhz_range": _span([r["clock"] for r in mine]),
         }
-        if all(r[4] is not None for r in mine):
-            modes[mode]["start_mem_temp_c_range"] = _span([r[4] for r in mine])
+        if all(r["mem_temp"] is not None for r in mine):
+            modes[mode]["start_mem_temp_c_range"] = _span([r["mem_temp"] for r in mine])
+        if all(r["capped"] is not None for r in mine):
+            modes[mode]["capped_runs"] = sum(r["capped"] >= CAPPED_MS for r in mine)
     return {
         "part": part,
         "runs": len(rows),
-        "corr_ms_start_temp": _corr(ms, temp),
-        "corr_ms_min_clock": _corr(ms, clock),
-        "corr_ms_start_mem_temp": (
-            _corr(ms, mem_temp) if all(t is not None for t in mem_temp) else None
-        ),
+        "corr_ms_start_temp": corr("temp"),
+        "corr_ms_min_clock": corr("clock"),
+        "corr_ms_start_mem_temp": corr("mem_temp"),
+        "corr_ms_power_capped": corr("capped"),
         "modes": modes,
     }
 

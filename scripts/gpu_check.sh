@@ -38,7 +38,9 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # BENCH_TASKS, default all; BENCH_MODES, default exclusive,shared,krex),
 # mgpu-native and mgpu-krex (scripts/bench/multi_gpu.py on a node of two GPUs: the native
 # baselines on both GPUs, then krex over both; mgpu-krex reads MGPU_NATIVE, the first's
-# native.json; MGPU_TASKS picks tasks). NCCL_NVLS_ENABLE=0 as the device's KINDS.md asks.
+# native.json; MGPU_TASKS picks tasks), mgpu-memory (scripts/bench/memory_check.py --gpus 2:
+# the memory-heavy mix on both GPUs at once; MGPU_MEMORY_MODES, default exclusive,shared8,krex8).
+# NCCL_NVLS_ENABLE=0 as the device's KINDS.md asks.
 PARTS=${PARTS:-"shim overhead controller mps demo"}
 rc=0
 if [[ " $PARTS " == *" shim "* ]]; then
@@ -137,6 +139,12 @@ if [[ " $PARTS " == *" mgpu-krex "* ]]; then
     echo "== two GPUs through krex: GPU 1 alone, then both GPUs at once, 8 commands each"
     python3 scripts/bench/multi_gpu.py krex --out "$OUT/mgpu" --native "${MGPU_NATIVE:?}" \
         "${mgpu_tasks[@]}" || rc=1
+fi
+if [[ " $PARTS " == *" mgpu-memory "* ]]; then
+    echo "== two GPUs: device memory, the mix on each GPU at once"
+    mkdir -p "$OUT/mgpu"
+    python3 scripts/bench/memory_check.py --json "$OUT/mgpu/memory_check.json" --gpus 2 \
+        --modes "${MGPU_MEMORY_MODES:-exclusive,shared8,krex8}" || rc=1
 fi
 if [[ " $PARTS " == *" bench "* ]]; then
     args=(--profile "${BENCH_PROFILE:-quick}" --concurrency "${BENCH_CONCURRENCY:-8}"

@@ -148,6 +148,53 @@ def test_a_mix_of_three_times_the_gpu_all_succeeds_under_krex(
     assert_nothing_left(memd)
 
 
+@pytest.fixture
+def memd2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
+    """As memd, over two simulated GPUs of 1 GiB each, 8 slots each."""
+    monkeypatch.setenv("KREX_SIM_MEM_BYTES", str(CAPACITY))
+    cfg = tmp_path / "krex.toml"
+    cfg.write_text("[memory]\ndeadlock_s = 0.5\nwait_s = 60\n")
+    d = Daemon(tmp_path / "krex.sock", "--gpus", "2", "--slots", "8", "--config", str(cfg))
+    d.start()
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def test_memory_is_arbitrated_per_gpu(memd2: Daemon, tmp_path: Path) -> None:
+    """Issue #20's memory bar, simulated: the mix of three times a GPU on each of two GPUs at
+    once, 8 at a time on each, all succeed; and a GPU full of one command's memory makes
+    nobody on the other GPU wait."""
+    hog = subprocess.Popen(
+        [*run_argv(memd2), "--gpu", "0", "--", *memhog([900], hold=4.0)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(1.5)  # the hog holds 900 of GPU 0's 1024 MiB
+        r = through(memd2, memhog([900], hold=0.1), tmp_path / "other.json", "--gpu", "1")
+        assert r["rc"] == 0, r["err"][-500:]
+        assert r["report"]["gpu"] == 1 and r["report"]["memory"]["waits"] == 0, r["report"]
+    finally:
+        out, _ = hog.communicate(timeout=60)
+    assert hog.returncode == 0 and '"ok": true' in out
+
+    def one(i: int) -> dict[str, Any]:
+        gpu, k = divmod(i, len(MIX))
+        argv = memhog(MIX[k], hold=0.3, kind=("cache", "plain")[k % 2])
+        return through(memd2, argv, tmp_path / f"{gpu}-{k}.json", "--gpu", str(gpu))
+
+    with ThreadPoolExecutor(16) as ex:
+        results = list(ex.map(one, range(2 * len(MIX))))
+    assert [r["rc"] for r in results] == [0] * len(results), [r["err"][-300:] for r in results]
+    for gpu in (0, 1):
+        mine = results[gpu * len(MIX) : (gpu + 1) * len(MIX)]
+        assert {r["report"]["gpu"] for r in mine} == {gpu}
+        assert sum(r["report"]["memory"]["waits"] for r in mine) > 0  # each GPU's mix shared
+    assert_nothing_left(memd2, gpus=2)
+
+
 def test_a_command_larger_than_the_gpu_fails_at_once_as_alone(memd: Daemon, tmp_path: Path) -> None:
     r = through(memd, memhog([2048]), tmp_path / "big.json")
     assert r["rc"] == 3 and r["wall"] < 15, r
@@ -274,15 +321,20 @@ def test_a_wait_for_memory_shows_in_status_and_top(memd: Daemon, tmp_path: Path)
     assert "memory wait s" in top.stdout and "oldest" in top.stdout, top.stdout
 
 
-def assert_nothing_left(d: Daemon) -> None:
-    """No memory held or waited for, no tenant left, once everything finished."""
+def assert_nothing_left(d: Daemon, gpus: int = 1) -> None:
+    """No memory held or waited for, no tenant left on the first `gpus` GPUs, once everything
+    finished."""
     deadline = time.monotonic() + 10
     while True:
-        g = (d.status() or {})["gpus"][0]
-        mem = g["memory"]
-        if (mem["held_bytes"], mem["waiting"], g["used"]) == (0, 0, 0):
+        gs = (d.status() or {})["gpus"][:gpus]
+        left = [
+            g
+            for g in gs
+            if (g["memory"]["held_bytes"], g["memory"]["waiting"], g["used"]) != (0, 0, 0)
+        ]
+        if not left:
             return
-        assert time.monotonic() < deadline, g
+        assert time.monotonic() < deadline, left
         time.sleep(0.2)
 
 

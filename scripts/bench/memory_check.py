@@ -7,7 +7,12 @@ private daemon of its own). Per mode: commands that succeeded and failed (out-of
 counted apart), throughput over successful commands against exclusive, memory-wait p50/p95 from
 the reports, and each candidate's median against its exclusive one.
 
+With --gpus 2 (a node of two GPUs, issue #20), every mode runs the mix on each GPU at once, the
+mode's concurrency on each (natively: CUDA_VISIBLE_DEVICES; under krex: one daemon over both,
+`krex run --gpu`), and the counts are given per GPU as well.
+
     python3 scripts/bench/memory_check.py --json OUT.json [--modes exclusive,shared8,krex8,krex16]
+        [--gpus 2]
 """
 
 from __future__ import annotations
@@ -42,8 +47,9 @@ MODES = {
 }
 
 
-def commands() -> list[tuple[float, str]]:
-    return [(s, m) for s in SIZES_GIB for m in ("eager", "compile")]
+def commands(gpus: int = 1) -> list[tuple[float, str, int]]:
+    """The mix, once per GPU: (size in GiB, variant, GPU)."""
+    return [(s, m, g) for g in range(gpus) for s in SIZES_GIB for m in ("eager", "compile")]
 
 
 def run_one(
@@ -53,18 +59,24 @@ def run_one(
     cache: Path,
     report: Path,
     retry: bool = True,
+    gpu: int | None = None,
 ) -> dict[str, Any]:
+    """One candidate; `gpu`: the GPU of a node of several it runs on (None: the default)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
     env.pop("LD_PRELOAD", None)
     env |= {"TRITON_CACHE_DIR": str(cache / "t"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "i")}
+    if gpu is not None and krex_socket is None:
+        env |= {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(gpu)}
     argv = [sys.executable, str(CANDIDATE), str(size), mode]
     if krex_socket is not None:
         argv = [sys.executable, "-m", "krex.cli", "run", "--socket", str(krex_socket),
                 "--report", str(report), *([] if retry else ["--no-memory-retry"]),
-                "--", *argv]  # fmt: skip
+                *([] if gpu is None else ["--gpu", str(gpu)]), "--", *argv]  # fmt: skip
     t0 = time.monotonic()
     p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
     out: dict[str, Any] = {"size_gib": size, "variant": mode, "rc": p.returncode}
+    if gpu is not None:
+        out["gpu"] = gpu
     out["wall_s"] = time.monotonic() - t0
     lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
     if lines:
@@ -103,8 +115,8 @@ def daemon(tmp: Path, slots: int, waits: bool = True) -> Iterator[Path]:
                 text=True,
             )
             if st.returncode == 0:
-                pool = json.loads(st.stdout)["gpus"][0]["pool"]
-                if pool["idle"] >= pool["target"]:  # the warm workers are ready
+                pools = [g["pool"] for g in json.loads(st.stdout)["gpus"]]
+                if all(p["idle"] >= p["target"] for p in pools):  # the warm workers are ready
                     break
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise RuntimeError("daemon did not start: " + log_path.read_text())
@@ -116,26 +128,42 @@ def daemon(tmp: Path, slots: int, waits: bool = True) -> Iterator[Path]:
         log.close()
 
 
-def run_mode(name: str, tmp: Path) -> dict[str, Any]:
+def run_mode(name: str, tmp: Path, gpus: int = 1) -> dict[str, Any]:
+    """One mode over the mix; with `gpus` > 1 the mix on each GPU, `concurrency` on each."""
     concurrency, slots, arbitrate = MODES[name]
-    cmds = commands()
+    cmds = commands(gpus)
     with contextlib.ExitStack() as stack:
         sock = stack.enter_context(daemon(tmp, slots, arbitrate)) if slots else None
         t0 = time.monotonic()
-        with ThreadPoolExecutor(concurrency) as ex:
-            futs = [
-                ex.submit(
-                    run_one, s, m, sock, tmp / f"{name}-{i}", tmp / f"{name}-{i}.json", arbitrate
-                )
-                for i, (s, m) in enumerate(cmds)
-            ]
-            results = [f.result() for f in futs]
+        # One pool per GPU, so that each GPU has `concurrency` commands at once.
+        pools = [stack.enter_context(ThreadPoolExecutor(concurrency)) for _ in range(gpus)]
+        futs = [
+            pools[g].submit(
+                run_one,
+                s,
+                m,
+                sock,
+                tmp / f"{name}-{i}",
+                tmp / f"{name}-{i}.json",
+                arbitrate,
+                g if gpus > 1 else None,
+            )
+            for i, (s, m, g) in enumerate(cmds)
+        ]
+        results = [f.result() for f in futs]
         wall = time.monotonic() - t0
+    out = {"mode": name, "concurrency": concurrency, **_counts(results, wall)}
+    if gpus > 1:
+        out["per_gpu"] = {
+            str(g): _counts([r for r in results if r.get("gpu") == g], wall) for g in range(gpus)
+        }
+    return out | {"commands": results}
+
+
+def _counts(results: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     ok = [r for r in results if r["rc"] == 0]
     waits = sorted(r["memory"]["wait_s"] for r in results if r.get("memory"))
     return {
-        "mode": name,
-        "concurrency": concurrency,
         "wall_s": wall,
         "succeeded": len(ok),
         "failed": len(results) - len(ok),
@@ -143,7 +171,6 @@ def run_mode(name: str, tmp: Path) -> dict[str, Any]:
         "cmds_per_min_ok": 60 * len(ok) / wall,
         "mem_wait_p50_s": _q(waits, 0.5),
         "mem_wait_p95_s": _q(waits, 0.95),
-        "commands": results,
     }
 
 
@@ -153,12 +180,16 @@ def _q(xs: list[float], q: float) -> float | None:
 
 def summarise(modes: list[dict[str, Any]]) -> dict[str, Any]:
     base = next(m for m in modes if m["mode"] == "exclusive")
-    ref = {(c["size_gib"], c["variant"]): c.get("median_ms") for c in base["commands"]}
+
+    def key(c: dict[str, Any]) -> tuple[Any, ...]:
+        return c["size_gib"], c["variant"], c.get("gpu")
+
+    ref = {key(c): c.get("median_ms") for c in base["commands"]}
     for m in modes:
         m["throughput_vs_exclusive"] = m["cmds_per_min_ok"] / base["cmds_per_min_ok"]
         infl = []
         for c in m["commands"]:
-            r = ref.get((c["size_gib"], c["variant"]))
+            r = ref.get(key(c))
             if c["rc"] == 0 and r and c.get("median_ms"):
                 c["inflation"] = c["median_ms"] / r - 1
                 infl.append(abs(c["inflation"]))
@@ -173,7 +204,10 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument("--modes", default="exclusive,shared8,krex8,krex16", help=", ".join(MODES))
+    ap.add_argument("--gpus", type=int, default=1, help="the mix on each of this many GPUs")
     args = ap.parse_args()
+    if args.gpus < 1:
+        ap.error(f"--gpus must be 1 or more, not {args.gpus}")
     global LOGS
     LOGS = args.json.resolve().parent
     names = [m for m in args.modes.split(",") if m]
@@ -184,12 +218,14 @@ def main() -> int:
         modes = []
         for name in names:
             print(f"== {name}", flush=True)
-            modes.append(run_mode(name, Path(d)))
+            modes.append(run_mode(name, Path(d), args.gpus))
             m = modes[-1]
             args.json.write_text(json.dumps({"partial": True, "modes": modes}, indent=1))
             rate = m["cmds_per_min_ok"]
             print(f"   {m['succeeded']} ok, {m['failed']} failed ({m['oom']} OOM), "
                   f"{m['wall_s']:.0f} s, {rate:.1f} ok/min", flush=True)  # fmt: skip
+            for g, c in m.get("per_gpu", {}).items():
+                print(f"   GPU {g}: {c['succeeded']} ok, {c['failed']} failed ({c['oom']} OOM)")
         doc = summarise(modes) if "exclusive" in names else {"modes": modes}
     doc["date"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     doc["command"] = "python3 scripts/bench/memory_check.py " + " ".join(sys.argv[1:])

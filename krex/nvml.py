@@ -35,7 +35,7 @@ class Nvml:
         (energy since the driver loaded), "power_capped_ns" and "thermal_capped_ns" (time
         the clocks were held down by the power or the thermal limit, since the driver
         loaded), "power_limit_mw", "temp_c", and the HBM's "mem_temp_c" and "mem_clock_mhz"
-        (memory slows under heat apart from the SM clock: docs/results/h200-autotune/)."""
+        (what else a timing ran under: docs/results/h200-autotune/, runs 14-16)."""
         lib = self._lib
         try:
             h = lib.nvmlDeviceGetHandleByIndex(gpu)

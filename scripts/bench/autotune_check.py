@@ -730,20 +730,20 @@ def verdict(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _within_by_capping(ok: list[dict[str, Any]], part: str, v: dict[str, Any]) -> dict[str, Any]:
-    """Per mode, the timings within the exclusive runs' spread, counted apart for those during
-    which the power limit held the clocks down (launch_fit.CAPPED_MS or more) and the rest;
-    timings without the GPU's samples are left out."""
-    base = statistics.median(v["ms"]["exclusive"])
+    """Per mode, the timings within the exclusive runs' spread (the verdict's own per cent,
+    `v`), counted apart for those during which the power limit held the clocks down
+    (launch_fit.CAPPED_MS or more) and the rest; timings without the GPU's samples are left
+    out."""
     out: dict[str, Any] = {}
-    for r in ok:
-        p = r["parts"].get(part)
-        capped = ((p or {}).get("gpu") or {}).get("power_capped_ms")
-        if p is None or capped is None:
-            continue
-        key = "capped" if capped >= launch_fit.CAPPED_MS else "uncapped"
-        pct = round((p["ms"] - base) / base * 100, 2)
-        within, n = out.setdefault(r["mode"], {}).get(key, (0, 0))
-        out[r["mode"]][key] = (within + (abs(pct) <= v["native_repeat_spread_pct"]), n + 1)
+    for mode, xs in v["vs_exclusive_pct"].items():
+        mine = [r for r in ok if r["mode"] == mode and part in r["parts"]]  # as `xs` was made
+        for r, x in zip(mine, xs, strict=True):
+            capped = (r["parts"][part].get("gpu") or {}).get("power_capped_ms")
+            if capped is None:
+                continue
+            key = "capped" if capped >= launch_fit.CAPPED_MS else "uncapped"
+            within, n = out.setdefault(mode, {}).get(key, (0, 0))
+            out[mode][key] = (within + (abs(x) <= v["native_repeat_spread_pct"]), n + 1)
     return {m: {k: f"{a} of {b}" for k, (a, b) in sorted(c.items())} for m, c in out.items()}
 
 

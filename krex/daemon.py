@@ -623,7 +623,7 @@ class Daemon:
             # A region freezes the tenant's siblings: only the tenant's own processes ask.
             raise ProtocolError(f"process {conn.peer.pid} is not one of tenant {t.id}'s")
         t_request = time.monotonic()
-        region: Region = await self.regions.acquire(t, conn.until)
+        region: Region = await self.regions.acquire(t, conn.until, pid=conn.peer.pid)
         try:
             await conn.send({"ok": True, **_grant_reply(region, t_request)})
             end = await conn.read()

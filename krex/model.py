@@ -82,6 +82,7 @@ class Region:
     clocks: dict[int, dict[str, int] | None] = field(default_factory=dict)  # at each grant
     memory: dict[int, tuple[int, int] | None] = field(default_factory=dict)  # at each grant
     holders: int = 1  # connections of the owner in it (other threads nest)
+    pids: list[int] = field(default_factory=list)  # the owner's processes that asked, in order
     revoked: bool = False
     ended: bool = False
     record: dict[str, Any] | None = None

@@ -89,10 +89,14 @@ class Regions:
 
     # Requests.
     async def acquire(
-        self, t: Tenant, wait: Callable[[asyncio.Future[Region]], Awaitable[None]]
+        self,
+        t: Tenant,
+        wait: Callable[[asyncio.Future[Region]], Awaitable[None]],
+        pid: int | None = None,
     ) -> Region:
         """t's region, granted on all of t's GPUs; `wait` waits for one GPU's grant and raises
-        when the requester goes away (then everything this request holds is let go)."""
+        when the requester goes away (then everything this request holds is let go). `pid`,
+        the asking process, goes into the record's `pids`."""
         loop = asyncio.get_running_loop()
         t_request = time.monotonic()
         mine: Region | None = None  # the region this request is a holder of
@@ -119,6 +123,8 @@ class Regions:
             mine = mine or region  # the first GPU's grant made us one of its holders
         if mine is None or mine.ended:
             raise ProtocolError("the region ended before it was granted")
+        if pid is not None and pid not in mine.pids:
+            mine.pids.append(pid)
         return mine
 
     def release(self, r: Region, why: str) -> dict[str, Any]:
@@ -400,6 +406,9 @@ class Regions:
             "clean": r.clean,
             "revoked": r.revoked,
             "problems": list(r.problems),
+            # Which of the command's processes held it: a child's (Inductor's subprocess
+            # autotuning) is told from the command's own.
+            "pids": list(r.pids),
         }
         if len(r.tenant.gpus) > 1:
             rec["gpus"] = list(r.gpus)

@@ -156,6 +156,31 @@ def test_a_region_past_its_time_out_is_revoked_and_reported(daemon: Daemon, tmp_
         sib.stop()
 
 
+def test_a_region_record_names_the_processes_that_held_it(daemon: Daemon, tmp_path: Path) -> None:
+    """The command's own region names it; a region of a child process (as Inductor's subprocess
+    autotuning times its choices) names the child, from the socket's credentials."""
+    script = textwrap.dedent("""
+        import os, subprocess, sys, krex
+        with krex.region():
+            pass
+        child = subprocess.run([sys.executable, "-c", sys.argv[1]], capture_output=True,
+                               text=True, check=True).stdout.split()[-1]
+        print(os.getpid(), child)
+    """)
+    inner = "import os, krex\nwith krex.region():\n    print(os.getpid())"
+    report = tmp_path / "r.json"
+    p = subprocess.run(
+        [*run_argv(daemon), "--report", str(report), "--", sys.executable, "-c", script, inner],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stderr
+    parent, child = (int(x) for x in p.stdout.split()[-2:])
+    own, childs = json.loads(report.read_text())["regions"]
+    assert own["pids"] == [parent] and childs["pids"] == [child] and parent != child
+
+
 def test_daemon_killed_in_a_region_restart_thaws_and_reopens(tmp_path: Path) -> None:
     """SIGKILL the daemon while a sibling is frozen: the sibling's own `krex run` thaws it when
     no daemon answers (docs/security.md, case 6), the next daemon on that socket thaws every

@@ -215,18 +215,22 @@ def test_requests_on_one_gpu_are_granted_in_request_order() -> None:
 
 
 def test_other_threads_of_the_owner_nest_and_the_last_holder_ends_it() -> None:
-    """A second request of the owner is granted at once, into the same region."""
+    """A second request of the owner is granted at once, into the same region; the record
+    names each process that held it once."""
 
     async def main() -> None:
         regions, node, gpus = make()
         owner = tenant(gpus, 1)
-        r1 = await regions.acquire(owner, plain_wait)
-        r2 = await regions.acquire(owner, plain_wait)
-        assert r1 is r2 and r1.holders == 2 and node.names().count("close") == 1
+        r1 = await regions.acquire(owner, plain_wait, pid=100)
+        r2 = await regions.acquire(owner, plain_wait, pid=200)  # a child process of the command
+        r3 = await regions.acquire(owner, plain_wait, pid=100)  # another thread of the first
+        assert r1 is r2 is r3 and r1.holders == 3 and node.names().count("close") == 1
         regions.release(r1, why="region_end")
+        regions.release(r3, why="region_end")
         assert not r1.ended and "open" not in node.names()
-        regions.release(r2, why="region_end")
+        rec = regions.release(r2, why="region_end")
         assert r1.record is not None and node.names()[-1] == "open"
+        assert rec["pids"] == [100, 200]  # each process once, in the order they asked
 
     run(main())
 

@@ -29,7 +29,15 @@ One candidate command (AUTOTUNE below) autotunes and times, in order, into fresh
    size (krex/bench/tasks/matmul.py: fp16 8192^3, 1.6-1.9 ms kernels): `@triton.autotune` over
    the suite's four Triton configurations, and max-autotune. Kernels of milliseconds are where
    time-slicing can reorder an autotuner's candidates: a 0.2 ms kernel mostly runs whole inside
-   one time slice, so do_bench's median reads it uncontended (the control of issue #18).
+   one time slice, so do_bench's median reads it uncontended (the control of issue #18);
+7. Inductor's other GPU benchmarks: inductor_subproc, inductor8k with `autotune_in_subproc`
+   (its Triton choices timed in a child process that Inductor starts; the region records'
+   `pids` tell the child's regions, `child_regions`); coordesc, `coordinate_descent_tuning` of
+   an RMS norm's kernel (winner: each new CachingAutotuner's config); multikernel,
+   `triton.multi_kernel` of a softmax (winner: each new MultiKernelCall's picked kernel). Each
+   Inductor part counts its calls of Inductor's benchmarkers' `benchmark_gpu` and how many ran
+   their kernels inside a region (`benchmarks`: krex.markers.region_depth(), read only where
+   krex loaded it).
 --parts picks and orders them (default: all).
 Each part's timing is triton.testing.do_bench's median (a region under --auto-regions).
 
@@ -104,10 +112,23 @@ PARTS = (
     "events",
     "inductor",
     "inductor8k",
+    "inductor_subproc",
+    "coordesc",
+    "multikernel",
 )
 # Timings that parts record besides their own name's.
 MORE = ("compiled_conv", "kernelbench_gpu", "kb19_relu", "kb23_softmax", "kb47_sum", "kb63_conv2d")
-WINNERS = ("triton", "triton8k", "softmax", "cudnn", "inductor", "inductor8k")
+WINNERS = (
+    "triton",
+    "triton8k",
+    "softmax",
+    "cudnn",
+    "inductor",
+    "inductor8k",
+    "inductor_subproc",
+    "coordesc",
+    "multikernel",
+)
 
 KERNELBENCH_TIMING = textwrap.dedent('''
     """Stand-in of KernelBench's src/kernelbench/timing.py, its cuda_event timer's shape."""
@@ -351,11 +372,53 @@ AUTOTUNE = textwrap.dedent("""
         torch.testing.assert_close(c8, a8 @ b8, atol=2e-2, rtol=1e-2)
         done("triton8k", winner=str(tuned.best_config), candidates=candidates(tuned), **timed(fn))
 
-    def inductor_part(name="inductor", x=a, y=b):
+    class counted:  # Inductor's GPU benchmarks over a part: how many, how many in a region
+        def __enter__(self):
+            from torch._inductor.runtime import benchmarking as bm
+            seen, busy, self.saved = {"calls": 0, "in_region": 0}, [False], []
+            self.seen = seen
+            for name in ("Benchmarker", "TritonBenchmarker", "InductorBenchmarker"):
+                cls = getattr(bm, name, None)
+                orig = cls.__dict__.get("benchmark_gpu") if cls is not None else None
+                if orig is None:
+                    continue
+
+                def outer(self_, _callable, *a, _orig=orig, **k):  # outside krex's wrapper
+                    if busy[0]:  # a benchmarker calling another: counted once, outermost
+                        return _orig(self_, _callable, *a, **k)
+                    inside = [False]
+
+                    def probe(*x, **y):  # runs where the benchmark runs the kernel
+                        m = sys.modules.get("krex.markers")
+                        inside[0] = inside[0] or (m is not None and m.region_depth() > 0)
+                        return _callable(*x, **y)
+
+                    busy[0] = True
+                    try:
+                        return _orig(self_, probe, *a, **k)
+                    finally:
+                        busy[0] = False
+                        seen["calls"] += 1
+                        seen["in_region"] += inside[0]
+
+                self.saved.append((cls, orig))
+                setattr(cls, "benchmark_gpu", outer)
+            return seen
+
+        def __exit__(self, *exc):
+            for cls, orig in self.saved:
+                setattr(cls, "benchmark_gpu", orig)
+
+    def made(kind):  # objects of a class named `kind` alive now (Inductor's runtime tuners)
+        import gc
+        return [o for o in gc.get_objects() if type(o).__name__ == kind]
+
+    def inductor_part(name="inductor", x=a, y=b, **config):
         torch._dynamo.reset()
         from torch._inductor.utils import run_and_get_code
         f = torch.compile(lambda a, b: a @ b, mode="max-autotune-no-cudagraphs")
-        _, codes = run_and_get_code(f, x, y)
+        with torch._inductor.config.patch(config), counted() as seen:
+            _, codes = run_and_get_code(f, x, y)
         code = "\\n".join(codes)
         if "extern_kernels.mm(" in code or "extern_kernels.bmm(" in code:
             winner = "aten mm"
@@ -364,15 +427,48 @@ AUTOTUNE = textwrap.dedent("""
             launch = re.findall(r"num_stages=(\\d+), num_warps=(\\d+)", code)
             winner = "template " + ",".join(f"{k}={v}" for k, v in sorted(consts.items())
                                             if k.isupper()) + f" stages,warps={launch[:1]}"
-        done(name, winner=winner, **timed(lambda: f(x, y)))
+        done(name, winner=winner, benchmarks=seen, pid=os.getpid(), **timed(lambda: f(x, y)))
 
     def inductor8k_part():
         inductor_part("inductor8k", *inputs8k())
 
+    def inductor_subproc_part():  # its Triton choices timed in a child process it starts
+        inductor_part("inductor_subproc", *inputs8k(), autotune_in_subproc=True)
+
+    def coordesc_part():  # Inductor's coordinate descent over an RMS norm's kernel's config
+        torch._dynamo.reset()
+        x = torch.randn(16384, 4096, device="cuda", generator=gen)
+        w = torch.randn(4096, device="cuda", generator=gen)
+        f = torch.compile(lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w)
+        before = {id(o) for o in made("CachingAutotuner")}
+        with torch._inductor.config.patch(coordinate_descent_tuning=True), counted() as seen:
+            f(x, w)
+            torch.cuda.synchronize()
+        tuners = [o for o in made("CachingAutotuner") if id(o) not in before]
+        winner = " | ".join(sorted(str(t.launchers[0].config) for t in tuners
+                                   if getattr(t, "launchers", None))) or "no tuner found"
+        done("coordesc", winner=winner, benchmarks=seen, tuners=len(tuners),
+             **timed(lambda: f(x, w)))
+
+    def multikernel_part():  # Inductor's multi-kernel: persistent or looped reduction, timed
+        torch._dynamo.reset()
+        x = torch.randn(65536, 1024, device="cuda", generator=gen)
+        f = torch.compile(lambda x: torch.softmax(x, -1))
+        before = {id(o) for o in made("MultiKernelCall")}
+        with torch._inductor.config.patch({"triton.multi_kernel": 1}), counted() as seen:
+            f(x)
+            torch.cuda.synchronize()
+        calls = [o for o in made("MultiKernelCall") if id(o) not in before]
+        winner = " | ".join(sorted(str(getattr(c, "picked_kernel", None)) for c in calls))
+        done("multikernel", winner=winner or "no multi-kernel found", benchmarks=seen,
+             **timed(lambda: f(x)))
+
     every = {"triton": triton_part, "triton8k": triton8k_part, "softmax": softmax_part,
              "cudnn": cudnn_part, "kernelbench": kernelbench_part, "events": events_part,
              "kernelbench_more": kernelbench_more_part,
-             "inductor": inductor_part, "inductor8k": inductor8k_part}
+             "inductor": inductor_part, "inductor8k": inductor8k_part,
+             "inductor_subproc": inductor_subproc_part, "coordesc": coordesc_part,
+             "multikernel": multikernel_part}
     chosen = next((a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--parts=")),
                   list(every))
     for name in chosen:
@@ -637,7 +733,7 @@ def one(
         if window:
             w0, w1 = window
             part["gpu"] = gpu.window(w0, w1, trace=name in gpu.TRACED)
-    for part, size in (("inductor", 4096), ("inductor8k", 8192)):
+    for part, size in (("inductor", 4096), ("inductor8k", 8192), ("inductor_subproc", 8192)):
         if part in row.get("parts", {}):
             row["parts"][part]["candidates"] = inductor_choices(err, size)
     row["stderr"] = err[-4000:]
@@ -648,13 +744,23 @@ def one(
         row["regions_clean"] = sum(bool(r.get("clean")) for r in regions)
         row["region_problems"] = sorted({p for r in regions for p in r.get("problems", [])})[:10]
         keep = ("duration_s", "clean", "warnings", "power_w_before", "power_capped_ms",
-                "thermal_capped_ms", "temp_c", "mem_temp_c", "sm_clock_mhz")  # fmt: skip
+                "thermal_capped_ms", "temp_c", "mem_temp_c", "sm_clock_mhz", "pids")  # fmt: skip
         row["region_records"] = [{k: r[k] for k in keep if k in r} for r in regions]
+        # Regions of the candidate's children (Inductor's subprocess autotuning), by the
+        # records' pids against the candidate's own.
+        own = {p["pid"] for p in row.get("parts", {}).values() if "pid" in p}
+        if own:
+            row["child_regions"] = sum(bool(set(r.get("pids", ())) - own) for r in regions)
         row["auto_regions_unresolved"] = rep_doc.get("auto_regions_unresolved", [])
     winners = {k: v.get("winner", v.get("graph_breaks")) for k, v in row.get("parts", {}).items()}
-    regions = f", regions {row.get('regions')} ({row.get('regions_clean')} clean)"
+    regions = f", regions {row.get('regions')} ({row.get('regions_clean')} clean"
+    regions += f", {row['child_regions']} of children)" if "child_regions" in row else ")"
+
     print(f"{tag}: rc {rc}, {row['wall_s']:.0f} s, {json.dumps(winners)}"
           + (regions if mode.startswith("krex") else ""), flush=True)  # fmt: skip
+    seen = {k: v["benchmarks"] for k, v in row.get("parts", {}).items() if "benchmarks" in v}
+    if seen:
+        print(f"    Inductor's GPU benchmarks {json.dumps(seen)}", flush=True)
     ms = {k: round(v["ms"], 4) for k, v in row.get("parts", {}).items() if "ms" in v}
     print(f"    ms {json.dumps(ms)}", flush=True)
     state = {k: v.get("gpu") for k, v in row.get("parts", {}).items() if v.get("gpu")}

@@ -35,9 +35,9 @@ One candidate command (AUTOTUNE below) autotunes and times, in order, into fresh
    `pids` tell the child's regions, `child_regions`); coordesc, `coordinate_descent_tuning` of
    an RMS norm's kernel (winner: each new CachingAutotuner's config); multikernel,
    `triton.multi_kernel` of a softmax (winner: each new MultiKernelCall's picked kernel). Each
-   Inductor part counts its calls of Inductor's benchmarkers' `benchmark_gpu` and how many ran
-   their kernels inside a region (`benchmarks`: krex.markers.region_depth(), read only where
-   krex loaded it).
+   Inductor part counts its calls of Inductor's benchmarkers' `benchmark_gpu`, how many ran
+   their kernels inside a region (krex.markers.region_depth(), read only where krex loaded it)
+   and what each returned, in order (`benchmarks`: the race the tuner saw).
 --parts picks and orders them (default: all).
 Each part's timing is triton.testing.do_bench's median (a region under --auto-regions).
 
@@ -375,7 +375,7 @@ AUTOTUNE = textwrap.dedent("""
     class counted:  # Inductor's GPU benchmarks over a part: how many, how many in a region
         def __enter__(self):
             from torch._inductor.runtime import benchmarking as bm
-            seen, busy, self.saved = {"calls": 0, "in_region": 0}, [False], []
+            seen, busy, self.saved = {"calls": 0, "in_region": 0, "ms": []}, [False], []
             self.seen = seen
             for name in ("Benchmarker", "TritonBenchmarker", "InductorBenchmarker"):
                 cls = getattr(bm, name, None)
@@ -393,13 +393,15 @@ AUTOTUNE = textwrap.dedent("""
                         inside[0] = inside[0] or (m is not None and m.region_depth() > 0)
                         return _callable(*x, **y)
 
-                    busy[0] = True
+                    busy[0], got = True, None
                     try:
-                        return _orig(self_, probe, *a, **k)
+                        got = _orig(self_, probe, *a, **k)
+                        return got
                     finally:
                         busy[0] = False
                         seen["calls"] += 1
                         seen["in_region"] += inside[0]
+                        seen["ms"].append(round(got, 5) if isinstance(got, float) else None)
 
                 self.saved.append((cls, orig))
                 setattr(cls, "benchmark_gpu", outer)

@@ -376,7 +376,6 @@ AUTOTUNE = textwrap.dedent("""
         def __enter__(self):
             from torch._inductor.runtime import benchmarking as bm
             seen, busy, self.saved = {"calls": 0, "in_region": 0, "ms": []}, [False], []
-            self.seen = seen
             for name in ("Benchmarker", "TritonBenchmarker", "InductorBenchmarker"):
                 cls = getattr(bm, name, None)
                 orig = cls.__dict__.get("benchmark_gpu") if cls is not None else None
@@ -757,7 +756,6 @@ def one(
     winners = {k: v.get("winner", v.get("graph_breaks")) for k, v in row.get("parts", {}).items()}
     regions = f", regions {row.get('regions')} ({row.get('regions_clean')} clean"
     regions += f", {row['child_regions']} of children)" if "child_regions" in row else ")"
-
     print(f"{tag}: rc {rc}, {row['wall_s']:.0f} s, {json.dumps(winners)}"
           + (regions if mode.startswith("krex") else ""), flush=True)  # fmt: skip
     seen = {k: v["benchmarks"] for k, v in row.get("parts", {}).items() if "benchmarks" in v}

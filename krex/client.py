@@ -69,6 +69,8 @@ class Connection:
             raise ClientError(str(e)) from e
         self.file = self.sock.makefile("rwb")
         self.watch: DaemonWatch | None = None  # while a command runs (krex/watch.py)
+        # How long a tenant's `started` and `finished` may take: the admission's `step_s`.
+        self.step_s = 10.0
 
     def send(self, msg: dict[str, Any]) -> None:
         self.file.write(wire.encode(msg))
@@ -258,7 +260,7 @@ def _run_warm(
         raise WarmRefused("the warm worker refused the command")
     try:
         conn.send({"op": "started", "pid": pid, "warm": True})
-        conn.recv()
+        conn.recv(conn.step_s)
     except (ClientError, OSError) as e:
         with contextlib.suppress(OSError):
             wire.send_frame(sock, {"go": False})
@@ -516,6 +518,9 @@ def _run_once(opts: RunOptions) -> tuple[int, dict[str, Any]]:
             if left <= 0:
                 raise ClientError(f"no slot became free within {opts.queue_timeout_s:g} s")
             reply = conn.recv(timeout_s=left)
+        step = reply.get("step_s")
+        if isinstance(step, (int, float)) and not isinstance(step, bool) and 0 < step < 3600:
+            conn.step_s = float(step)
         _hold_signals()
     except (KrexError, OSError) as e:  # ConfigError too: one line, exit 125 (user guide)
         print(f"krex run: {e}", file=sys.stderr)
@@ -572,7 +577,7 @@ def _run_once(opts: RunOptions) -> tuple[int, dict[str, Any]]:
         os.kill(pid, n)
     try:
         conn.send({"op": "started", "pid": pid})
-        conn.recv()
+        conn.recv(conn.step_s)
     except (ClientError, OSError) as e:
         os.kill(pid, signal.SIGKILL)
         _wait(pid)
@@ -616,7 +621,7 @@ def _finish(
         conn.watch.stop()  # the daemon closes this connection after its reply
     try:
         conn.send({"op": "finished", "exit_code": code, "worker_lost": worker_lost})
-        done = conn.recv()
+        done = conn.recv(conn.step_s)
         report.update(done["report"])
         rc = done.get("worker_status")
         if worker_lost and wire.is_int(rc):

@@ -50,13 +50,14 @@ from krex.shm import SegmentError, SlotView
 from krex.simnode import remove as remove_sim_segment
 from krex.simnode import segment_name as sim_segment
 from krex.tenants import FreezerKind, TenantGroup, TenantsError, detect_freezer, prune
-from krex.workers import Pool
+from krex.workers import EXIT_WAIT_S, Pool
 
 log = logging.getLogger("krex.daemon")
 
 _TENANT_SLOTS = 64  # process slots in a tenant's own segment
 SIM_MEM = 143771 << 20  # the simulated GPU's default memory (shim/sim/sim.h: an H200's)
 _MEMORY_TICK_S = (0.02, 0.2)  # how often the memory arbiter looks: someone waits, nobody does
+STEP_MARGIN_S = 20.0  # step_s(): beyond the daemon's own bounds, for a loaded machine
 _PRUNE_EVERY = 10  # reaper passes (seconds) between prunes of groups left by a predecessor
 
 
@@ -444,6 +445,7 @@ class Daemon:
         t = await self._admit(gpus, req, conn)
         try:
             reply: dict[str, Any] = {"ok": True, "tenant": t.id, "gpu": t.gpu, "gpus": t.gpus}
+            reply["step_s"] = self.step_s()
             reply["env"] = self.tenant_env(t, req.auto)
             if len(gpus) == 1 and (gpus[0].pool or self.pool.size()):
                 # What a client needs to decide whether its command can run warm (pool.py).
@@ -455,6 +457,12 @@ class Daemon:
             await self._tenant_conn(t, conn)
         finally:
             self._release(t)
+
+    def step_s(self) -> float:
+        """The longest this daemon takes to answer `started` (placing the process, and
+        freezing it into a live region: timeouts.freeze_s) or `finished` (a lost warm child's
+        status: workers.EXIT_WAIT_S), with a margin for a loaded machine: what the client waits."""
+        return max(self.cfg.freeze_timeout_s, EXIT_WAIT_S) + STEP_MARGIN_S
 
     async def _admit(self, gpus: list[Gpu], req: AdmitRequest, conn: Conn) -> Tenant:
         """A slot on each of gpus (taken in index order: a command of several GPUs never holds

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("krex.daemon")
 
 _RESTART_DELAY_S = 30.0  # after 3 start-up failures in a row
-_EXIT_WAIT_S = 10.0
+EXIT_WAIT_S = 10.0  # a lost warm child's status, from its server (the client waits longer)
 _KEEP_EXITS = 4096  # exit statuses of children kept for their clients
 TEARDOWN_S = 120.0  # what a warm command leaves running is ended after this long
 
@@ -261,7 +261,7 @@ class Pool:
             return self.exits[pid]
         fut = self._exit_waiters.setdefault(pid, asyncio.get_running_loop().create_future())
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), _EXIT_WAIT_S)
+            return await asyncio.wait_for(asyncio.shield(fut), EXIT_WAIT_S)
         except asyncio.TimeoutError:
             return None
         finally:
@@ -277,7 +277,7 @@ class Pool:
             _signal(w, signal.SIGTERM)
         for w in list(self.workers.values()):
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(w.proc.wait(), _EXIT_WAIT_S)
+                await asyncio.wait_for(w.proc.wait(), EXIT_WAIT_S)
         for g in self.d.gpus:
             for group in (g.pool_tenant.group if g.pool_tenant else None, g.zygotes):
                 if group is not None:

@@ -94,8 +94,10 @@ class FakeAdmission:
     """A daemon that admits one command (with no shim: an empty environment) and calls
     `at(op, peer_pid)` when a message arrives, before it answers."""
 
-    def __init__(self, path: Path, at: Callable[[str, int], None]) -> None:
-        self.path, self.at = path, at
+    def __init__(
+        self, path: Path, at: Callable[[str, int], None], admit: dict[str, Any] | None = None
+    ) -> None:
+        self.path, self.at, self.admit = path, at, admit or {}
         self.ops: list[str] = []
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(str(path))
@@ -111,7 +113,7 @@ class FakeAdmission:
             conn.settimeout(30)
             f = conn.makefile("rwb")
             answers: dict[str, dict[str, Any]] = {
-                "admit": {"tenant": 1, "gpu": 0, "gpus": [0], "env": {}},
+                "admit": {"tenant": 1, "gpu": 0, "gpus": [0], "env": {}, **self.admit},
                 "started": {"freezer": "signal"},
                 "finished": {"report": {"regions": []}, "worker_status": None},
             }
@@ -153,6 +155,32 @@ def test_sigint_before_the_command_runs_is_not_lost(tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 15, "the command ran on"
     assert fake.ops == ["admit", "started", "finished"]
     assert json.loads(report.read_text())["exit_code"] == 128 + signal.SIGINT
+
+
+@pytest.mark.parametrize("step_s", [0.5, 4.0])
+def test_the_client_waits_for_started_as_long_as_the_daemon_says(
+    tmp_path: Path, step_s: float
+) -> None:
+    """The admission's `step_s` is how long the daemon may take to place the command (its
+    freeze into a live region included): shorter, and krex run gives up with one line and
+    exit 125, the command killed; longer, and a slow answer is waited for."""
+
+    def slow(op: str, peer: int) -> None:
+        if op == "started":
+            time.sleep(1.5)
+
+    fake = FakeAdmission(tmp_path / "fake.sock", slow, admit={"step_s": step_s})
+    argv = [*KREX, "run", "--socket", str(fake.path), "--", "true"]
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    finally:
+        fake.close()
+    if step_s < 1.5:
+        assert p.returncode == 125, p.stderr
+        assert "did not answer in time" in p.stderr and len(p.stderr.splitlines()) == 1
+    else:
+        assert p.returncode == 0, p.stderr
+        assert fake.ops == ["admit", "started", "finished"]
 
 
 def test_ctrl_c_before_the_command_runs_is_not_lost(tmp_path: Path) -> None:

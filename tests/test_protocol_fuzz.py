@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from krex import wire
+from krex.workers import EXIT_WAIT_S
 
 OPS = ["hello", "status", "admit", "started", "lease", "finished", "region_begin",
        "region_end", "worker_ready", "done"]  # fmt: skip
@@ -142,6 +143,8 @@ def test_nobody_can_freeze_a_process_that_is_not_their_command(daemon: Daemon) -
             daemon, [wire.encode(admit), wire.encode({"op": "started", "pid": victim})]
         )
         assert replies[0]["ok"] and not replies[1]["ok"], replies
+        # The client outwaits the daemon's own longest answer (a lost warm child's status).
+        assert replies[0]["step_s"] > EXIT_WAIT_S
         assert "not this client's command" in replies[1]["error"]
         for path in Path("/sys/fs/cgroup").glob("**/cgroup.procs"):
             if "krex" in str(path):

@@ -55,7 +55,9 @@ and do no work, which tells where the owner's buffers land (the records' `memory
 from the rest; with --frozen, exclusive-frozen: natively beside busy siblings stopped over each
 timing (a region's freeze without krex); with --cooled, exclusive-cooled: the same, but the
 timing waits COOL_S after the stop, so the GPU cools down from the siblings' work first (heat
-and power history apart from their memory).
+and power history apart from their memory); with --settled S, krex-settled: krex beside the
+siblings, each final timing in a region (krex.region(), so krex code in the command) that idles
+S seconds before it times, as exclusive-frozen's stop waits DRAIN_S.
 
 Each part records its candidates' times where the autotuner exposes them (Triton's
 `configs_timings`, Inductor's printed table), so a changed winner can be read against how close
@@ -97,6 +99,7 @@ MODES = (
     "unprotected",
     "krex",
     "krex-alone",
+    "krex-settled",
     "exclusive-held",
     "exclusive-frozen",
     "exclusive-cooled",
@@ -197,8 +200,22 @@ AUTOTUNE = textwrap.dedent("""
         res[part] = {**kv, "at_s": round(time.monotonic() - t0, 1)}
         print(part, json.dumps(res[part]), file=sys.stderr, flush=True)
 
+    settle_s = float(os.environ.get("AUTOTUNE_SETTLE_S") or 0)
+
+    class settled:  # krex-settled: the timing's region first idles settle_s (krex's own API)
+        def __enter__(self):
+            if settle_s:
+                import krex
+                self.region = krex.region()
+                self.region.__enter__()
+                time.sleep(settle_s)
+
+        def __exit__(self, *exc):
+            if settle_s:
+                self.region.__exit__(*exc)
+
     def timed(fn):  # the final timing, and its wall-clock window (for the GPU's telemetry)
-        with frozen():
+        with frozen(), settled():
             w0 = time.time()
             ms = triton.testing.do_bench(fn, return_mode="median")
             return {"ms": ms, "window": [w0, time.time()]}
@@ -608,6 +625,7 @@ def inductor_choices(stderr: str, size: int) -> list[list[Any]]:
 # (siblings and candidate), which then share the GPU's SMs at once instead of in time slices.
 UNPROTECTED_ENV: dict[str, str] = {}
 LINGER_S: str | None = None  # --linger: KREX_REGION_LINGER_S for the krex modes' command
+SETTLE_S = 0.4  # --settled: krex-settled's idle wait inside each timing's region
 
 
 def _env(tmp: Path, tag: str, unprotected: bool = False) -> dict[str, str]:
@@ -692,16 +710,17 @@ def one(
     tmp: Path, mode: str, sock: Path | None, rep: int, load: str, gpu: Telemetry, parts: str
 ) -> dict[str, Any]:
     tag = f"{mode}{rep}"
-    crowded = mode in ("unprotected", "krex", "exclusive-held", *STOPPED)
+    crowded = mode in ("unprotected", "krex", "krex-settled", "exclusive-held", *STOPPED)
+    under_krex = mode in ("krex", "krex-settled")
     sibs = (
-        _siblings(tmp, sock if mode == "krex" else None, 7, load, hold=mode == "exclusive-held")
+        _siblings(tmp, sock if under_krex else None, 7, load, hold=mode == "exclusive-held")
         if crowded
         else []
     )
     # The compiled conv in every mode, so that the later parts follow the same work in each.
     argv = [sys.executable, str(tmp / "autotune.py"), "--compiled-conv", f"--parts={parts}"]
     report = tmp / f"{tag}.report.json"
-    if mode in ("krex", "krex-alone"):
+    if mode.startswith("krex"):
         argv = [*KREX, "run", "--socket", str(sock), "--no-pool", "--auto-regions",
                 "--report", str(report), "--", *argv]  # fmt: skip
     t0 = time.monotonic()
@@ -712,6 +731,8 @@ def one(
             env["KREX_REGION_LINGER_S"] = LINGER_S  # krex run passes it on to the command
         if mode in STOPPED:
             env["AUTOTUNE_HANDOFF"] = str(handoff)
+        if mode == "krex-settled":
+            env["AUTOTUNE_SETTLE_S"] = str(SETTLE_S)
         wait_s = COOL_S if mode == "exclusive-cooled" else DRAIN_S
         with _handoff(handoff, sibs, wait_s) if mode in STOPPED else contextlib.nullcontext():
             p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
@@ -913,6 +934,14 @@ def main() -> int:
         "(every repeat): the GPU cooled down from the siblings' work, their memory still held",
     )
     ap.add_argument(
+        "--settled",
+        metavar="S",
+        type=float,
+        help="also run krex-settled (every repeat): krex beside the same siblings, each final "
+        "timing in a region (krex.region()) that first idles S seconds, as exclusive-frozen "
+        "waits after its stop: whether a region that let the GPU settle would read closer",
+    )
+    ap.add_argument(
         "--sample-ms",
         type=float,
         default=Telemetry.PERIOD_S * 1000,
@@ -950,8 +979,12 @@ def main() -> int:
         "exclusive runs' spread)",
     )
     args = ap.parse_args()
-    global LINGER_S
+    global LINGER_S, SETTLE_S
     LINGER_S = args.linger
+    if args.settled is not None:
+        if not 0 < args.settled <= 5:
+            ap.error("--settled: between 0 and 5 seconds")
+        SETTLE_S = args.settled
     bad = [p for p in args.parts.split(",") if p not in PARTS]
     if bad or not args.parts:
         ap.error(f"--parts: unknown {', '.join(bad) or '(none given)'}; known: {', '.join(PARTS)}")
@@ -983,6 +1016,8 @@ def main() -> int:
                     modes.append("krex-alone")
                 if args.held:
                     modes.append("exclusive-held")
+                if args.settled is not None:
+                    modes.append("krex-settled")
                 if args.frozen:
                     modes.append("exclusive-frozen")
                 if args.cooled:

@@ -437,3 +437,22 @@ def test_memory_waits_section(tmp_path: Path) -> None:
     assert "| krex | 0.250 | 1.500 | 2.000 | 5 |" in text
     assert "| exclusive |" not in text
     assert "n/a: no krex report" in section(render(good(), tmp_path)[0].read_text(), "Memory")
+
+
+def test_choices_section_sets_each_modes_winner_against_exclusive(tmp_path: Path) -> None:
+    """Candidates that report what their autotuner picked get a table: `same`, or the other
+    mode's own choice; a run where none reports one has no such section."""
+    assert "Autotuners' choices" not in render(good(), tmp_path)[0].read_text()
+    doc = good()
+    picks = {"exclusive": "BM: 128", "native_repeat": "BM: 128", "shared": "BM: 64",
+             "krex": "BM: 128"}  # fmt: skip
+    for rec in doc["commands"]:
+        if (rec["task"], rec["variant"]) == ("gemm", "a"):
+            rec["output"] = {"choice": picks[rec["mode"]]}
+        elif (rec["task"], rec["variant"]) == ("gemm", "b") and rec["mode"] != "krex":
+            rec["output"] = {"choice": "w8"}  # krex's run said nothing: n/a, not counted
+    text = section(render(doc, tmp_path)[0].read_text(), "Autotuners' choices")
+    assert "| command | exclusive | native_repeat | shared | krex |" in text
+    assert "| gemm/a | BM: 128 | same | BM: 64 | same |" in text
+    assert "| gemm/b | w8 | same | same | n/a |" in text
+    assert "native_repeat 2 of 2, shared 1 of 2, krex 1 of 1" in text

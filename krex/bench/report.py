@@ -490,6 +490,44 @@ def _failures(results: Mapping[str, Any], modes: Sequence[str]) -> list[str]:
     return [*lines, *_table(header, rows)]
 
 
+def _choices(results: Mapping[str, Any], modes: Sequence[str]) -> list[str]:
+    """Candidates that pick their own kernel (an autotuner's winner, the `choice` their JSON
+    line reports): each mode's choice against the exclusive run's. Empty when none reports one."""
+    picked: dict[str, dict[str, str]] = {}  # task/variant -> mode -> choice
+    raw = results.get("commands")
+    for rec in raw if isinstance(raw, list) else []:
+        r = _map(rec)
+        choice = _map(r.get("output")).get("choice")
+        names = [r.get(k) for k in ("mode", "task", "variant")]
+        if isinstance(choice, str) and all(isinstance(n, str) for n in names):
+            picked.setdefault(f"{names[1]}/{names[2]}", {})[str(names[0])] = choice
+    if not picked:
+        return []
+    others = [m for m in modes if m != "exclusive"]
+    rows, same = [], dict.fromkeys(others, 0)
+    for cmd, by in sorted(picked.items()):
+        ex = by.get("exclusive")
+        row = [cmd, ex or "n/a"]
+        for m in others:
+            got = by.get(m)
+            if got is None or ex is None:
+                row.append("n/a")
+            else:
+                same[m] += got == ex
+                row.append("same" if got == ex else got)
+        rows.append(row)
+    counted = {m: sum(m in by and "exclusive" in by for by in picked.values()) for m in others}
+    summary = ", ".join(f"{m} {same[m]} of {counted[m]}" for m in others if counted[m])
+    return [
+        "## Autotuners' choices",
+        "",
+        "The kernel each self-tuning candidate picked (its JSON line's `choice`), per mode against "
+        f"the exclusive run's. The same as exclusive: {summary or 'n/a'}.",
+        "",
+        *_table(["command", "exclusive", *others], rows),
+    ]
+
+
 def _yes_no(value: object) -> str:
     """yes / no for a bool, n/a for anything else."""
     return ("yes" if value else "no") if isinstance(value, bool) else "n/a"
@@ -851,6 +889,7 @@ def render(results: Mapping[str, Any], out_dir: Path) -> list[Path]:
         _throughput(results, modes),
         _failures(results, modes),
         _inflation(results, modes),
+        _choices(results, modes),
         _flips(results, modes),
         _tau(results, modes),
         _region_share(results, modes),
@@ -865,5 +904,6 @@ def render(results: Mapping[str, Any], out_dir: Path) -> list[Path]:
         ],
     ]
     report = out_dir / "report.md"
-    report.write_text("\n\n".join("\n".join(s) for s in sections) + "\n", encoding="utf-8")
+    text = "\n\n".join("\n".join(s) for s in sections if s)  # a section with nothing to say: none
+    report.write_text(text + "\n", encoding="utf-8")
     return [report, *plots]

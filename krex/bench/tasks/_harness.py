@@ -4,7 +4,8 @@ Seed and build the inputs, build the candidate and run it once (the compile: Tri
 torch.compile, into the fresh cache the harness was given through TRITON_CACHE_DIR and
 TORCHINDUCTOR_CACHE_DIR), check it against the torch reference, then time it with
 `triton.testing.do_bench` inside `krex.region()` (a no-op outside krex) and print one JSON line:
-{"task", "variant", "median_ms", ...}.
+{"task", "variant", "median_ms", ...}; a candidate that picks its own kernel when it compiles
+(an autotuner) also says which, as "choice" (the report sets each mode's against exclusive's).
 """
 
 from __future__ import annotations
@@ -38,8 +39,11 @@ def run(
     reference: Callable[[Sequence[torch.Tensor]], torch.Tensor],
     variants: dict[str, Variant],
     argv: Sequence[str] | None = None,
+    choices: dict[str, Callable[[], object]] | None = None,
 ) -> int:
-    """Parse argv (VARIANT [--seed N]), check and time that variant, print its JSON line."""
+    """Parse argv (VARIANT [--seed N]), check and time that variant, print its JSON line.
+    `choices`: per variant that picks its own kernel, what it picked (asked after its first
+    call)."""
     ap = argparse.ArgumentParser(prog=f"{task}.py")
     ap.add_argument("variant", choices=sorted(variants))
     ap.add_argument("--seed", type=int, default=0)
@@ -52,6 +56,7 @@ def run(
     out = fn()  # the first call compiles the candidate
     torch.cuda.synchronize()
     t_compile = time.perf_counter() - t0
+    choice = _choice((choices or {}).get(args.variant))
     expected = reference(inputs)
     try:
         torch.testing.assert_close(out.float(), expected.float(), atol=v.atol, rtol=v.rtol)
@@ -74,11 +79,23 @@ def run(
                 "seed": args.seed,
                 "timed_window": [round(t_start, 4), round(t_end, 4)],  # epoch seconds
                 **clock,
+                **({"choice": choice} if choice is not None else {}),
             }
         ),
         flush=True,
     )
     return 0
+
+
+def _choice(picked: Callable[[], object] | None) -> str | None:
+    """What the candidate picked, as text; None when it does not say (or cannot: a label never
+    fails a candidate)."""
+    if picked is None:
+        return None
+    try:
+        return str(picked())
+    except Exception:
+        return None
 
 
 def _clock() -> dict[str, int]:

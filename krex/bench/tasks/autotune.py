@@ -94,5 +94,10 @@ VARIANTS = {
     "cublas": Variant(_cublas, **_TOL),
 }
 
+# What each self-tuning candidate picked, for the report: Triton's winner, `best_config` (triton
+# 3.6: "BM: 128, BN: 256, BK: 64, GROUP: 8, num_warps: 8, ..."). max-autotune's is in Inductor's
+# generated code, not reported here.
+CHOICES = {"triton-autotune": lambda: _matmul.best_config}
+
 if __name__ == "__main__":
-    sys.exit(run(TASK, make_inputs, reference, VARIANTS))
+    sys.exit(run(TASK, make_inputs, reference, VARIANTS, choices=CHOICES))

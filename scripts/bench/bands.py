@@ -21,13 +21,17 @@ from typing import Any
 
 from krex.bench.metrics import BANDS, quantile
 
+NAMES = ("mode", "task", "variant")
+
 
 def bands(doc: dict[str, Any], without: set[str]) -> dict[str, Any]:
     """Per command (task/variant) each mode's inflation in per cent against exclusive, and per
     mode and band the p50 and p95 (of the absolute value) over the commands kept."""
     by: dict[str, dict[str, dict[str, Any]]] = {}
     for c in doc.get("commands", []):
-        if c.get("task") in without or not isinstance(c.get("median_ms"), (int, float)):
+        if not isinstance(c, dict) or not all(isinstance(c.get(k), str) for k in NAMES):
+            continue
+        if c["task"] in without or not isinstance(c.get("median_ms"), (int, float)):
             continue
         by.setdefault(f"{c['task']}/{c['variant']}", {})[c["mode"]] = c
     commands: dict[str, Any] = {}
@@ -70,6 +74,9 @@ def main() -> int:
         doc = json.loads(args.results.read_text())
     except (OSError, ValueError) as e:
         print(f"bands: cannot read {args.results}: {e}", file=sys.stderr)
+        return 2
+    if not isinstance(doc, dict) or not isinstance(doc.get("commands"), list):
+        print(f"bands: {args.results} is not a krex bench results.json", file=sys.stderr)
         return 2
     res = bands(doc, {t for t in args.without.split(",") if t})
     res["source"] = str(args.results)

@@ -5,7 +5,11 @@ once), twice: `exclusive` (the baseline) and `native_repeat` (its noise).
 Part `krex`, one private daemon over both GPUs (8 slots and 8 warm workers each):
   1. `alone`: the suite on GPU 1, 8 commands at once, GPU 0 idle;
   2. `both`: the suite on GPU 0 and on GPU 1 at the same time, 8 at once on each;
-  3. `alone_again`: as 1 (so that the order of the runs shows).
+  3. `alone_again`: as 1 (so that the order of the runs shows);
+  4. `mixed`: as 2, with `krex run --gpus 2` commands started one after another all the while
+     (each holds one region over both GPUs while the one-GPU commands hold theirs on either):
+     every one must finish within its time-out (no deadlock), its regions clean;
+  then, on real GPUs, one such command alone.
 Then, per GPU, the bench's fidelity metrics (krex/bench/metrics.py) of `both` against that GPU's
 own exclusive runs, and GPU 1's throughput alone against next to GPU 0's commands and regions.
 
@@ -22,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -144,8 +149,9 @@ def krex_part(cmds: list[Command], out: Path, sim: bool) -> dict[str, Any]:
                 "1": {"wall_s": wall, "outcomes": [_outcome_doc(o) for o in outcomes]}
             }
             print(f"alone again: GPU 1, {len(outcomes)} commands in {wall:.1f} s", flush=True)
+            doc["mixed"] = _mixed(lambda g: job(g, f"mixed-g{g}"), sock, tmp, sim)
             if not sim:
-                doc["two_gpu_command"] = _two_gpu_command(sock, tmp)
+                doc["two_gpu_command"] = _two_gpu_command(sock, tmp, sim, "alone")
                 print(f"a two-GPU command: {doc['two_gpu_command']}", flush=True)
     (out / "krex.json").write_text(json.dumps(doc, indent=1) + "\n")
     return doc
@@ -168,25 +174,96 @@ print(json.dumps({"ms": [ev[0].elapsed_time(ev[1]), ev[2].elapsed_time(ev[3])]})
 """
 
 
-def _two_gpu_command(sock: Path, tmp: Path) -> dict[str, Any]:
-    """`krex run --gpus 2`: a command that works on both GPUs in one region."""
-    report = tmp / "two-gpu.json"
-    krex_run = [sys.executable, "-m", "krex.cli", "run", "--gpus", "2", "--socket", str(sock)]
-    p = subprocess.run(
-        [*krex_run, "--report", str(report), "--", sys.executable, "-c", TWO_GPU],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if p.returncode != 0:
-        return {"status": p.returncode, "stderr": p.stderr[-2000:]}
+# The simulated GPUs' two-GPU command: one region over both, 20 ms long.
+TWO_GPU_SIM = """
+import json, time, krex
+with krex.region():
+    time.sleep(0.02)
+print(json.dumps({"ms": [20.0, 20.0]}))
+"""
+TWO_GPU_TIMEOUT_S = 120.0  # a two-GPU command not done by then is counted as timed out
+MIXED_PAUSE_S = 0.5  # between two-GPU commands in `mixed`
+
+
+def _two_gpu_command(sock: Path, tmp: Path, sim: bool, tag: str) -> dict[str, Any]:
+    """`krex run --gpus 2`: a command that works on both GPUs in one region. Its status
+    ("timeout" past TWO_GPU_TIMEOUT_S: a deadlock, or something as bad), wall time, output and
+    its report's GPUs, pool and regions."""
+    report = tmp / f"two-gpu-{tag}.json"
+    krex_run = [sys.executable, "-m", "krex.cli", "run", *(["--sim"] if sim else []),
+                "--gpus", "2", "--socket", str(sock)]  # fmt: skip
+    program = TWO_GPU_SIM if sim else TWO_GPU
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(
+            [*krex_run, "--report", str(report), "--", sys.executable, "-c", program],
+            capture_output=True,
+            text=True,
+            timeout=TWO_GPU_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "wall_s": time.monotonic() - t0}
+    wall = time.monotonic() - t0
+    if p.returncode != 0 or not report.exists():
+        return {"status": p.returncode, "wall_s": wall, "stderr": p.stderr[-2000:]}
     rep = json.loads(report.read_text())
     return {
         "status": 0,
+        "wall_s": wall,
         "output": json.loads(p.stdout.strip().splitlines()[-1]),
         "gpus": rep["gpus"],
         "pool": rep["pool"],
         "regions": rep["regions"],
+    }
+
+
+def _mixed(suite: Any, sock: Path, tmp: Path, sim: bool) -> dict[str, Any]:
+    """The suite on both GPUs at once (`suite(g)` per GPU) while two-GPU commands run one after
+    another until it is done: both sides' outcomes, and a verdict."""
+    stop = threading.Event()
+    twos: list[dict[str, Any]] = []
+
+    def two_gpu_loop() -> None:
+        while not stop.is_set():
+            twos.append(_two_gpu_command(sock, tmp, sim, f"mixed-{len(twos)}"))
+            stop.wait(MIXED_PAUSE_S)
+
+    loop = threading.Thread(target=two_gpu_loop, name="two-gpu", daemon=True)
+    loop.start()
+    try:
+        done = _on_each({g: (lambda g=g: suite(g)) for g in GPUS})
+    finally:
+        stop.set()
+        loop.join(TWO_GPU_TIMEOUT_S + 10)
+    doc: dict[str, Any] = {
+        str(g): {"wall_s": w, "outcomes": [_outcome_doc(o) for o in os_]}
+        for g, (w, os_) in done.items()
+    }
+    doc["two_gpu_commands"] = twos
+    doc["verdict"] = mixed_verdict(doc, len(GPUS))
+    print(f"mixed: {json.dumps(doc['verdict'])}", flush=True)
+    return doc
+
+
+def mixed_verdict(doc: dict[str, Any], gpus: int) -> dict[str, Any]:
+    """`mixed`'s two-GPU commands: how many finished, failed, timed out; their regions (each
+    must hold every GPU, clean) and waits; and the one-GPU commands' regions beside them."""
+    twos = doc.get("two_gpu_commands", [])
+    regions = [r for t in twos for r in t.get("regions", [])]
+    ones = [r for g in range(gpus) for o in doc[str(g)]["outcomes"] for r in o["regions"]]
+    waits = sorted(float(r.get("wait_s", 0.0)) for r in regions)
+    return {
+        "two_gpu_commands": len(twos),
+        "succeeded": sum(t["status"] == 0 for t in twos),
+        "timed_out": sum(t["status"] == "timeout" for t in twos),
+        "two_gpu_regions": len(regions),
+        "two_gpu_regions_clean": sum(bool(r.get("clean")) for r in regions),
+        "two_gpu_regions_on_every_gpu": sum(len(r.get("gpus", [])) == gpus for r in regions),
+        "two_gpu_region_wait_s_median_max": (
+            [statistics.median(waits), waits[-1]] if waits else None
+        ),
+        "one_gpu_regions": len(ones),
+        "one_gpu_regions_clean": sum(bool(r.get("clean")) for r in ones),
     }
 
 
@@ -294,10 +371,12 @@ def summary(
         "daemon": krex_doc.get("daemon"),
         "isolation": iso,
         "per_gpu": per_gpu,
+        # Two-GPU commands beside one-GPU ones on both GPUs (issue #20: no deadlock, clean).
+        "mixed": krex_doc.get("mixed", {}).get("verdict"),
     }
     (out / "summary.json").write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps({"isolation": {k: v for k, v in iso.items() if "medians" not in k}}, indent=1))
-    print(json.dumps({"per_gpu": per_gpu}, indent=1))
+    print(json.dumps({"per_gpu": per_gpu, "mixed": doc["mixed"]}, indent=1))
     return doc
 
 

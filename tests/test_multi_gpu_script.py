@@ -25,7 +25,11 @@ def _part(*args: str) -> None:
 def test_two_gpu_commands_beside_one_gpu_commands_finish_clean(tmp_path: Path) -> None:
     _part("native", "--out", str(tmp_path))
     _part("krex", "--out", str(tmp_path), "--native", str(tmp_path / "native.json"))
-    mixed = json.loads((tmp_path / "summary.json").read_text())["mixed"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    node = summary["node"]
+    assert node["krex_vs_exclusive"] == node["krex_cmds_per_min"] / node["exclusive_cmds_per_min"]
+    assert node["krex_cmds_per_min"] > 0
+    mixed = summary["mixed"]
     n = mixed["two_gpu_commands"]
     assert n >= 1 and mixed["succeeded"] == n and mixed["timed_out"] == 0, mixed
     assert mixed["two_gpu_regions"] == n  # one region each, over both GPUs, clean

@@ -361,6 +361,19 @@ def summary(
             for a, b in zip(alone["outcomes"], both["outcomes"], strict=True)
         },
     }
+
+    # The node: every GPU's commands at once, 8 at a time each under krex (`both`), against
+    # one at a time on each GPU (the native part ran the GPUs at the same time as well).
+    def node_rate(walls: list[float]) -> float:
+        return 60.0 * n * len(walls) / max(walls)
+
+    node_krex = node_rate([float(krex_doc["both"][str(g)]["wall_s"]) for g in GPUS])
+    node_exclusive = node_rate([float(native_doc[str(g)]["exclusive"]["wall_s"]) for g in GPUS])
+    node = {
+        "krex_cmds_per_min": node_krex,
+        "exclusive_cmds_per_min": node_exclusive,
+        "krex_vs_exclusive": node_krex / node_exclusive,
+    }
     doc = {
         "date": date,
         "machine": machine,
@@ -370,13 +383,14 @@ def summary(
         "commands_per_gpu": n,
         "daemon": krex_doc.get("daemon"),
         "isolation": iso,
+        "node": node,
         "per_gpu": per_gpu,
         # Two-GPU commands beside one-GPU ones on both GPUs (issue #20: no deadlock, clean).
         "mixed": krex_doc.get("mixed", {}).get("verdict"),
     }
     (out / "summary.json").write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps({"isolation": {k: v for k, v in iso.items() if "medians" not in k}}, indent=1))
-    print(json.dumps({"per_gpu": per_gpu, "mixed": doc["mixed"]}, indent=1))
+    print(json.dumps({"node": node, "per_gpu": per_gpu, "mixed": doc["mixed"]}, indent=1))
     return doc
 
 

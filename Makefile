@@ -19,7 +19,7 @@ help:
 	@echo "  venv       create .venv and install krex editable with its test tools"
 	@echo "             (again whenever pyproject.toml, setup.py or shim/ changes)"
 	@echo "  build      reinstall editable: rebuild krex._native and krex/_lib/*.so"
-	@echo "  lint       ruff check, ruff format --check, mypy (strict) on krex and tests"
+	@echo "  lint       ruff check, ruff format --check, mypy (strict) on krex, tests and scripts"
 	@echo "  fix        ruff check --fix, ruff format"
 	@echo "  gpu-check  run scripts/gpu_check.sh (needs a real GPU)"
 	@echo "  gpu-bench  krex bench run --profile quick on a real GPU (scripts/gpu_check.sh, PARTS=bench)"
@@ -48,7 +48,7 @@ test: lint
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy krex tests
+	$(BIN)/mypy krex tests scripts
 
 fix: venv
 	$(BIN)/ruff check --fix .

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Callable
 
 import torch
 import triton.testing
@@ -24,7 +25,7 @@ import krex
 GIB = 1 << 30
 
 
-def make(kind: str) -> tuple[list[torch.Tensor], object]:
+def make(kind: str) -> tuple[list[torch.Tensor], Callable[[], object]]:
     if kind == "matvec":
         a = torch.randn(65536, 65536, device="cuda", dtype=torch.float16)
         x = torch.randn(65536, device="cuda", dtype=torch.float16)
@@ -42,9 +43,9 @@ def make(kind: str) -> tuple[list[torch.Tensor], object]:
     raise SystemExit(f"unknown kind {kind}")
 
 
-def timed(fn: object) -> tuple[float, dict[str, object] | None]:
+def timed(fn: Callable[[], object]) -> tuple[float, dict[str, object] | None]:
     with krex.region():
-        ms = triton.testing.do_bench(fn, return_mode="median")  # type: ignore[arg-type]
+        ms = triton.testing.do_bench(fn, return_mode="median")
     return float(ms), krex.last_region()
 
 
@@ -63,7 +64,7 @@ def main() -> int:
         big.fill_(1)
         del big
     tensors, fn = make(args.kind)
-    fn()  # type: ignore[operator]
+    fn()
     torch.cuda.synchronize()
     out: dict[str, object] = {"kind": args.kind, "pid": os.getpid(), "before": before}
     out["median_ms"], region = timed(fn)
@@ -78,7 +79,7 @@ def main() -> int:
         torch.cuda.empty_cache()
         tensors2, fn2 = make(args.kind)
         assert [(t.shape, t.dtype) for t in tensors2] == shapes
-        fn2()  # type: ignore[operator]
+        fn2()
         torch.cuda.synchronize()
         out["realloc_median_ms"], _ = timed(fn2)
     print(json.dumps(out), flush=True)

@@ -153,7 +153,7 @@ def fresh(when: str) -> dict[str, Any]:
     p = subprocess.run(
         [sys.executable, __file__, "--first-only"], capture_output=True, text=True, timeout=120
     )
-    row = json.loads(p.stdout.strip().splitlines()[-1])
+    row: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
     row["when"] = when
     print(json.dumps(row), flush=True)
     return row

@@ -226,7 +226,7 @@ def main() -> int:
                   f"{m['wall_s']:.0f} s, {rate:.1f} ok/min", flush=True)  # fmt: skip
             for g, c in m.get("per_gpu", {}).items():
                 print(f"   GPU {g}: {c['succeeded']} ok, {c['failed']} failed ({c['oom']} OOM)")
-        doc = summarise(modes) if "exclusive" in names else {"modes": modes}
+        doc: dict[str, Any] = summarise(modes) if "exclusive" in names else {"modes": modes}
     doc["date"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     doc["command"] = "python3 scripts/bench/memory_check.py " + " ".join(sys.argv[1:])
     args.json.write_text(json.dumps(doc, indent=1))

@@ -79,10 +79,17 @@ def batch(
     t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=at_once) as ex:
         rows = list(
-            ex.map(lambda ic: one(sock, *ic[1], warm, tmp, f"{tag}-{ic[0]}"), enumerate(cmds))
+            ex.map(
+                lambda ic: one(sock, ic[1][0], ic[1][1], warm, tmp, f"{tag}-{ic[0]}"),
+                enumerate(cmds),
+            )
         )
     wall = time.monotonic() - t0
-    res = {"commands": len(cmds), "wall_s": wall, "cmds_per_min": 60 * len(cmds) / wall}
+    res: dict[str, Any] = {
+        "commands": len(cmds),
+        "wall_s": wall,
+        "cmds_per_min": 60 * len(cmds) / wall,
+    }
     res["failed"] = sum(r["rc"] != 0 for r in rows)
     res["warm"] = sum(r.get("pool") == "warm" for r in rows)
     for kind in ("eager", "compile"):

@@ -94,13 +94,14 @@ def main() -> int:
             print(f"{prog}: rc={rc} ok={res.get('ok')}", flush=True)
 
         # Per-launch cost: alternate runs without and with the library.
-        without, with_ = [], []
+        without: list[float] = []
+        with_: list[float] = []
         for _ in range(7):
             for env, acc in ((base, without), (tenant, with_)):
                 rc, out, err = run([str(args.overhead_bin), str(args.ptx), "200000"], env, 120)
-                res = last_json(out)
-                if rc == 0 and res:
-                    acc.append(float(res["ns_per_launch"]))
+                got = last_json(out)
+                if rc == 0 and got:
+                    acc.append(float(got["ns_per_launch"]))
                 else:
                     print("overhead run failed:", err[-500:], flush=True)
         if without and with_:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import triton
@@ -46,7 +47,7 @@ def start_sibling() -> subprocess.Popen[str]:
     return p
 
 
-out: dict[str, object] = {"program": "gate"}
+out: dict[str, Any] = {"program": "gate"}
 out["solo_ms"] = [bench() for _ in range(3)]
 sib = start_sibling()
 out["shared_ms"] = [bench() for _ in range(3)]
@@ -78,13 +79,13 @@ out["holds"] = holds
 sib.kill()
 sib.wait()
 out["solo_after_ms"] = [bench() for _ in range(3)]
-solo = sorted(out["solo_ms"] + out["solo_after_ms"])  # type: ignore[operator]
+solo = sorted(out["solo_ms"] + out["solo_after_ms"])
 solo_med = solo[len(solo) // 2]
 out["solo_median_ms"] = solo_med
-out["shared_inflation"] = sorted(out["shared_ms"])[1] / solo_med - 1  # type: ignore[arg-type]
+out["shared_inflation"] = sorted(out["shared_ms"])[1] / solo_med - 1
 out["gated_inflation"] = sorted(gated)[1] / solo_med - 1
 out["ok"] = all(h["sibling_calls_while_held"] == 0 and h["clean"] for h in holds) and (
-    out["sibling_resumed_calls_1s"] > 0  # type: ignore[operator]
+    out["sibling_resumed_calls_1s"] > 0
 )
 print(json.dumps(out))
 sys.exit(0 if out["ok"] else 1)

@@ -14,7 +14,8 @@ benchmarkers' `benchmark_gpu` (INDUCTOR_FALLBACK); on other releases without it,
 cuDNN's benchmark-mode search runs in a region too: the first call of each convolution
 configuration while `torch.backends.cudnn.benchmark` is on (krex/cudnn.py); and so does a plain
 CUDA-event timing, from a timing event's record outside any region to `elapsed_time`
-(krex/events.py).
+(krex/events.py). PyTorch's TunableOp, which times GEMMs inside the op, is not covered: a
+process where it tunes says so once (krex/tunableop.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from krex import cudnn, events
+from krex import cudnn, events, tunableop
 from krex.markers import WRAPPED_MARK, auto_region
 
 ENV_VAR = "KREX_AUTO_REGIONS"
@@ -120,6 +121,7 @@ def install(
     inductor: bool = True,
     cudnn_search: bool = True,
     cuda_events: bool = True,
+    tunable_op: bool = True,
 ) -> None:
     """Wrap each named callable in a region, now or when its module is imported.
 
@@ -128,7 +130,8 @@ def install(
     benchmarkers wrapped, see INDUCTOR_FALLBACK). With `cudnn_search`, cuDNN's benchmark-mode
     search of each new convolution configuration runs in a region (krex/cudnn.py). With
     `cuda_events`, a plain CUDA-event timing (a timing event recorded outside any region, until
-    `elapsed_time` is read) is a region (krex/events.py).
+    `elapsed_time` is read) is a region (krex/events.py). With `tunable_op`, a process whose
+    PyTorch TunableOp tunes (its GEMM timings cannot be regions) says so once (krex/tunableop.py).
 
     Raises:
         ValueError: a name is not a dotted path (see parse()).
@@ -151,6 +154,9 @@ def install(
             _hook(cudnn.INDUCTOR_CONV_MODULE, _inductor_conv)
         if cuda_events:
             _hook("torch", events.install)
+        if tunable_op:
+            _hook("torch", tunableop.on_torch)
+            _hook(tunableop.MODULE, tunableop.install)
         if _FINDER not in sys.meta_path:
             sys.meta_path.insert(0, _FINDER)
         # Longest module names first: a.b.c's own attribute is the one to wrap, before a.b's

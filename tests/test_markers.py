@@ -637,13 +637,19 @@ def maybe_gpu_benchmark_lock():
 
 
 def run_auto(
-    daemon: FakeDaemon, tmp_path: Path, script: str, *args: str, linger: bool = True
+    daemon: FakeDaemon,
+    tmp_path: Path,
+    script: str,
+    *args: str,
+    linger: bool = True,
+    extra_env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """`python -c script args` with auto-regions installed (the stand-in packages under
     tmp_path first on its path), as a tenant of `daemon`; without `linger`, one region per
     call, so that they can be counted."""
     env = clean_env(**autoregions.env_for(["nomodule.f"], {"PYTHONPATH": str(tmp_path)}))
     env.update(daemon.env(TENANT))
+    env.update(extra_env or {})
     if not linger:
         env.update(NO_LINGER)
     return subprocess.run(
@@ -1008,3 +1014,67 @@ def test_env_for_puts_the_sitecustomize_first(monkeypatch: pytest.MonkeyPatch) -
     assert (autoregions.AUTO_DIR / "sitecustomize.py").is_file()
     with pytest.raises(ValueError, match="not a dotted path"):
         autoregions.env_for(["do_bench"])
+
+
+# A stand-in torch.cuda.tunable of the real one's shape (torch/cuda/tunable.py): TunableOp and
+# its tuning switched separately, tuning on by default, each switch returning None.
+FAKE_TUNABLE = {
+    "__init__.py": "__version__ = '2.11.0'\nfrom torch import cuda\n",
+    "cuda/__init__.py": "from torch.cuda import tunable\n",
+    "cuda/tunable.py": """
+import os
+_on = os.environ.get("PYTORCH_TUNABLEOP_ENABLED") == "1"
+_tuning = os.environ.get("PYTORCH_TUNABLEOP_TUNING", "1") != "0"
+
+
+def enable(val=True):
+    global _on
+    _on = val
+
+
+def is_enabled():
+    return _on
+
+
+def tuning_enable(val=True):
+    global _tuning
+    _tuning = val
+
+
+def tuning_is_enabled():
+    return _tuning
+""",
+}
+
+
+@pytest.mark.parametrize(
+    ("env", "script", "warned"),
+    [
+        ({"PYTORCH_TUNABLEOP_ENABLED": "1"}, "import torch", True),
+        ({"PYTORCH_TUNABLEOP_ENABLED": "1", "PYTORCH_TUNABLEOP_TUNING": "0"}, "import torch", 0),
+        ({}, "import torch", False),
+        ({}, "import torch\nt = torch.cuda.tunable\nt.enable(True)\nt.enable(True)", True),
+        ({}, "import torch\nt = torch.cuda.tunable\nt.tuning_enable(False)\nt.enable()", False),
+        ({"PYTORCH_TUNABLEOP_ENABLED": "1"}, "import torch.cuda.tunable as t\nt.enable(1)", True),
+    ],
+)
+def test_a_tuning_tunableop_is_said_once_and_left_alone(
+    daemon: FakeDaemon, tmp_path: Path, env: dict[str, str], script: str, warned: int
+) -> None:
+    """TunableOp times GEMMs inside the op, where no region can go: a process under
+    auto-regions whose TunableOp tunes (by its environment or by torch.cuda.tunable's switches)
+    gets one line on stderr saying so and how to tune alone; the switches still work, and
+    nothing else is touched."""
+    for rel, text in FAKE_TUNABLE.items():
+        (tmp_path / "torch" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "torch" / rel).write_text(text)
+    script += "\nimport torch\nprint(torch.cuda.tunable.is_enabled())"
+    result = run_auto(daemon, tmp_path, script, extra_env=env)
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    if warned:
+        assert len(lines) == 1 and "TunableOp is tuning" in lines[0], result.stderr
+        assert "PYTORCH_TUNABLEOP_TUNING=0" in lines[0]
+    else:
+        assert lines == [], result.stderr
+    assert daemon.ops() == []

@@ -52,6 +52,7 @@ class Pool:
         self.exits: dict[int, int] = {}  # child pid -> exit status, as the servers report them
         self.leftovers: dict[int, tuple[float | None, float]] = {}  # pid -> (start, kill at)
         self._exit_waiters: dict[int, asyncio.Future[int]] = {}
+        self.stopping = False  # stop() ends the workers: their ends are expected, not warned of
 
     def size(self) -> int:
         """Fork servers per GPU. None on AMD GPUs: the pool is CUDA's (docs/hip.md)."""
@@ -244,6 +245,8 @@ class Pool:
             log.warning(
                 "pool worker %d on GPU %d died before it was ready (status %d)", w.id, g.index, rc
             )
+        elif self.stopping:
+            log.info("pool worker %d on GPU %d stopped (status %d)", w.id, g.index, rc)
         else:
             log.warning("pool worker %d on GPU %d ended (status %d)", w.id, g.index, rc)
         if self.d.stopping():
@@ -268,6 +271,7 @@ class Pool:
             self._exit_waiters.pop(pid, None)
 
     async def stop(self) -> None:
+        self.stopping = True
         for pid, (started, _) in self.leftovers.items():
             if start_time(pid) == started:  # nobody would end them after us
                 with contextlib.suppress(ProcessLookupError):

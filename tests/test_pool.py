@@ -528,3 +528,28 @@ def test_a_client_without_a_lease_gets_no_fork(pool: Daemon, tmp_path: Path) -> 
     assert not marker.exists()
     assert "refused a client: no job for its token" in pool.log.read_text()
     assert krun(pool, tmp_path, "pass\n").report["pool"] == "warm", "the worker serves on"
+
+
+def test_a_daemon_that_stops_its_workers_does_not_warn_of_it(tmp_path: Path) -> None:
+    """`krex daemon stop` ends the pool's workers itself: their ends are logged as stopped,
+    not warned of as if they had died (every clean stop on the H200 left two such warnings);
+    a worker killed while the daemon runs is still warned of."""
+    import psutil
+
+    d = Daemon(tmp_path / "krex.sock", "--pool", "2")
+    d.start()
+    try:
+        wait_pool_ready(d, 2)
+        assert d.proc is not None
+        workers = [c for c in psutil.Process(d.proc.pid).children() if "krex.worker" in c.cmdline()]
+        assert len(workers) == 2
+        workers[0].kill()
+        deadline = time.monotonic() + 30
+        while "ended (status" not in d.log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        wait_pool_ready(d, 2)  # its replacement
+    finally:
+        d.stop()
+    log = d.log.read_text()
+    assert log.count("WARNING pool worker") == 1 and "ended (status -9)" in log, log
+    assert log.count("stopped (status") == 2, log

@@ -240,13 +240,13 @@ class Pool:
         self.workers.pop(w.id, None)
         with contextlib.suppress(FileNotFoundError):
             w.listen.unlink()
-        if was == "starting":
+        if self.stopping:  # ended by stop(), ready or not
+            log.info("pool worker %d on GPU %d stopped (status %d)", w.id, g.index, rc)
+        elif was == "starting":
             g.pool_failures += 1
             log.warning(
                 "pool worker %d on GPU %d died before it was ready (status %d)", w.id, g.index, rc
             )
-        elif self.stopping:
-            log.info("pool worker %d on GPU %d stopped (status %d)", w.id, g.index, rc)
         else:
             log.warning("pool worker %d on GPU %d ended (status %d)", w.id, g.index, rc)
         if self.d.stopping():

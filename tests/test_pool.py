@@ -532,8 +532,8 @@ def test_a_client_without_a_lease_gets_no_fork(pool: Daemon, tmp_path: Path) -> 
 
 def test_a_daemon_that_stops_its_workers_does_not_warn_of_it(tmp_path: Path) -> None:
     """`krex daemon stop` ends the pool's workers itself: their ends are logged as stopped,
-    not warned of as if they had died (every clean stop on the H200 left two such warnings);
-    a worker killed while the daemon runs is still warned of."""
+    not warned of as if they had died (every clean stop on the H200 left such warnings); a
+    worker killed while the daemon runs is still warned of."""
     import psutil
 
     d = Daemon(tmp_path / "krex.sock", "--pool", "2")
@@ -553,3 +553,19 @@ def test_a_daemon_that_stops_its_workers_does_not_warn_of_it(tmp_path: Path) -> 
     log = d.log.read_text()
     assert log.count("WARNING pool worker") == 1 and "ended (status -9)" in log, log
     assert log.count("stopped (status") == 2, log
+
+
+def test_workers_still_starting_when_the_daemon_stops_are_not_failures(tmp_path: Path) -> None:
+    """A worker still importing its preloads when the daemon stops is ended by the stop, not
+    dead before it was ready: no warning, no failure counted."""
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    (modules / "slowpreload.py").write_text("import time\ntime.sleep(60)\n")
+    d = preloading_daemon(tmp_path, modules, ["slowpreload"])
+    try:
+        st = d.status()
+        assert st is not None and st["gpus"][0]["pool"]["starting"] == 1, st
+    finally:
+        d.stop()
+    log = d.log.read_text()
+    assert "WARNING" not in log and "stopped (status" in log, log

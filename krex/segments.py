@@ -169,7 +169,9 @@ class Segments:
                 if owner is not None:
                     _fold(owner, s)
                 self._accounted.add(key)
-            seg.reap()
+                # Only what was read is freed: a process that died after its slot was read
+                # (alive then) keeps its slot, and its counters, until the next pass.
+                seg.reap_slot(s.index, s.pid)
         for seg in [] if draining or self.closed else list(self.orphans):
             if not _in_use(seg):
                 self.orphans.remove(seg)

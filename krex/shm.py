@@ -320,6 +320,12 @@ class Segment:
         """Free the slots of dead processes; returns how many."""
         return int(lib.krex_slots_reap(self._seg))
 
+    def reap_slot(self, index: int, pid: int) -> bool:
+        """Free slot `index` if it is still dead process `pid`'s; whether it was freed."""
+        if not 0 <= index < self.n_slots:
+            raise IndexError(f"slot {index} out of range 0..{self.n_slots - 1}")
+        return int(lib.krex_slot_reap(self._seg, index, pid)) == 1
+
     @property
     def overflow_pids(self) -> list[int]:
         """Pids of the first processes that found no free slot (layout 1.3)."""

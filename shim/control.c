@@ -210,6 +210,15 @@ int krex_slots_reap(struct krex_segment *seg)
     return freed;
 }
 
+int krex_slot_reap(struct krex_segment *seg, uint32_t i, uint32_t pid)
+{
+    if (!seg || i >= seg->header.n_slots)
+        return KREX_E_ARG;
+    struct krex_slot *s = &seg->slots[i];
+    /* A new process that took the slot meanwhile is alive: reap_if_dead leaves it alone. */
+    return KREX_LOAD(&s->pid) == pid ? reap_if_dead(s) : 0;
+}
+
 int krex_slot_set_tenant(struct krex_segment *seg, uint32_t i, uint32_t pid, uint32_t tenant)
 {
     if (!seg || i >= seg->header.n_slots || tenant == 0)

@@ -50,6 +50,10 @@ int krex_drain_await(struct krex_segment *seg, uint32_t gpu, uint32_t owner,
 
 /* Free the slots of dead processes; returns how many were freed. */
 int krex_slots_reap(struct krex_segment *seg);
+/* Free slot `i` if it is still the live slot of `pid` and that process is dead: 1 if freed, 0
+ * if not (alive, or no longer pid's), KREX_E_ARG. The controller frees only slots whose counters
+ * it has read: one that died after it looked is left for its next pass, never freed unread. */
+int krex_slot_reap(struct krex_segment *seg, uint32_t i, uint32_t pid);
 /* Re-assign live slot `i` of process `pid` to `tenant` (a pool worker starting or finishing a
  * command): its gate checks and the drain then treat it as that tenant's, and its memory
  * figures (peak, waits, out-of-memory counts) start again from what it holds now. KREX_E_ARG if

@@ -141,9 +141,12 @@ def test_a_mix_of_three_times_the_gpu_all_succeeds_under_krex(
         results = list(ex.map(one, range(len(MIX))))
     assert [r["rc"] for r in results] == [0] * len(MIX), [r["err"][-500:] for r in results]
     # A caching command may have given back its first block before taking the next.
-    assert all(
-        r["report"]["memory"]["peak_bytes"] >= max(MIX[i]) * MIB for i, r in enumerate(results)
-    )
+    short = [
+        (i, MIX[i], r["report"]["memory"], r["err"][-300:])
+        for i, r in enumerate(results)
+        if r["report"]["memory"]["peak_bytes"] < max(MIX[i]) * MIB
+    ]
+    assert not short, short
     assert sum(r["report"]["memory"]["waits"] for r in results) > 0  # they did share
     assert_nothing_left(memd)
 

@@ -260,3 +260,42 @@ def test_a_drain_that_times_out_names_the_process(node: Node) -> None:
         os.kill(p.pid, signal.SIGCONT)
         p.kill()
         p.wait(timeout=30)
+
+
+def test_accounting_never_frees_a_slot_it_has_not_read(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon folds a dead process's slot into its tenant, then frees it. A process that
+    died after its slot was read (alive then) must keep the slot until a later pass reads it:
+    freeing every dead slot at the end of a pass lost such a process's counters, and with them
+    a command's memory peak in its report (a rare CI failure of test_memory_e2e)."""
+    from conftest import remove_shm, unique
+
+    from krex.model import Tenant
+    from krex.segments import Segments
+
+    segs = Segments(unique("krex-acct"), 1, 8, root="krex-test-acct")
+    tenant = Tenant(id=5, gpu=0, argv=[], group=None, region_timeout_s=60.0, t_admit=0.0)  # type: ignore[arg-type]
+    try:
+        env = node.env(tenant=5, KREX_SHM=segs.gates.name)
+        p = subprocess.Popen(
+            [node.native.program("workload"), "hammer", "1000", "30"],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert p.stdout is not None and p.stdout.readline().strip() == "hammering"
+        read_alive = segs.gates.slots()  # the pass reads its slot while it still runs
+        assert [s.alive for s in read_alive if s.pid == p.pid] == [True]
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        with monkeypatch.context() as m:
+            m.setattr(segs.gates, "slots", lambda: read_alive)
+            segs.account({5: tenant}, draining=False)  # ...and it dies before the pass ends
+        assert tenant.intercepted == 0  # nothing read as dead yet
+        segs.account({5: tenant}, draining=False)  # the next pass
+        assert tenant.intercepted > 0, "the dead process's counters were lost"
+        assert not segs.gates.slots_of(p.pid)  # freed once read
+    finally:
+        segs.close()
+        remove_shm(segs.gates.name)

@@ -181,11 +181,14 @@ class Segments:
             self._accounted.clear()
 
     def totals(self, t: Tenant) -> Tenant:
-        """t's counters with those of its live processes added (a copy; t is unchanged)."""
+        """t's counters with those of its processes not folded yet added: the live ones, and
+        any that died since the last pass (a copy; t is unchanged)."""
         total = dataclasses.replace(t)
         for seg in self.all():
             for s in seg.slots():
-                if s.tenant == t.id and s.alive:
+                if s.tenant == t.id and (
+                    s.alive or (seg.name, s.index, s.pid) not in self._accounted
+                ):
                     _fold(total, s)
         return total
 

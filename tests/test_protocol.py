@@ -293,9 +293,12 @@ def test_accounting_never_frees_a_slot_it_has_not_read(
             m.setattr(segs.gates, "slots", lambda: read_alive)
             segs.account({5: tenant}, draining=False)  # ...and it dies before the pass ends
         assert tenant.intercepted == 0  # nothing read as dead yet
+        # A report between the two passes counts it all the same.
+        assert segs.totals(tenant).intercepted > 0
         segs.account({5: tenant}, draining=False)  # the next pass
         assert tenant.intercepted > 0, "the dead process's counters were lost"
         assert not segs.gates.slots_of(p.pid)  # freed once read
+        assert segs.totals(tenant).intercepted == tenant.intercepted  # and counted once
     finally:
         segs.close()
         remove_shm(segs.gates.name)

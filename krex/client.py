@@ -519,7 +519,7 @@ def _run_once(opts: RunOptions) -> tuple[int, dict[str, Any]]:
                 raise ClientError(f"no slot became free within {opts.queue_timeout_s:g} s")
             reply = conn.recv(timeout_s=left)
         step = reply.get("step_s")
-        if isinstance(step, (int, float)) and not isinstance(step, bool) and 0 < step < 3600:
+        if wire.is_number(step) and 0 < step < 3600:
             conn.step_s = float(step)
         _hold_signals()
     except (KrexError, OSError) as e:  # ConfigError too: one line, exit 125 (user guide)

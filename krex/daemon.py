@@ -399,9 +399,7 @@ class Daemon:
         timeout = msg.get("region_timeout_s")
         if timeout is None:
             timeout = self.cfg.region_timeout_s
-        if not (isinstance(timeout, int | float) and not isinstance(timeout, bool)) or not (
-            0 < timeout < float("inf")
-        ):
+        if not wire.is_number(timeout) or not 0 < timeout < float("inf"):
             raise ProtocolError("region_timeout_s must be a positive, finite number")
         auto = msg.get("auto_regions")
         if auto is not None and not isinstance(auto, str):

@@ -59,6 +59,11 @@ def is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def is_number(value: object) -> TypeGuard[int | float]:
+    """Whether a decoded JSON value is a number (an integer or a float, not true or false)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 async def read(reader: asyncio.StreamReader) -> dict[str, Any] | None:
     """The next request on an asyncio stream (opened with limit=MAX_LINE); None at EOF."""
     try:

@@ -504,7 +504,7 @@ def _choices(results: Mapping[str, Any], modes: Sequence[str]) -> list[str]:
     if not picked:
         return []
     others = [m for m in modes if m != "exclusive"]
-    rows, same = [], dict.fromkeys(others, 0)
+    rows, same, counted = [], dict.fromkeys(others, 0), dict.fromkeys(others, 0)
     for cmd, by in sorted(picked.items()):
         ex = by.get("exclusive")
         row = [cmd, ex or "n/a"]
@@ -513,10 +513,10 @@ def _choices(results: Mapping[str, Any], modes: Sequence[str]) -> list[str]:
             if got is None or ex is None:
                 row.append("n/a")
             else:
+                counted[m] += 1
                 same[m] += got == ex
                 row.append("same" if got == ex else got)
         rows.append(row)
-    counted = {m: sum(m in by and "exclusive" in by for by in picked.values()) for m in others}
     summary = ", ".join(f"{m} {same[m]} of {counted[m]}" for m in others if counted[m])
     return [
         "## Autotuners' choices",

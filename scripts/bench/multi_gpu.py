@@ -56,6 +56,11 @@ def _outcome_doc(o: runner.Outcome) -> dict[str, Any]:
     }
 
 
+def _run_doc(wall: float, outcomes: list[runner.Outcome]) -> dict[str, Any]:
+    """One batch of commands on one GPU, as krex.json and native.json keep it."""
+    return {"wall_s": wall, "outcomes": [_outcome_doc(o) for o in outcomes]}
+
+
 def _mode_run(mode: str, doc: dict[str, Any]) -> ModeRun:
     return ModeRun(
         mode=mode,
@@ -104,10 +109,7 @@ def native(cmds: list[Command], out: Path, sim_shm: str | None) -> None:
 
             done = _on_each({g: (lambda g=g: job(g)) for g in GPUS})
             for g, (wall, outcomes) in done.items():
-                doc[str(g)][mode] = {
-                    "wall_s": wall,
-                    "outcomes": [_outcome_doc(o) for o in outcomes],
-                }
+                doc[str(g)][mode] = _run_doc(wall, outcomes)
                 print(f"{mode} on GPU {g}: {len(outcomes)} commands in {wall:.1f} s", flush=True)
             print(f"{mode}: both GPUs done in {time.monotonic() - t0:.1f} s", flush=True)
     (out / "native.json").write_text(json.dumps(doc, indent=1) + "\n")
@@ -134,20 +136,15 @@ def krex_part(cmds: list[Command], out: Path, sim: bool) -> dict[str, Any]:
                 return runner._batch(cmds, CONCURRENCY, env, sock, False, tmp, progress, label, g)
 
             wall, outcomes = job(1, "alone-g1")
-            doc["alone"] = {"1": {"wall_s": wall, "outcomes": [_outcome_doc(o) for o in outcomes]}}
+            doc["alone"] = {"1": _run_doc(wall, outcomes)}
             print(f"alone: GPU 1, {len(outcomes)} commands in {wall:.1f} s", flush=True)
             done = _on_each({g: (lambda g=g: job(g, f"both-g{g}")) for g in GPUS})
-            doc["both"] = {
-                str(g): {"wall_s": w, "outcomes": [_outcome_doc(o) for o in os_]}
-                for g, (w, os_) in done.items()
-            }
+            doc["both"] = {str(g): _run_doc(w, os_) for g, (w, os_) in done.items()}
             for g, (w, os_) in done.items():
                 print(f"both: GPU {g}, {len(os_)} commands in {w:.1f} s", flush=True)
             # GPU 1 alone once more: the first run also warmed the workers and the caches.
             wall, outcomes = job(1, "alone-again-g1")
-            doc["alone_again"] = {
-                "1": {"wall_s": wall, "outcomes": [_outcome_doc(o) for o in outcomes]}
-            }
+            doc["alone_again"] = {"1": _run_doc(wall, outcomes)}
             print(f"alone again: GPU 1, {len(outcomes)} commands in {wall:.1f} s", flush=True)
             doc["mixed"] = _mixed(lambda g: job(g, f"mixed-g{g}"), sock, tmp, sim)
             if not sim:
@@ -235,10 +232,7 @@ def _mixed(suite: Any, sock: Path, tmp: Path, sim: bool) -> dict[str, Any]:
     finally:
         stop.set()
         loop.join(TWO_GPU_TIMEOUT_S + 10)
-    doc: dict[str, Any] = {
-        str(g): {"wall_s": w, "outcomes": [_outcome_doc(o) for o in os_]}
-        for g, (w, os_) in done.items()
-    }
+    doc: dict[str, Any] = {str(g): _run_doc(w, os_) for g, (w, os_) in done.items()}
     doc["two_gpu_commands"] = twos
     doc["verdict"] = mixed_verdict(doc, len(GPUS))
     print(f"mixed: {json.dumps(doc['verdict'])}", flush=True)

@@ -26,6 +26,7 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # real-GPU block as written), security (scripts/gpu/security_check.py), fidelity
 # (scripts/bench/fidelity_check.py; FIDELITY_PHASES), fidelity-probe (PROBE_PARTS) and
 # pool-probe (scripts/bench/fidelity_probe.py, pool_probe.py), warm (warm_check.py),
+# tunableop (scripts/gpu/tunableop_check.py: the TunableOp warning, warm and cold),
 # autotune (scripts/bench/autotune_check.py; AUTOTUNE_REPEATS, AUTOTUNE_SIBLINGS, AUTOTUNE_PARTS,
 # AUTOTUNE_SHARING=mps, AUTOTUNE_LINGER, AUTOTUNE_ALONE=1 adds krex with no siblings
 # (AUTOTUNE_ALONE_EACH=1: in every repeat),
@@ -60,6 +61,10 @@ fi
 if [[ " $PARTS " == *" mps "* ]]; then
     echo "== the controller with MPS on (its own control daemon)"
     python3 scripts/gpu/mps_check.py --out "$OUT" || rc=1
+fi
+if [[ " $PARTS " == *" tunableop "* ]]; then
+    echo "== PyTorch TunableOp under auto-regions: its one warning, warm and cold"
+    python3 scripts/gpu/tunableop_check.py --out "$OUT" || rc=1
 fi
 if [[ " $PARTS " == *" demo "* ]]; then
     echo "== krex demo on the GPU (python3 -m krex.cli demo --gpu)"

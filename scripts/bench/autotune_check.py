@@ -171,6 +171,7 @@ KERNELBENCH_TIMING = textwrap.dedent('''
 AUTOTUNE = textwrap.dedent("""
     import json, os, re, statistics, sys, time
     import torch, torch.nn.functional as F, triton, triton.testing
+    from krex.bench.choices import inductor_winner, kernel_names
     res = {}
     t0 = time.monotonic()
     handoff = os.environ.get("AUTOTUNE_HANDOFF")  # exclusive-frozen: the check's directory
@@ -263,9 +264,8 @@ AUTOTUNE = textwrap.dedent("""
                 with torch.profiler.profile(activities=acts) as prof:
                     conv()
                     torch.cuda.synchronize()
-                kernels = sorted({e.name for e in prof.events()
-                                  if e.device_type == torch.autograd.DeviceType.CUDA})
-                winner = " | ".join(k[:120] for k in kernels)
+                winner = kernel_names(e.name for e in prof.events()
+                                      if e.device_type == torch.autograd.DeviceType.CUDA)
             except Exception as e:
                 winner = f"unknown (profiler: {e!r:.200})"
             done("cudnn", winner=winner, **timed(conv))
@@ -437,14 +437,7 @@ AUTOTUNE = textwrap.dedent("""
         f = torch.compile(lambda a, b: a @ b, mode="max-autotune-no-cudagraphs")
         with torch._inductor.config.patch(config), counted() as seen:
             _, codes = run_and_get_code(f, x, y)
-        code = "\\n".join(codes)
-        if "extern_kernels.mm(" in code or "extern_kernels.bmm(" in code:
-            winner = "aten mm"
-        else:
-            consts = dict(re.findall(r"(\\w+) : tl\\.constexpr = (\\w+)", code))
-            launch = re.findall(r"num_stages=(\\d+), num_warps=(\\d+)", code)
-            winner = "template " + ",".join(f"{k}={v}" for k, v in sorted(consts.items())
-                                            if k.isupper()) + f" stages,warps={launch[:1]}"
+        winner = inductor_winner("\\n".join(codes))
         done(name, winner=winner, benchmarks=seen, pid=os.getpid(), **timed(lambda: f(x, y)))
 
     def inductor8k_part():

@@ -22,6 +22,7 @@ import torch
 import triton.testing
 
 import krex
+from krex.bench.choices import kernel_names
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,11 @@ def run(
     reference: Callable[[Sequence[torch.Tensor]], torch.Tensor],
     variants: dict[str, Variant],
     argv: Sequence[str] | None = None,
-    choices: dict[str, Callable[[], object]] | None = None,
+    choices: dict[str, Callable[[Callable[[], Any]], object]] | None = None,
 ) -> int:
     """Parse argv (VARIANT [--seed N]), check and time that variant, print its JSON line.
-    `choices`: per variant that picks its own kernel, what it picked (asked after its first
-    call)."""
+    `choices`: per variant that picks its own kernel, what it picked (asked, with the built
+    function, after its first call)."""
     ap = argparse.ArgumentParser(prog=f"{task}.py")
     ap.add_argument("variant", choices=sorted(variants))
     ap.add_argument("--seed", type=int, default=0)
@@ -56,7 +57,7 @@ def run(
     out = fn()  # the first call compiles the candidate
     torch.cuda.synchronize()
     t_compile = time.perf_counter() - t0
-    choice = _choice((choices or {}).get(args.variant))
+    choice = _choice((choices or {}).get(args.variant), fn)
     expected = reference(inputs)
     try:
         torch.testing.assert_close(out.float(), expected.float(), atol=v.atol, rtol=v.rtol)
@@ -87,15 +88,28 @@ def run(
     return 0
 
 
-def _choice(picked: Callable[[], object] | None) -> str | None:
+def _choice(
+    picked: Callable[[Callable[[], Any]], object] | None, fn: Callable[[], Any]
+) -> str | None:
     """What the candidate picked, as text; None when it does not say (or cannot: a label never
     fails a candidate)."""
     if picked is None:
         return None
     try:
-        return str(picked())
+        return str(picked(fn))
     except Exception:
         return None
+
+
+def kernels_run(fn: Callable[[], Any]) -> str:
+    """The CUDA kernels one call of fn runs (torch.profiler): what an autotuner that keeps its
+    choice to itself (cuDNN's benchmark mode) picked. Run before the timing, in every mode
+    alike."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    cuda = torch.autograd.DeviceType.CUDA
+    return kernel_names(e.name for e in prof.events() if e.device_type == cuda)
 
 
 def _clock() -> dict[str, int]:

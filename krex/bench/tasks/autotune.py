@@ -17,7 +17,9 @@ from typing import Any
 
 import torch
 import triton
+from torch._inductor.utils import run_and_get_code
 
+from krex.bench.choices import inductor_winner
 from krex.bench.tasks import matmul
 from krex.bench.tasks._harness import Variant, run
 
@@ -79,6 +81,8 @@ def _triton_autotune(inputs: Sequence[torch.Tensor]) -> Callable[[], Any]:
 def _max_autotune(inputs: Sequence[torch.Tensor]) -> Callable[[], Any]:
     a, b = inputs
     f = torch.compile(lambda x, y: x @ y, mode="max-autotune-no-cudagraphs")
+    _, codes = run_and_get_code(f, a, b)  # compiles (and autotunes) here, keeping the code
+    _picked["max-autotune"] = inductor_winner("\n".join(codes))
     return lambda: f(a, b)
 
 
@@ -95,9 +99,13 @@ VARIANTS = {
 }
 
 # What each self-tuning candidate picked, for the report: Triton's winner, `best_config` (triton
-# 3.6: "BM: 128, BN: 256, BK: 64, GROUP: 8, num_warps: 8, ..."). max-autotune's is in Inductor's
-# generated code, not reported here.
-CHOICES = {"triton-autotune": lambda: _matmul.best_config}
+# 3.6: "BM: 128, BN: 256, BK: 64, GROUP: 8, num_warps: 8, ..."); max-autotune's, what Inductor's
+# generated code runs (aten's mm, or a Triton template's block sizes).
+_picked: dict[str, str] = {}
+CHOICES: dict[str, Callable[[Callable[[], Any]], object]] = {
+    "triton-autotune": lambda fn: _matmul.best_config,
+    "max-autotune": lambda fn: _picked["max-autotune"],
+}
 
 if __name__ == "__main__":
     sys.exit(run(TASK, make_inputs, reference, VARIANTS, choices=CHOICES))

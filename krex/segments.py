@@ -22,8 +22,6 @@ from krex.tenants import recover
 
 log = logging.getLogger("krex.daemon")
 
-_MAX_ACCOUNTED = 100_000
-
 
 class Segments:
     """The gates' segment and every segment of process slots."""
@@ -36,7 +34,8 @@ class Segments:
         self.inode = _inode(self.gates.name)
         self.tenants: dict[int, Segment] = {}  # by tenant (or pool worker) id
         self.orphans: list[Segment] = self._adopt()
-        # (segment, process slot, pid) already folded into their tenant's counters
+        # (segment, process slot, pid) of dead processes' slots folded into their tenants'
+        # counters but not freed: the last pass's, so it stays as small as the slots
         self._accounted: set[tuple[str, int, int]] = set()
         self.closed = False  # at shutdown; connections that end afterwards find no segment
 
@@ -160,25 +159,28 @@ class Segments:
         """Fold the counters of dead processes' slots into their tenants, free those slots,
         and remove orphaned segments whose processes are all gone (not while a region is
         being set up: its quiesce and drain run on these mappings in a worker thread)."""
+        unfreed: set[tuple[str, int, int]] = set()
         for seg in self.all():
             for s in seg.slots():
-                key = (seg.name, s.index, s.pid)
-                if s.alive or key in self._accounted:
+                if not s.dead:
                     continue
-                owner = tenants.get(s.tenant)
-                if owner is not None:
-                    _fold(owner, s)
-                self._accounted.add(key)
+                key = (seg.name, s.index, s.pid)
+                if key not in self._accounted:
+                    owner = tenants.get(s.tenant)
+                    if owner is not None:
+                        _fold(owner, s)
                 # Only what was read is freed: a process that died after its slot was read
-                # (alive then) keeps its slot, and its counters, until the next pass.
-                seg.reap_slot(s.index, s.pid)
+                # (alive then) keeps its slot, and its counters, until the next pass. A slot
+                # folded but not freed (changed meanwhile) is remembered, never folded twice,
+                # for as long as it still shows that process.
+                if not seg.reap_slot(s.index, s.pid):
+                    unfreed.add(key)
+        self._accounted = unfreed
         for seg in [] if draining or self.closed else list(self.orphans):
             if not _in_use(seg):
                 self.orphans.remove(seg)
                 seg.unlink()
                 seg.close()
-        if len(self._accounted) > _MAX_ACCOUNTED:
-            self._accounted.clear()
 
     def totals(self, t: Tenant) -> Tenant:
         """t's counters with those of its processes not folded yet added: the live ones, and
@@ -187,7 +189,7 @@ class Segments:
         for seg in self.all():
             for s in seg.slots():
                 if s.tenant == t.id and (
-                    s.alive or (seg.name, s.index, s.pid) not in self._accounted
+                    s.alive or (s.dead and (seg.name, s.index, s.pid) not in self._accounted)
                 ):
                     _fold(total, s)
         return total

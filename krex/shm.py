@@ -97,6 +97,12 @@ class SlotView:
     mem_oom_alone: int = 0
     mem_oom_shared: int = 0
 
+    @property
+    def dead(self) -> bool:
+        """A live slot whose process is gone: its counters are final (a slot being claimed, by
+        a new process, is neither alive nor dead)."""
+        return self.state == lib.KREX_SLOT_LIVE and not self.alive
+
 
 @dataclass
 class Tickets:

@@ -302,3 +302,54 @@ def test_accounting_never_frees_a_slot_it_has_not_read(
     finally:
         segs.close()
         remove_shm(segs.gates.name)
+
+
+def test_accounting_folds_a_dead_slot_once_and_never_one_being_claimed(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dead process's slot that the pass could not free (changed meanwhile) is folded once,
+    however many passes see it; a slot a new process is claiming (neither alive nor dead) is
+    not folded at all, nor remembered: remembering it as folded lost that new process's
+    counters when it later died."""
+    import dataclasses
+
+    from conftest import remove_shm, unique
+
+    from krex import shm
+    from krex.model import Tenant
+    from krex.segments import Segments
+
+    segs = Segments(unique("krex-acct"), 1, 8, root="krex-test-acct")
+    tenant = Tenant(id=5, gpu=0, argv=[], group=None, region_timeout_s=60.0, t_admit=0.0)  # type: ignore[arg-type]
+    try:
+        env = node.env(tenant=5, KREX_SHM=segs.gates.name)
+        p = subprocess.Popen(
+            [node.native.program("workload"), "hammer", "1000", "30"],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert p.stdout is not None and p.stdout.readline().strip() == "hammering"
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        (dead,) = segs.gates.slots_of(p.pid)
+        assert dead.dead and dead.intercepted > 0
+        claiming = dataclasses.replace(dead, state=shm.lib.KREX_SLOT_CLAIMING, alive=False)
+        assert not claiming.dead and not claiming.alive
+        with monkeypatch.context() as m:
+            m.setattr(segs.gates, "slots", lambda: [claiming])
+            segs.account({5: tenant}, draining=False)
+            assert tenant.intercepted == 0  # being claimed: not final
+            assert segs.totals(tenant).intercepted == 0
+        with monkeypatch.context() as m:
+            m.setattr(segs.gates, "reap_slot", lambda index, pid: False)  # changed meanwhile
+            segs.account({5: tenant}, draining=False)
+            segs.account({5: tenant}, draining=False)
+            assert tenant.intercepted == dead.intercepted  # folded once over two passes
+            assert segs.totals(tenant).intercepted == tenant.intercepted
+        segs.account({5: tenant}, draining=False)  # now it can be freed
+        assert tenant.intercepted == dead.intercepted
+        assert not segs.gates.slots_of(p.pid)
+    finally:
+        segs.close()
+        remove_shm(segs.gates.name)

@@ -315,7 +315,7 @@ def test_accounting_folds_a_dead_slot_once_and_never_one_being_claimed(
 
     from conftest import remove_shm, unique
 
-    from krex import shm
+    from krex._native import lib
     from krex.model import Tenant
     from krex.segments import Segments
 
@@ -334,7 +334,7 @@ def test_accounting_folds_a_dead_slot_once_and_never_one_being_claimed(
         p.wait()
         (dead,) = segs.gates.slots_of(p.pid)
         assert dead.dead and dead.intercepted > 0
-        claiming = dataclasses.replace(dead, state=shm.lib.KREX_SLOT_CLAIMING, alive=False)
+        claiming = dataclasses.replace(dead, state=lib.KREX_SLOT_CLAIMING, alive=False)
         assert not claiming.dead and not claiming.alive
         with monkeypatch.context() as m:
             m.setattr(segs.gates, "slots", lambda: [claiming])

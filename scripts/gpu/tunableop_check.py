@@ -35,21 +35,24 @@ def case(
     name: str, under_krex: list[str] | None, env: dict[str, str], args: list[str], tmp: Path
 ) -> dict[str, Any]:
     """One command: its status, how many times the warning was printed, its stderr's tail."""
-    full = {**os.environ, "PYTORCH_TUNABLEOP_FILENAME": str(tmp / f"{name}.csv"), **env}
+    # TunableOp writes its results into the working directory: tmp. (A PYTORCH_ variable of the
+    # command's own would send it cold: a warm worker's torch has read its environment.)
+    full = {**os.environ, **env}
     cmd = [sys.executable, "-c", PROG, *args]
     report = tmp / f"{name}.report.json"
     if under_krex is not None:
         cmd = [*under_krex, "--report", str(report), "--", *cmd]
     t0 = time.monotonic()
     try:
-        p = subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=180)
+        p = subprocess.run(cmd, env=full, cwd=tmp, capture_output=True, text=True, timeout=180)
         rc, out, err = p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired as e:
         rc, out, err = None, str(e.stdout or ""), str(e.stderr or "") + "\n(timed out)"
-    pool = json.loads(report.read_text()).get("pool") if report.exists() else None
+    doc = json.loads(report.read_text()) if report.exists() else {}
     return {
         "case": name,
-        "pool": pool,  # warm: the command ran in a warm worker; cold: a process of its own
+        "pool": doc.get("pool"),  # warm: it ran in a warm worker; cold: a process of its own
+        "pool_reason": doc.get("pool_reason"),
         "env": env,
         "args": args,
         "krex": under_krex is not None,
@@ -67,7 +70,9 @@ def main() -> int:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="krex-tunableop-"))
     on = {"PYTORCH_TUNABLEOP_ENABLED": "1"}
-    # name, in a warm worker (else --no-pool; None: natively), environment, argv, warnings wanted
+    # name, in a warm worker (else --no-pool; None: natively), environment, argv, warnings wanted.
+    # A PYTORCH_ variable that the worker's torch did not start with runs the command cold (with
+    # the variable as its reason, krex/pool.py): the env cases ask for the pool and get none.
     plan: list[tuple[str, bool | None, dict[str, str], list[str], int]] = [
         ("env-warm", True, on, [], 1),
         ("env-cold", False, on, [], 1),
@@ -86,8 +91,10 @@ def main() -> int:
             got = case(name, krex, env, argv, tmp)
             got["warnings_wanted"] = want
             got["pass"] = got["rc"] == 0 and got["ok"] and got["warnings"] == want
-            if warm is False:
-                got["pass"] = got["pass"] and got["pool"] == "cold"
+            # where it ran: in a worker when asked and the environment allows it, else cold
+            want_pool = "warm" if warm and not env else "cold" if warm is not None else None
+            got["pool_wanted"] = want_pool
+            got["pass"] = got["pass"] and got["pool"] == want_pool
             cases.append(got)
             print(name, json.dumps({k: got[k] for k in ("rc", "warnings", "pass", "wall_s")}))
     log = (tmp / "d" / "daemon.log").read_text(errors="replace").splitlines()

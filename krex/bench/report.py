@@ -494,13 +494,18 @@ def _choices(results: Mapping[str, Any], modes: Sequence[str]) -> list[str]:
     """Candidates that pick their own kernel (an autotuner's winner, the `choice` their JSON
     line reports): each mode's choice against the exclusive run's. Empty when none reports one."""
     picked: dict[str, dict[str, str]] = {}  # task/variant -> mode -> choice
+    ms: dict[str, dict[str, float]] = {}  # task/variant -> mode -> median
     raw = results.get("commands")
     for rec in raw if isinstance(raw, list) else []:
         r = _map(rec)
         choice = _map(r.get("output")).get("choice")
         names = [r.get(k) for k in ("mode", "task", "variant")]
         if isinstance(choice, str) and all(isinstance(n, str) for n in names):
-            picked.setdefault(f"{names[1]}/{names[2]}", {})[str(names[0])] = choice
+            cmd = f"{names[1]}/{names[2]}"
+            picked.setdefault(cmd, {})[str(names[0])] = choice
+            median = r.get("median_ms")
+            if isinstance(median, (int, float)) and median > 0:
+                ms.setdefault(cmd, {})[str(names[0])] = float(median)
     if not picked:
         return []
     others = [m for m in modes if m != "exclusive"]
@@ -512,17 +517,22 @@ def _choices(results: Mapping[str, Any], modes: Sequence[str]) -> list[str]:
             got = by.get(m)
             if got is None or ex is None:
                 row.append("n/a")
-            else:
-                counted[m] += 1
-                same[m] += got == ex
-                row.append("same" if got == ex else got)
+                continue
+            counted[m] += 1
+            same[m] += got == ex
+            cell = "same" if got == ex else got
+            times = ms.get(cmd, {})
+            if m in times and "exclusive" in times:  # the pick's timing beside it
+                cell += f" ({_pct(times[m] / times['exclusive'] - 1, signed=True)})"
+            row.append(cell)
         rows.append(row)
     summary = ", ".join(f"{m} {same[m]} of {counted[m]}" for m in others if counted[m])
     return [
         "## Autotuners' choices",
         "",
         "The kernel each self-tuning candidate picked (its JSON line's `choice`), per mode against "
-        f"the exclusive run's. The same as exclusive: {summary or 'n/a'}.",
+        "the exclusive run's, with that mode's timing of it against the exclusive run's "
+        f"(inflation). The same as exclusive: {summary or 'n/a'}.",
         "",
         *_table(["command", "exclusive", *others], rows),
     ]

@@ -244,3 +244,20 @@ def test_the_verdict_counts_the_conv_timings_within_the_spread_apart_when_power_
     assert v["within_by_capping"]["exclusive"] == {"uncapped": "3 of 3"}
     assert v["gpu_state"]["modes"]["exclusive"]["capped_runs"] == 0
     assert "capped_runs" not in v["gpu_state"]["modes"]["krex"]  # one run without the counter
+
+
+def test_the_candidate_and_sibling_programs_compile_and_find_krexs_helpers() -> None:
+    """The programs the check runs on the GPU (held as text) are valid Python, and what they
+    import from krex exists (a typo there would cost a device call)."""
+    import importlib
+    import re
+
+    check = load()
+    for name in ("AUTOTUNE", "SIBLING"):
+        compile(getattr(check, name), name, "exec")
+    for module, names in re.findall(r"from (krex[\w.]*) import ([\w, ]+)", check.AUTOTUNE):
+        if module.startswith("krex.bench.tasks"):
+            continue  # they import torch, which CI does not have
+        mod = importlib.import_module(module)
+        for n in names.split(","):
+            assert hasattr(mod, n.strip()), f"{module}.{n.strip()}"

@@ -24,6 +24,9 @@ import triton.testing
 import krex
 from krex.bench.choices import kernel_names
 
+Choice = Callable[[Callable[[], Any]], object]
+"""What a self-tuning candidate picked, asked with its built function after the first call."""
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -40,7 +43,7 @@ def run(
     reference: Callable[[Sequence[torch.Tensor]], torch.Tensor],
     variants: dict[str, Variant],
     argv: Sequence[str] | None = None,
-    choices: dict[str, Callable[[Callable[[], Any]], object]] | None = None,
+    choices: dict[str, Choice] | None = None,
 ) -> int:
     """Parse argv (VARIANT [--seed N]), check and time that variant, print its JSON line.
     `choices`: per variant that picks its own kernel, what it picked (asked, with the built
@@ -88,9 +91,7 @@ def run(
     return 0
 
 
-def _choice(
-    picked: Callable[[Callable[[], Any]], object] | None, fn: Callable[[], Any]
-) -> str | None:
+def _choice(picked: Choice | None, fn: Callable[[], Any]) -> str | None:
     """What the candidate picked, as text; None when it does not say (or cannot: a label never
     fails a candidate)."""
     if picked is None:

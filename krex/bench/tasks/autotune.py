@@ -20,7 +20,7 @@ import triton
 
 from krex.bench.choices import inductor_winner
 from krex.bench.tasks import matmul
-from krex.bench.tasks._harness import Variant, run
+from krex.bench.tasks._harness import Choice, Variant, run
 
 TASK = "autotune"
 M = N = K = 4096
@@ -105,7 +105,7 @@ VARIANTS = {
 # 3.6: "BM: 128, BN: 256, BK: 64, GROUP: 8, num_warps: 8, ..."); max-autotune's, what Inductor's
 # generated code runs (aten's mm, or a Triton template's block sizes).
 _picked: dict[str, str] = {}
-CHOICES: dict[str, Callable[[Callable[[], Any]], object]] = {
+CHOICES: dict[str, Choice] = {
     "triton-autotune": lambda fn: _matmul.best_config,
     "max-autotune": lambda fn: _picked["max-autotune"],
 }

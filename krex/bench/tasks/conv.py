@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from krex.bench.tasks._harness import Variant, kernels_run, run
+from krex.bench.tasks._harness import Choice, Variant, kernels_run, run
 
 TASK = "conv"
 BATCH, C_IN, C_OUT, HW = 256, 128, 128, 64
@@ -69,7 +69,7 @@ VARIANTS = {
 }
 
 # cuDNN's benchmark mode keeps its choice to itself: the report gets the kernels a call runs.
-CHOICES: dict[str, Callable[[Callable[[], Any]], object]] = {"cudnn-benchmark": kernels_run}
+CHOICES: dict[str, Choice] = {"cudnn-benchmark": kernels_run}
 
 if __name__ == "__main__":
     sys.exit(run(TASK, make_inputs, reference, VARIANTS, choices=CHOICES))

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from krex import __version__, paths
+from krex.config import MAX_SETTLE_S
 
 MAX_SECONDS = 1e9  # about 31 years: longer waits overflow the socket and timer calls
 
@@ -23,8 +24,8 @@ class Seconds(click.ParamType):  # type: ignore[type-arg]  # generic from click 
 
     name = "seconds"
 
-    def __init__(self, least: float = 0.0) -> None:
-        self.least = least
+    def __init__(self, least: float = 0.0, most: float = MAX_SECONDS, zero: bool = False) -> None:
+        self.least, self.most, self.zero = least, most, zero
 
     def convert(
         self, value: object, param: click.Parameter | None, ctx: click.Context | None
@@ -33,9 +34,12 @@ class Seconds(click.ParamType):  # type: ignore[type-arg]  # generic from click 
             seconds = float(value)  # type: ignore[arg-type]
         except (TypeError, ValueError):
             self.fail(f"{value!r} is not a number of seconds", param, ctx)
-        if not (math.isfinite(seconds) and seconds > 0 and self.least <= seconds <= MAX_SECONDS):
+        if self.zero and seconds == 0:
+            return 0.0
+        if not (math.isfinite(seconds) and seconds > 0 and self.least <= seconds <= self.most):
             low = f"at least {self.least:g}" if self.least else "more than 0"
-            self.fail(f"{value!r}: seconds must be {low} and at most {MAX_SECONDS:g}", param, ctx)
+            low = f"0 or {low}" if self.zero else low
+            self.fail(f"{value!r}: seconds must be {low} and at most {self.most:g}", param, ctx)
         return seconds
 
 
@@ -164,6 +168,14 @@ def bench_report(out_dir: Path) -> None:
     help="Revoke any region of this command that lasts longer than S seconds.",
 )
 @click.option(
+    "--settle",
+    type=Seconds(most=MAX_SETTLE_S, zero=True),
+    metavar="S",
+    help="In each region, when other commands worked on the GPU in the last second, idle S "
+    "seconds after freezing them, before the grant, so that a power-limited kernel starts as "
+    "it would alone (0..5; default: the daemon's regions.settle_s).",
+)
+@click.option(
     "--mem",
     "mem_text",
     metavar="SIZE",
@@ -196,6 +208,7 @@ def run(
     report: Path | None,
     auto_regions: str | None,
     region_timeout: float | None,
+    settle: float | None,
     mem_text: str | None,
     no_memory_retry: bool,
     no_pool: bool,
@@ -252,6 +265,7 @@ def run(
                 report=report,
                 auto_regions=auto_regions,
                 region_timeout_s=region_timeout,
+                settle_s=settle,
                 mem_bytes=mem,
                 no_memory_retry=no_memory_retry,
                 sim=sim,

@@ -22,6 +22,12 @@ drain_s = 10.0     # waiting for siblings' queued GPU work
 freeze_s = 5.0     # waiting for siblings' cgroups to freeze
 region_s = 600.0   # a region's longest life (krex run --region-timeout overrides per command)
 
+[regions]
+settle_s = 0.0     # after the freeze, idle this long before the grant when the GPU's
+                   # siblings worked on it in the last second (NVML's process samples): a
+                   # power-limited kernel then starts as it would alone (0: off; at most 5;
+                   # krex run --settle overrides per command; docs/user-guide.md)
+
 [freezer]
 backend = "auto"   # auto | cgroup-v2 | cgroup-v1 | signal
 
@@ -80,6 +86,9 @@ SOCKET_PATH_MAX = 107
 SEGMENT_NAME_MAX = 200
 FREEZERS = ("auto", "cgroup-v2", "cgroup-v1", "signal")
 VENDORS = ("auto", "nvidia", "amd")
+# A region's settle (regions.settle_s, krex run --settle): its longest. Siblings stay frozen
+# through it, so a long one would cost everyone; 5 s is past any cooling measured to matter.
+MAX_SETTLE_S = 5.0
 
 
 class ConfigError(KrexError):
@@ -147,6 +156,7 @@ class Config:
     drain_timeout_s: float = 10.0
     freeze_timeout_s: float = 5.0
     region_timeout_s: float = 600.0
+    region_settle_s: float = 0.0
     freezer: str = "auto"
     slices: dict[int, SliceConfig] = field(default_factory=dict)
     mps: bool = False
@@ -215,6 +225,7 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "freeze_s": (int, float),
         "region_s": (int, float),
     },
+    "regions": {"settle_s": (int, float)},
     "freezer": {"backend": str},
     "mps": {"enabled": bool},
     "pool": {"workers": int, "preload": list, "max_uses": int},
@@ -240,6 +251,7 @@ _FIELDS: dict[tuple[str, str], str] = {
     ("timeouts", "drain_s"): "drain_timeout_s",
     ("timeouts", "freeze_s"): "freeze_timeout_s",
     ("timeouts", "region_s"): "region_timeout_s",
+    ("regions", "settle_s"): "region_settle_s",
     ("freezer", "backend"): "freezer",
     ("mps", "enabled"): "mps",
     ("pool", "workers"): "pool_workers",
@@ -370,6 +382,11 @@ def validate(cfg: Config) -> None:
             raise ConfigError(
                 f"{cfg.source}: timeouts.{key} must be > 0 and finite (seconds), got {value!r}"
             )
+    if not (math.isfinite(cfg.region_settle_s) and 0 <= cfg.region_settle_s <= MAX_SETTLE_S):
+        raise ConfigError(
+            f"{cfg.source}: regions.settle_s must be 0..{MAX_SETTLE_S:g} (seconds), "
+            f"got {cfg.region_settle_s!r}"
+        )
     for key in ("wait_s", "deadlock_s", "room_wait_s"):
         value = getattr(cfg, _FIELDS["memory", key])
         if not (math.isfinite(value) and value > 0):

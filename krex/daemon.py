@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from krex import __version__, wire
-from krex.config import Config, ConfigError, parse_size
+from krex.config import MAX_SETTLE_S, Config, ConfigError, parse_size
 from krex.errors import KrexError, ProtocolError
 from krex.machinery import NodeMachinery
 from krex.memory import GIB, Memory
@@ -422,7 +422,14 @@ class Daemon:
         rerun = msg.get("mem_rerun", 0)
         if not wire.is_int(rerun) or rerun < 0:
             raise ProtocolError("mem_rerun must be a non-negative integer (bytes)")
-        return AdmitRequest(argv, float(timeout), auto, mem, alone, rerun > 0, self._rerun(rerun))
+        settle = msg.get("settle_s")
+        if settle is None:
+            settle = self.cfg.region_settle_s
+        if not wire.is_number(settle) or not 0 <= settle <= MAX_SETTLE_S:
+            raise ProtocolError(f"settle_s must be a number of seconds, 0..{MAX_SETTLE_S:g}")
+        return AdmitRequest(
+            argv, float(timeout), auto, mem, alone, rerun > 0, self._rerun(rerun), float(settle)
+        )
 
     def _rerun(self, peak: int) -> int:
         """What a rerun is expected to need: twice what its failed run held at its peak (it
@@ -489,6 +496,7 @@ class Daemon:
             argv=req.argv,
             group=group,
             region_timeout_s=req.timeout,
+            region_settle_s=req.settle,
             t_admit=time.monotonic(),
             mem_declared=req.mem,
             mem_alone=req.alone,

@@ -25,6 +25,8 @@ from krex.tenants import TenantsError
 log = logging.getLogger("krex.daemon")
 
 _SETTLE_TRIES = 200
+# A region settles (regions.settle_s) only after siblings' work this recent on its GPU.
+SETTLE_LOOKBACK_S = 1.0
 
 
 def _on(s: SlotView, gpu: int) -> bool:
@@ -70,6 +72,10 @@ class Machinery(Protocol):
 
     def pin(self, tenant: Tenant, cores: set[int]) -> None:
         """Step 5: move the tenant's threads onto cores. KrexError when it cannot."""
+
+    def settle_gpu(self, gpu: int, siblings: list[Tenant], settle_s: float) -> float:
+        """Step 5b: idle settle_s where the platform saw any of `siblings` work on the GPU in
+        the last SETTLE_LOOKBACK_S; returns the seconds idled. Blocking."""
 
     def has_processes(self, tenant: Tenant) -> bool:
         """Whether the tenant's group holds any process (an empty pool is not frozen)."""
@@ -162,6 +168,18 @@ class NodeMachinery:
 
     def pin(self, tenant: Tenant, cores: set[int]) -> None:
         tenant.group.pin(cores)
+
+    def settle_gpu(self, gpu: int, siblings: list[Tenant], settle_s: float) -> float:
+        # NVML's process samples come about every 1/6 s; without them (no NVML, the simulated
+        # GPU) there is nothing to say the siblings worked, and no settle.
+        if self.nvml is None or settle_s <= 0:
+            return 0.0
+        active = self.nvml.active(gpu, time.time() - SETTLE_LOOKBACK_S)
+        if not active & {p for s in siblings for p in self._pids(s)}:
+            return 0.0
+        t0 = time.monotonic()
+        time.sleep(settle_s)
+        return time.monotonic() - t0
 
     def has_processes(self, tenant: Tenant) -> bool:
         return bool(tenant.group.pids())

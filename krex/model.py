@@ -29,6 +29,8 @@ class Tenant:
     group: TenantGroup
     region_timeout_s: float
     t_admit: float
+    # Idle this long after the freeze when siblings worked on the GPU just before (0: never).
+    region_settle_s: float = 0.0
     gpus: list[int] = field(default_factory=list)  # all of them, ascending ([gpu] if unset)
     region: Region | None = None  # its region, being taken or held
     pids: list[int] = field(default_factory=list)
@@ -73,6 +75,7 @@ class Region:
     room_s: float = 0.0  # waited for room in device memory before closing the gates
     drain_s: float = 0.0  # measured: quiesce and drain, over its GPUs
     freeze_s: float = 0.0  # measured
+    settle_s: float = 0.0  # waited after the freeze for the GPU to settle (region_settle_s)
     frozen: list[Tenant] = field(default_factory=list)  # siblings on any of its GPUs
     # While a GPU's siblings drain, a process that joins them (a leased or returned pool
     # worker) is listed but frozen only at the freeze step: frozen earlier, its drain thread
@@ -137,6 +140,7 @@ class AdmitRequest:
     alone: bool = False  # a second memory rerun: admitted only with the GPU's memory to itself
     rerun: bool = False  # a first memory rerun (released last)
     rerun_need: int = 0  # what that rerun is expected to need (bytes)
+    settle: float = 0.0  # its regions' settle (krex run --settle, else regions.settle_s)
 
 
 @dataclass(eq=False)

@@ -229,6 +229,7 @@ class Regions:
                 hold = await self._close_and_drain(gpu, r)
                 await self._freeze(gpu, r, siblings)
                 await self._pin(gpu, r, hold)
+                await self._settle(gpu, r, siblings)
             except Exception as e:
                 log.exception("opening a region for tenant %d on GPU %d failed", t.id, gpu)
                 self._let_go(gpu, r, siblings)
@@ -306,6 +307,18 @@ class Regions:
         # Not gated, not drained, not frozen: the region cannot vouch for the GPU.
         r.problems += await loop.run_in_executor(None, self.m.audit, gpu, r.tenant)
         r.drain_s += hold.quiesce_s + hold.drain_s
+
+    async def _settle(self, gpu: int, r: Region, siblings: list[Tenant]) -> None:
+        """Step 5b (the tenant's region_settle_s, 0: none): where the GPU's siblings worked
+        on it in the last second, idle before the grant. A power-limited kernel timed at once
+        after their work read 0.8 % slower than alone; after 0.4 s, as alone
+        (docs/results/h200-autotune/, runs 20-22)."""
+        if r.tenant.region_settle_s <= 0 or not siblings:
+            return
+        loop = asyncio.get_running_loop()
+        r.settle_s += await loop.run_in_executor(
+            None, self.m.settle_gpu, gpu, siblings, r.tenant.region_settle_s
+        )
 
     def _grant(self, r: Region) -> None:
         """Step 6: r holds all its GPUs; its time-out starts."""
@@ -402,6 +415,7 @@ class Regions:
             "wait_s": r.wait_s,
             "drain_s": r.drain_s,
             "freeze_s": r.freeze_s,
+            "settle_s": r.settle_s,
             "duration_s": t_end - r.t_grant if r.granted else 0.0,
             "clean": r.clean,
             "revoked": r.revoked,

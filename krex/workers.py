@@ -78,6 +78,7 @@ class Pool:
                 argv=["<pool>"],
                 group=group,
                 region_timeout_s=self.d.cfg.region_timeout_s,
+                region_settle_s=self.d.cfg.region_settle_s,
                 t_admit=time.monotonic(),
             )
             for _ in range(n):

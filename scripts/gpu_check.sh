@@ -33,6 +33,7 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # AUTOTUNE_HELD=1 natively beside idle memory holders, AUTOTUNE_FROZEN=1 natively beside
 # siblings stopped over each timing, AUTOTUNE_COOLED=1 the same after 3 s of cooling,
 # AUTOTUNE_SETTLED=S krex with each timing's region idle S seconds first,
+# AUTOTUNE_REGION_SETTLE=S krex run --settle S (the daemon's settle step),
 # AUTOTUNE_SAMPLE_MS, AUTOTUNE_NO_UNPROTECTED=1, AUTOTUNE_ROTATE=1, AUTOTUNE_SLICE=REGION/SHARED), launch-probe
 # (scripts/bench/launch_probe.py; AUTOTUNE_SLICE too), preload-probe
 # (scripts/gpu/preload_probe.py), SECURITY_CASES picks security's,
@@ -122,6 +123,7 @@ if [[ " $PARTS " == *" autotune "* ]]; then
         ${AUTOTUNE_SHARING:+--sharing "$AUTOTUNE_SHARING"} ${AUTOTUNE_HELD:+--held} \
         ${AUTOTUNE_LINGER:+--linger "$AUTOTUNE_LINGER"} ${AUTOTUNE_FROZEN:+--frozen} \
         ${AUTOTUNE_COOLED:+--cooled} ${AUTOTUNE_SETTLED:+--settled "$AUTOTUNE_SETTLED"} \
+        ${AUTOTUNE_REGION_SETTLE:+--region-settle "$AUTOTUNE_REGION_SETTLE"} \
         ${AUTOTUNE_SAMPLE_MS:+--sample-ms "$AUTOTUNE_SAMPLE_MS"} \
         ${AUTOTUNE_NO_UNPROTECTED:+--no-unprotected} ${AUTOTUNE_ROTATE:+--rotate} \
         ${AUTOTUNE_SLICE:+--slice "$AUTOTUNE_SLICE"} || rc=1

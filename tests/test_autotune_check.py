@@ -68,6 +68,20 @@ def test_the_verdict_compares_winners_and_times_with_the_exclusive_runs() -> Non
     assert not check.verdict(runs)["triton8k"]["krex_equals_exclusive"]
 
 
+def test_the_verdict_scores_exclusive_itself_on_the_same_footing_as_the_other_modes() -> None:
+    """Each exclusive timing against the other exclusive runs, krex against subsets of their
+    size: an exclusive outlier misses, as it would in any other mode."""
+    runs = [run("exclusive", "A", ms) for ms in (1.0, 1.0, 1.0, 1.3)]
+    runs += [run("krex", "A", 1.0), run("krex-alone", "A", 1.2)]
+    v = load().verdict(runs)["triton8k"]
+    ex = v["equal_footing"]["exclusive"]
+    assert ex == {"within_spread": "3.0 of 4", "within_one_pct": "3.0 of 4"}
+    # 1.2 lies within the spread of the 3 subsets that hold 1.3, not of the one that does not
+    assert v["equal_footing"]["krex-alone"]["within_spread"] == "0.8 of 1"
+    assert v["equal_footing"]["krex"]["within_one_pct"] == "1.0 of 1"
+    assert "unprotected" not in v["equal_footing"]
+
+
 def state(pid: int) -> str:
     """A process's state letter from /proc (T: stopped)."""
     stat = _stat(f"/proc/{pid}/stat")

@@ -51,3 +51,11 @@ def test_non_finite_time_outs_are_one_error_naming_the_key(key: str, value: str)
     """A time-out of nan or inf used to be accepted, and every region then failed."""
     with pytest.raises(ConfigError, match=rf"timeouts\.{key} must be > 0 and finite"):
         from_toml(f"[timeouts]\n{key} = {value}\n", "t.toml")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-0.1", "5.5"])
+def test_a_settle_outside_0_to_5_seconds_is_one_error(value: str) -> None:
+    with pytest.raises(ConfigError, match=r"regions\.settle_s must be 0\.\.5 \(seconds\)"):
+        from_toml(f"[regions]\nsettle_s = {value}\n", "t.toml")
+    assert from_toml("[regions]\nsettle_s = 0.4\n", "t.toml").region_settle_s == 0.4
+    assert from_toml("", "t.toml").region_settle_s == 0.0

@@ -101,6 +101,13 @@ def test_a_time_out_that_is_not_a_positive_finite_number_is_a_usage_error(
     assert "Invalid value for" in p.stderr and value in p.stderr, p.stderr
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "5.5", "x"])
+def test_a_settle_that_is_not_0_to_5_seconds_is_a_usage_error(value: str, nowhere: str) -> None:
+    p = krex("run", "--settle", value, "--socket", nowhere, "--", "true")
+    assert p.returncode == 2, p.stderr
+    assert "Invalid value for '--settle'" in p.stderr and value in p.stderr, p.stderr
+
+
 # 2. A bad configuration file: one line naming the key (and the type expected), never a traceback.
 CONFIGS = {
     "typo": (b"[gpus]\nslot = 3\n", "unknown key gpus.slot (did you mean gpus.slots?)"),

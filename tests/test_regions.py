@@ -36,6 +36,7 @@ class FakeNode:
         self.lock = threading.Lock()
         self.samples: list[dict[str, int]] = []  # clock() answers these in turn, then a plain one
         self.split: tuple[int, int] | None = None
+        self.siblings_worked = True  # settle_gpu: NVML saw the siblings work just before
 
     def log(self, *event: Any) -> None:
         with self.lock:
@@ -73,6 +74,10 @@ class FakeNode:
 
     def settle(self, frozen: list[Tenant]) -> list[str]:
         return []
+
+    def settle_gpu(self, gpu: int, siblings: list[Tenant], settle_s: float) -> float:
+        self.log("settle", gpu, tuple(s.id for s in siblings), settle_s)
+        return settle_s if self.siblings_worked else 0.0
 
     def pin(self, tenant: Tenant, cores: set[int]) -> None:
         if tenant.id in self.fail_pin:
@@ -187,6 +192,33 @@ def test_steps_run_in_protocol_order_and_exit_undoes_them() -> None:
         assert rec["sm_clock_mhz"] == [1980, 1980] and rec["throttled"] is False
         assert owner.regions == [rec] and region_of(owner) is None and regions.held(0) is None
         assert sib.region is None and node.frozen == set()
+
+    run(main())
+
+
+def test_a_region_settles_after_the_freeze_only_when_asked_and_siblings_worked() -> None:
+    """region_settle_s: after the pin, before the grant, the node idles where the siblings
+    worked just before; the record says how long. Never asked with no sibling frozen, nor
+    when the tenant's settle is 0 (the default)."""
+
+    async def main() -> None:
+        regions, node, gpus = make()
+        owner, sib = tenant(gpus, 1), tenant(gpus, 2)
+        rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
+        assert "settle" not in node.names() and rec["settle_s"] == 0.0
+        owner.region_settle_s = 0.4
+        node.events.clear()
+        r = await regions.acquire(owner, plain_wait)
+        assert node.names() == ["room", "close", "drain", "freeze", "pin", "settle"]
+        assert node.events[5] == ("settle", 0, (2,), 0.4) and r.granted
+        assert regions.release(r, why="region_end")["settle_s"] == 0.4
+        node.siblings_worked = False  # they sat idle (compiling, say): no wait
+        rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
+        assert rec["settle_s"] == 0.0
+        gpus[0].tenants.remove(sib)  # alone on the GPU: nothing to ask about
+        node.events.clear()
+        rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
+        assert "settle" not in node.names() and rec["settle_s"] == 0.0
 
     run(main())
 

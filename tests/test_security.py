@@ -519,3 +519,26 @@ def test_nvml_samples_never_blame_a_drained_sibling_but_name_the_rest() -> None:
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_a_settle_waits_only_where_nvml_saw_a_frozen_sibling_work() -> None:
+    """NodeMachinery.settle_gpu: idles settle_s when NVML's process samples of the last
+    second name a sibling's process; not for anyone else's, nor without NVML."""
+    from types import SimpleNamespace
+
+    from krex.machinery import NodeMachinery
+
+    seen: set[int] = set()
+    sibling = SimpleNamespace(id=2, group=_Group([4242]))
+    nvml = SimpleNamespace(active=lambda gpu, since: set(seen))
+    cfg = SimpleNamespace(sim=False)
+    m = NodeMachinery(cfg, [], SimpleNamespace(), nvml)  # type: ignore[arg-type]
+    assert m.settle_gpu(0, [sibling], 0.2) == 0.0  # type: ignore[list-item]
+    seen.add(999)  # someone else's work: not the siblings'
+    assert m.settle_gpu(0, [sibling], 0.2) == 0.0  # type: ignore[list-item]
+    seen.add(4242)
+    t0 = time.monotonic()
+    waited = m.settle_gpu(0, [sibling], 0.2)  # type: ignore[list-item]
+    assert 0.2 <= waited <= time.monotonic() - t0
+    blind = NodeMachinery(cfg, [], SimpleNamespace(), None)  # type: ignore[arg-type]
+    assert blind.settle_gpu(0, [sibling], 0.2) == 0.0  # type: ignore[list-item]

@@ -57,7 +57,10 @@ timing (a region's freeze without krex); with --cooled, exclusive-cooled: the sa
 timing waits COOL_S after the stop, so the GPU cools down from the siblings' work first (heat
 and power history apart from their memory); with --settled S, krex-settled: krex beside the
 siblings, each final timing in a region (krex.region(), so krex code in the command) that idles
-S seconds before it times, as exclusive-frozen's stop waits DRAIN_S.
+S seconds before it times, as exclusive-frozen's stop waits DRAIN_S; with --region-settle S,
+krex-settle: krex beside the siblings with `krex run --settle S` (the daemon idles S seconds
+after each region's freeze where NVML saw the siblings work in the last second; no krex code in
+the command).
 
 Each part records its candidates' times where the autotuner exposes them (Triton's
 `configs_timings`, Inductor's printed table), so a changed winner can be read against how close
@@ -92,6 +95,7 @@ from krex.client import private_daemon
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import launch_fit  # a script beside this one
+import pooled  # a script beside this one
 
 KREX = [sys.executable, "-m", "krex.cli"]
 MODES = (
@@ -100,11 +104,13 @@ MODES = (
     "krex",
     "krex-alone",
     "krex-settled",
+    "krex-settle",
     "exclusive-held",
     "exclusive-frozen",
     "exclusive-cooled",
 )
 STOPPED = ("exclusive-frozen", "exclusive-cooled")  # siblings stopped over each timing
+UNDER_KREX = ("krex", "krex-settled", "krex-settle")  # beside 7 siblings under krex run
 PARTS = (
     "triton",
     "triton8k",
@@ -619,6 +625,7 @@ def inductor_choices(stderr: str, size: int) -> list[list[Any]]:
 UNPROTECTED_ENV: dict[str, str] = {}
 LINGER_S: str | None = None  # --linger: KREX_REGION_LINGER_S for the krex modes' command
 SETTLE_S = 0.4  # --settled: krex-settled's idle wait inside each timing's region
+REGION_SETTLE_S = 0.4  # --region-settle: krex-settle's `krex run --settle` (the daemon's step)
 
 
 def _env(tmp: Path, tag: str, unprotected: bool = False) -> dict[str, str]:
@@ -703,8 +710,8 @@ def one(
     tmp: Path, mode: str, sock: Path | None, rep: int, load: str, gpu: Telemetry, parts: str
 ) -> dict[str, Any]:
     tag = f"{mode}{rep}"
-    crowded = mode in ("unprotected", "krex", "krex-settled", "exclusive-held", *STOPPED)
-    under_krex = mode in ("krex", "krex-settled")
+    crowded = mode in ("unprotected", *UNDER_KREX, "exclusive-held", *STOPPED)
+    under_krex = mode in UNDER_KREX
     sibs = (
         _siblings(tmp, sock if under_krex else None, 7, load, hold=mode == "exclusive-held")
         if crowded
@@ -714,7 +721,8 @@ def one(
     argv = [sys.executable, str(tmp / "autotune.py"), "--compiled-conv", f"--parts={parts}"]
     report = tmp / f"{tag}.report.json"
     if mode.startswith("krex"):
-        argv = [*KREX, "run", "--socket", str(sock), "--no-pool", "--auto-regions",
+        settle = ["--settle", str(REGION_SETTLE_S)] if mode == "krex-settle" else []
+        argv = [*KREX, "run", "--socket", str(sock), "--no-pool", "--auto-regions", *settle,
                 "--report", str(report), "--", *argv]  # fmt: skip
     t0 = time.monotonic()
     handoff = tmp / f"handoff-{tag}"
@@ -758,7 +766,7 @@ def one(
         row["regions"] = len(regions)
         row["regions_clean"] = sum(bool(r.get("clean")) for r in regions)
         row["region_problems"] = sorted({p for r in regions for p in r.get("problems", [])})[:10]
-        keep = ("duration_s", "clean", "warnings", "power_w_before", "power_capped_ms",
+        keep = ("duration_s", "settle_s", "clean", "warnings", "power_w_before", "power_capped_ms",
                 "thermal_capped_ms", "temp_c", "mem_temp_c", "sm_clock_mhz", "pids")  # fmt: skip
         row["region_records"] = [{k: r[k] for k in keep if k in r} for r in regions]
         # Regions of the candidate's children (Inductor's subprocess autotuning), by the
@@ -828,6 +836,18 @@ def verdict(runs: list[dict[str, Any]]) -> dict[str, Any]:
             for m, xs in pct.items()
             if xs and m != "exclusive"
         }
+        # The same on an equal footing (scripts/bench/pooled.py): exclusive's own timings each
+        # against the other exclusive runs, every mode against subsets of that size, so that
+        # exclusive's score is what a mode that repeats like it would get.
+        footing = pooled.one_run(ms)
+        if footing is not None:
+            out[part]["equal_footing"] = {
+                m: {
+                    "within_spread": f"{v['within_spread']:.1f} of {v['n']}",
+                    "within_one_pct": f"{v['within_one_pct']:.1f} of {v['n']}",
+                }
+                for m, v in footing.items()
+            }
     # The KernelBench timer reads the launch as well as the kernel (runs 7-11 of
     # docs/results/h200-autotune/): each mode's reading once the launch time is fitted out.
     with contextlib.suppress(ValueError):
@@ -948,6 +968,14 @@ def main() -> int:
         "default: derived from the topology, region cores first): where a region's owner runs",
     )
     ap.add_argument(
+        "--region-settle",
+        type=float,
+        metavar="S",
+        help="also run krex-settle (every repeat): krex beside the same siblings with `krex run "
+        "--settle S`, each region idling S seconds after the freeze where the siblings worked "
+        "in the last second (the daemon's step, no krex code in the command)",
+    )
+    ap.add_argument(
         "--rotate",
         action="store_true",
         help="rotate the order of the modes by one each repeat (with as many repeats as modes, "
@@ -972,8 +1000,12 @@ def main() -> int:
         "exclusive runs' spread)",
     )
     args = ap.parse_args()
-    global LINGER_S, SETTLE_S
+    global LINGER_S, SETTLE_S, REGION_SETTLE_S
     LINGER_S = args.linger
+    if args.region_settle is not None:
+        if not 0 < args.region_settle <= 5:
+            ap.error("--region-settle: between 0 and 5 seconds")
+        REGION_SETTLE_S = args.region_settle
     if args.settled is not None:
         if not 0 < args.settled <= 5:
             ap.error("--settled: between 0 and 5 seconds")
@@ -1011,6 +1043,8 @@ def main() -> int:
                     modes.append("exclusive-held")
                 if args.settled is not None:
                     modes.append("krex-settled")
+                if args.region_settle is not None:
+                    modes.append("krex-settle")
                 if args.frozen:
                     modes.append("exclusive-frozen")
                 if args.cooled:

@@ -130,6 +130,7 @@ def effective_config(cfg: Config) -> dict[str, Any]:
             "freeze_s": cfg.freeze_timeout_s,
             "region_s": cfg.region_timeout_s,
         },
+        "regions": {"settle_s": cfg.region_settle_s},
         "freezer": {"backend": cfg.freezer, "in_use": freezer},
         "slices": {
             str(s.gpu): {
@@ -165,6 +166,7 @@ def config_toml(doc: dict[str, Any]) -> str:
         "daemon": ("socket", "segment", "log_format"),
         "gpus": ("count", "sim", "slots", "vendor"),
         "timeouts": ("quiesce_s", "drain_s", "freeze_s", "region_s"),
+        "regions": ("settle_s",),
         "freezer": ("backend",),
         "pool": ("workers", "preload", "max_uses"),
         "mps": ("enabled",),

@@ -25,12 +25,13 @@ DEPLOY = ROOT / "docs" / "deploy"
 
 def test_config_show_prints_a_configuration_the_daemon_accepts(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
-    cfg.write_text("[gpus]\nslots = 3\n[pool]\nworkers = 2\n")
+    cfg.write_text("[gpus]\nslots = 3\n[pool]\nworkers = 2\n[regions]\nsettle_s = 0.25\n")
     p = subprocess.run([*KREX, "config", "show", "--sim", "--config", str(cfg)],
                        capture_output=True, text=True, timeout=60)  # fmt: skip
     assert p.returncode == 0, p.stderr
     again = from_toml(p.stdout, "shown")
     assert (again.slots, again.pool_workers, again.sim) == (3, 2, True)
+    assert again.region_settle_s == 0.25
     assert 0 in again.slices, "the derived core slices are spelled out"
     shown = subprocess.run([*KREX, "config", "show", "--sim", "--json", "--config", str(cfg)],
                            capture_output=True, text=True, timeout=60)  # fmt: skip

@@ -34,9 +34,6 @@ class Segments:
         self.inode = _inode(self.gates.name)
         self.tenants: dict[int, Segment] = {}  # by tenant (or pool worker) id
         self.orphans: list[Segment] = self._adopt()
-        # (segment, process slot, pid) of dead processes' slots folded into their tenants'
-        # counters but not freed: the last pass's, so it stays as small as the slots
-        self._accounted: set[tuple[str, int, int]] = set()
         self.closed = False  # at shutdown; connections that end afterwards find no segment
 
     def _gates(self, name: str, n: int, slots_per_gpu: int, root: str) -> Segment:
@@ -159,23 +156,17 @@ class Segments:
         """Fold the counters of dead processes' slots into their tenants, free those slots,
         and remove orphaned segments whose processes are all gone (not while a region is
         being set up: its quiesce and drain run on these mappings in a worker thread)."""
-        unfreed: set[tuple[str, int, int]] = set()
         for seg in self.all():
             for s in seg.slots():
                 if not s.dead:
                     continue
-                key = (seg.name, s.index, s.pid)
-                if key not in self._accounted:
-                    owner = tenants.get(s.tenant)
-                    if owner is not None:
-                        _fold(owner, s)
-                # Only what was read is freed: a process that died after its slot was read
-                # (alive then) keeps its slot, and its counters, until the next pass. A slot
-                # folded but not freed (changed meanwhile) is remembered, never folded twice,
-                # for as long as it still shows that process.
-                if not seg.reap_slot(s.index, s.pid):
-                    unfreed.add(key)
-        self._accounted = unfreed
+                # Taken, copied and freed in one step (krex_slot_reap): what is folded is what
+                # was freed. None: a process of the tenant reclaimed it first and carries its
+                # counters on in its own (shim/preload/gate.c), or it was freed already.
+                final = seg.reap_slot(s.index)
+                owner = tenants.get(final.tenant) if final is not None else None
+                if final is not None and owner is not None:
+                    _fold(owner, final)
         for seg in [] if draining or self.closed else list(self.orphans):
             if not _in_use(seg):
                 self.orphans.remove(seg)
@@ -188,9 +179,7 @@ class Segments:
         total = dataclasses.replace(t)
         for seg in self.all():
             for s in seg.slots():
-                if s.tenant == t.id and (
-                    s.alive or (s.dead and (seg.name, s.index, s.pid) not in self._accounted)
-                ):
+                if s.tenant == t.id and (s.alive or s.dead):
                     _fold(total, s)
         return total
 

@@ -273,23 +273,7 @@ class Segment:
             raise IndexError(f"slot {index} out of range 0..{self.n_slots - 1}")
         v = ffi.new("struct krex_slot_view *")
         lib.krex_slot_read(self._seg, index, v)
-        return SlotView(
-            index=index,
-            state=int(v.state),
-            pid=int(v.pid),
-            tenant=int(v.tenant),
-            gpu=int(v.gpu),
-            gpus=int(v.gpus),
-            in_flight=int(v.in_flight),
-            intercepted=int(v.intercepted),
-            blocked=int(v.blocked),
-            unmatched=int(v.unmatched),
-            ungated=int(v.ungated),
-            drain_req=int(v.drain_req),
-            drain_ack=int(v.drain_ack),
-            alive=bool(v.alive),
-            **{f: int(getattr(v, f)) for f in _MEM_FIELDS},
-        )
+        return _view(index, v)
 
     def slots(self) -> list[SlotView]:
         """Every slot that is not free."""
@@ -326,11 +310,15 @@ class Segment:
         """Free the slots of dead processes; returns how many."""
         return int(lib.krex_slots_reap(self._seg))
 
-    def reap_slot(self, index: int, pid: int) -> bool:
-        """Free slot `index` if it is still dead process `pid`'s; whether it was freed."""
+    def reap_slot(self, index: int) -> SlotView | None:
+        """Free slot `index` if its process is dead, and return it as it was (its counters are
+        final); None if it was not freed (free, alive, or being claimed)."""
         if not 0 <= index < self.n_slots:
             raise IndexError(f"slot {index} out of range 0..{self.n_slots - 1}")
-        return int(lib.krex_slot_reap(self._seg, index, pid)) == 1
+        v = ffi.new("struct krex_slot_view *")
+        if int(lib.krex_slot_reap(self._seg, index, v)) != 1:
+            return None
+        return _view(index, v)
 
     @property
     def overflow_pids(self) -> list[int]:
@@ -341,3 +329,24 @@ class Segment:
     def overflow(self) -> int:
         """Processes that found no free slot (gated but invisible to the drain)."""
         return int(self._seg.header.overflow)
+
+
+def _view(index: int, v: Any) -> SlotView:
+    """A SlotView of a struct krex_slot_view (cffi) read from slot `index`."""
+    return SlotView(
+        index=index,
+        state=int(v.state),
+        pid=int(v.pid),
+        tenant=int(v.tenant),
+        gpu=int(v.gpu),
+        gpus=int(v.gpus),
+        in_flight=int(v.in_flight),
+        intercepted=int(v.intercepted),
+        blocked=int(v.blocked),
+        unmatched=int(v.unmatched),
+        ungated=int(v.ungated),
+        drain_req=int(v.drain_req),
+        drain_ack=int(v.drain_ack),
+        alive=bool(v.alive),
+        **{f: int(getattr(v, f)) for f in _MEM_FIELDS},
+    )

@@ -34,18 +34,38 @@ static int gone(const struct krex_slot *s)
     return KREX_LOAD(&s->state) == KREX_SLOT_LIVE && !krex_pid_alive(s->pid, s->start_time);
 }
 
-/* Free a slot whose process died, unless someone else changed it first. */
-static int reap_if_dead(struct krex_slot *s)
+/* Take a slot whose process died (LIVE -> CLAIMING): the caller then owns it, and no shim
+ * claims it meanwhile. A new process may have claimed it between the look and the take (the
+ * slot freed and claimed again): then it is given back untouched. */
+static int take_if_dead(struct krex_slot *s)
 {
     uint32_t live = KREX_SLOT_LIVE;
-    if (KREX_LOAD(&s->state) != KREX_SLOT_LIVE || krex_pid_alive(s->pid, s->start_time))
+    if (KREX_LOAD(&s->state) != KREX_SLOT_LIVE ||
+        krex_pid_alive(KREX_LOAD(&s->pid), KREX_LOAD(&s->start_time)))
         return 0;
     if (!__atomic_compare_exchange_n(&s->state, &live, KREX_SLOT_CLAIMING, 0, __ATOMIC_SEQ_CST,
                                      __ATOMIC_SEQ_CST))
         return 0;
+    if (krex_pid_alive(KREX_LOAD(&s->pid), KREX_LOAD(&s->start_time))) {
+        KREX_STORE(&s->state, KREX_SLOT_LIVE);
+        return 0;
+    }
+    return 1;
+}
+
+static void free_taken(struct krex_slot *s)
+{
     /* A dead process can hold nothing in flight: clear it so nobody waits on it again. */
     KREX_STORE(&s->in_flight, 0);
     KREX_STORE(&s->state, KREX_SLOT_FREE);
+}
+
+/* Free a slot whose process died, unless someone else took it first. */
+static int reap_if_dead(struct krex_slot *s)
+{
+    if (!take_if_dead(s))
+        return 0;
+    free_taken(s);
     return 1;
 }
 
@@ -210,13 +230,17 @@ int krex_slots_reap(struct krex_segment *seg)
     return freed;
 }
 
-int krex_slot_reap(struct krex_segment *seg, uint32_t i, uint32_t pid)
+int krex_slot_reap(struct krex_segment *seg, uint32_t i, struct krex_slot_view *out)
 {
-    if (!seg || i >= seg->header.n_slots)
+    if (!seg || !out || i >= seg->header.n_slots)
         return KREX_E_ARG;
     struct krex_slot *s = &seg->slots[i];
-    /* A new process that took the slot meanwhile is alive: reap_if_dead leaves it alone. */
-    return KREX_LOAD(&s->pid) == pid ? reap_if_dead(s) : 0;
+    if (!take_if_dead(s))
+        return 0;
+    /* Ours: its counters are final and nobody else reads them as unfolded from now on. */
+    krex_slot_read(seg, i, out);
+    free_taken(s);
+    return 1;
 }
 
 int krex_slot_set_tenant(struct krex_segment *seg, uint32_t i, uint32_t pid, uint32_t tenant)

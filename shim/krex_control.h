@@ -50,10 +50,6 @@ int krex_drain_await(struct krex_segment *seg, uint32_t gpu, uint32_t owner,
 
 /* Free the slots of dead processes; returns how many were freed. */
 int krex_slots_reap(struct krex_segment *seg);
-/* Free slot `i` if it is still the live slot of `pid` and that process is dead: 1 if freed, 0
- * if not (alive, or no longer pid's), KREX_E_ARG. The controller frees only slots whose counters
- * it has read: one that died after it looked is left for its next pass, never freed unread. */
-int krex_slot_reap(struct krex_segment *seg, uint32_t i, uint32_t pid);
 /* Re-assign live slot `i` of process `pid` to `tenant` (a pool worker starting or finishing a
  * command): its gate checks and the drain then treat it as that tenant's, and its memory
  * figures (peak, waits, out-of-memory counts) start again from what it holds now. KREX_E_ARG if
@@ -90,6 +86,12 @@ struct krex_slot_view {
     uint32_t reserved2;
 };
 int krex_slot_read(const struct krex_segment *seg, uint32_t i, struct krex_slot_view *out);
+/* Free slot `i` if its process is dead, first copying it into *out (its final counters, for
+ * the controller to fold): 1 if freed, 0 if not (free, alive, or being claimed), KREX_E_ARG.
+ * Taking the slot and a shim's reclaiming it (krex_register) are one compare-and-swap apart,
+ * so a dead process's counters are folded by the controller or carried on by a process of its
+ * tenant that reclaimed its slot, never both (docs/shim.md, "The drain"). */
+int krex_slot_reap(struct krex_segment *seg, uint32_t i, struct krex_slot_view *out);
 
 /* Memory arbitration (docs/memory.md): let the memory waiter of slot `i` retry its allocation
  * (mem_grant += 1, wake), or end its wait with the driver's out-of-memory error once

@@ -307,10 +307,10 @@ def test_accounting_never_frees_a_slot_it_has_not_read(
 def test_accounting_folds_a_dead_slot_once_and_never_one_being_claimed(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A dead process's slot that the pass could not free (changed meanwhile) is folded once,
-    however many passes see it; a slot a new process is claiming (neither alive nor dead) is
-    not folded at all, nor remembered: remembering it as folded lost that new process's
-    counters when it later died."""
+    """A dead process's slot is folded exactly when the pass frees it (krex_slot_reap takes,
+    copies and frees it in one step): one that a new process took first is not folded by the
+    pass (that process carries its counters on), nor is a slot being claimed; remembering
+    either as folded lost counters, folding it twice doubled them."""
     import dataclasses
 
     from conftest import remove_shm, unique
@@ -342,14 +342,56 @@ def test_accounting_folds_a_dead_slot_once_and_never_one_being_claimed(
             assert tenant.intercepted == 0  # being claimed: not final
             assert segs.totals(tenant).intercepted == 0
         with monkeypatch.context() as m:
-            m.setattr(segs.gates, "reap_slot", lambda index, pid: False)  # changed meanwhile
+            m.setattr(segs.gates, "reap_slot", lambda index: None)  # a new process took it
             segs.account({5: tenant}, draining=False)
-            segs.account({5: tenant}, draining=False)
-            assert tenant.intercepted == dead.intercepted  # folded once over two passes
-            assert segs.totals(tenant).intercepted == tenant.intercepted
-        segs.account({5: tenant}, draining=False)  # now it can be freed
+            assert tenant.intercepted == 0
+        segs.account({5: tenant}, draining=False)  # now the pass takes it
         assert tenant.intercepted == dead.intercepted
         assert not segs.gates.slots_of(p.pid)
+        segs.account({5: tenant}, draining=False)
+        assert tenant.intercepted == dead.intercepted  # folded once
+        assert segs.totals(tenant).intercepted == tenant.intercepted
+    finally:
+        segs.close()
+        remove_shm(segs.gates.name)
+
+
+def test_a_process_that_reclaims_a_dead_slot_of_its_tenant_carries_its_counters(
+    node: Node,
+) -> None:
+    """With no free slot, a new process takes a dead process's slot before the controller has
+    read it. Its counters used to be zeroed, and that process's launches (and out-of-memory
+    counts) lost from its tenant's totals; now the new process carries them on."""
+    from conftest import remove_shm, unique
+
+    from krex.model import Tenant
+    from krex.segments import Segments
+
+    segs = Segments(unique("krex-reclaim"), 1, 8, root="krex-test-reclaim")
+    tenant = Tenant(id=5, gpu=0, argv=[], group=None, region_timeout_s=60.0, t_admit=0.0)  # type: ignore[arg-type]
+    try:
+        seg = segs.create(5, 1)  # the tenant's slot segment, of one slot
+        env = node.env(tenant=5, KREX_SHM=segs.gates.name, KREX_SLOTS=segs.name_of(5))
+
+        def submit(n: int) -> int:
+            """A process that makes n launches (and a few other gated calls), then exits."""
+            out = subprocess.run([node.native.program("workload"), "submit", "1", str(n)],
+                                 env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+            assert out.returncode == 0, out.stderr
+            (slot,) = seg.slots()
+            assert slot.dead
+            return slot.intercepted
+
+        first = submit(2000)  # its slot: dead, unread
+        assert first >= 2000
+        # No free slot: the second takes the dead one. Its own calls are far fewer than the
+        # first's, so its slot shows whether the first's were carried on or zeroed.
+        second = submit(5)
+        assert second > first, "the reclaimed slot's counters were zeroed"
+        (final,) = seg.slots()
+        segs.account({5: tenant}, draining=False)
+        assert tenant.intercepted == final.intercepted == second
+        assert not seg.slots()  # freed as it was read
     finally:
         segs.close()
         remove_shm(segs.gates.name)

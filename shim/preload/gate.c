@@ -180,7 +180,11 @@ static int attach(void)
     return 0;
 }
 
-static void fill_slot(struct krex_slot *s, uint32_t pid, uint64_t start)
+/* carry: the slot was a dead process's of our tenant, whose counters the controller never
+ * read (it frees a slot only as it reads it, krex_slot_reap): they carry on in ours, so the
+ * tenant's totals keep them. Its memory peak does not (the region's room step reads a live
+ * process's peak as what it may grow back to). */
+static void fill_slot(struct krex_slot *s, uint32_t pid, uint64_t start, int carry)
 {
     s->pid = pid;
     s->start_time = start;
@@ -188,19 +192,22 @@ static void fill_slot(struct krex_slot *s, uint32_t pid, uint64_t start)
     s->gpu = (uint32_t)(krex_my_gate - seg->gates);
     s->gpus = my_gpu_mask;
     KREX_STORE(&s->in_flight, 0);
-    KREX_STORE(&s->intercepted, 0);
-    KREX_STORE(&s->blocked, 0);
-    KREX_STORE(&s->unmatched, 0);
+    KREX_STORE(&s->ungated, 0);
+    if (!carry) {
+        KREX_STORE(&s->intercepted, 0);
+        KREX_STORE(&s->blocked, 0);
+        KREX_STORE(&s->unmatched, 0);
+        KREX_STORE(&s->mem_wait_ns, 0);
+        KREX_STORE(&s->mem_waits, 0);
+        KREX_STORE(&s->mem_oom_alone, 0);
+        KREX_STORE(&s->mem_oom_shared, 0);
+    }
     /* Device memory (1.2): a new process holds nothing yet. mem_grant and mem_release are the
      * controller's words: a wait compares them with what it read as it began, never with 0. */
     KREX_STORE(&s->mem_bytes, 0);
     KREX_STORE(&s->mem_peak, 0);
     KREX_STORE(&s->mem_want, 0);
     KREX_STORE(&s->mem_since_ns, 0);
-    KREX_STORE(&s->mem_wait_ns, 0);
-    KREX_STORE(&s->mem_waits, 0);
-    KREX_STORE(&s->mem_oom_alone, 0);
-    KREX_STORE(&s->mem_oom_shared, 0);
     /* An old request is not ours to answer. */
     KREX_STORE(&s->drain_ack, KREX_LOAD(&s->drain_req));
     KREX_STORE(&s->state, KREX_SLOT_LIVE);
@@ -210,20 +217,27 @@ static struct krex_slot *claim_slot(void)
 {
     uint32_t pid = (uint32_t)getpid();
     uint64_t start = krex_proc_start_time(pid);
-    /* First a free slot; then one whose process is gone (its pid, or its start time). */
-    for (int pass = 0; pass < 2; pass++) {
+    /* First a free slot; then one whose process is gone (its pid, or its start time): one of
+     * our tenant's first, whose counters carry on in ours; then anyone's, whose are lost. */
+    for (int pass = 0; pass < 3; pass++) {
         for (uint32_t i = 0; i < slots_seg->header.n_slots; i++) {
             struct krex_slot *s = &slots_seg->slots[i];
             uint32_t expect = pass == 0 ? KREX_SLOT_FREE : KREX_SLOT_LIVE;
             if (KREX_LOAD(&s->state) != expect)
                 continue;
-            if (pass == 1 && krex_pid_alive(s->pid, s->start_time))
+            if (pass > 0 && (krex_pid_alive(KREX_LOAD(&s->pid), KREX_LOAD(&s->start_time)) ||
+                             (pass == 1 && KREX_LOAD(&s->tenant) != krex_my_tenant)))
                 continue;
-            if (__atomic_compare_exchange_n(&s->state, &expect, KREX_SLOT_CLAIMING, 0,
-                                            __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
-                fill_slot(s, pid, start);
-                return s;
+            if (!__atomic_compare_exchange_n(&s->state, &expect, KREX_SLOT_CLAIMING, 0,
+                                             __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+                continue;
+            /* Freed and claimed by a new process between the look and the CAS: not ours. */
+            if (pass > 0 && krex_pid_alive(KREX_LOAD(&s->pid), KREX_LOAD(&s->start_time))) {
+                KREX_STORE(&s->state, KREX_SLOT_LIVE);
+                continue;
             }
+            fill_slot(s, pid, start, pass == 1 && KREX_LOAD(&s->tenant) == krex_my_tenant);
+            return s;
         }
     }
     return NULL;

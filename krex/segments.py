@@ -164,8 +164,7 @@ class Segments:
                 # was freed. None: a process of the tenant reclaimed it first and carries its
                 # counters on in its own (shim/preload/gate.c), or it was freed already.
                 final = seg.reap_slot(s.index)
-                owner = tenants.get(final.tenant) if final is not None else None
-                if final is not None and owner is not None:
+                if final is not None and (owner := tenants.get(final.tenant)) is not None:
                     _fold(owner, final)
         for seg in [] if draining or self.closed else list(self.orphans):
             if not _in_use(seg):

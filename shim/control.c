@@ -34,25 +34,6 @@ static int gone(const struct krex_slot *s)
     return KREX_LOAD(&s->state) == KREX_SLOT_LIVE && !krex_pid_alive(s->pid, s->start_time);
 }
 
-/* Take a slot whose process died (LIVE -> CLAIMING): the caller then owns it, and no shim
- * claims it meanwhile. A new process may have claimed it between the look and the take (the
- * slot freed and claimed again): then it is given back untouched. */
-static int take_if_dead(struct krex_slot *s)
-{
-    uint32_t live = KREX_SLOT_LIVE;
-    if (KREX_LOAD(&s->state) != KREX_SLOT_LIVE ||
-        krex_pid_alive(KREX_LOAD(&s->pid), KREX_LOAD(&s->start_time)))
-        return 0;
-    if (!__atomic_compare_exchange_n(&s->state, &live, KREX_SLOT_CLAIMING, 0, __ATOMIC_SEQ_CST,
-                                     __ATOMIC_SEQ_CST))
-        return 0;
-    if (krex_pid_alive(KREX_LOAD(&s->pid), KREX_LOAD(&s->start_time))) {
-        KREX_STORE(&s->state, KREX_SLOT_LIVE);
-        return 0;
-    }
-    return 1;
-}
-
 static void free_taken(struct krex_slot *s)
 {
     /* A dead process can hold nothing in flight: clear it so nobody waits on it again. */
@@ -63,7 +44,7 @@ static void free_taken(struct krex_slot *s)
 /* Free a slot whose process died, unless someone else took it first. */
 static int reap_if_dead(struct krex_slot *s)
 {
-    if (!take_if_dead(s))
+    if (!krex_slot_take_dead(s))
         return 0;
     free_taken(s);
     return 1;
@@ -235,7 +216,7 @@ int krex_slot_reap(struct krex_segment *seg, uint32_t i, struct krex_slot_view *
     if (!seg || !out || i >= seg->header.n_slots)
         return KREX_E_ARG;
     struct krex_slot *s = &seg->slots[i];
-    if (!take_if_dead(s))
+    if (!krex_slot_take_dead(s))
         return 0;
     /* Ours: its counters are final and nobody else reads them as unfolded from now on. */
     krex_slot_read(seg, i, out);

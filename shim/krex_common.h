@@ -28,6 +28,10 @@ uint64_t krex_now_ns(void);
 uint64_t krex_proc_start_time(uint32_t pid);
 /* A slot's process is alive: pid exists and still has the recorded start time. */
 int krex_pid_alive(uint32_t pid, uint64_t start_time);
+/* Take a slot whose process died (LIVE -> CLAIMING): 1 if the caller now owns it (no one else
+ * claims a slot being claimed), 0 if not. The controller takes one to fold and free it, a shim
+ * with no free slot to reuse it. */
+int krex_slot_take_dead(struct krex_slot *s);
 
 int krex_seg_init(void *base, uint64_t size, uint32_t n_gpus, uint32_t n_slots);
 int krex_seg_check(const void *base, uint64_t size);

@@ -99,3 +99,20 @@ int krex_pid_alive(uint32_t pid, uint64_t start_time)
         return 0;
     return started == start_time;
 }
+
+int krex_slot_take_dead(struct krex_slot *s)
+{
+    uint32_t live = KREX_SLOT_LIVE;
+    if (KREX_LOAD(&s->state) != KREX_SLOT_LIVE ||
+        krex_pid_alive(KREX_LOAD(&s->pid), KREX_LOAD(&s->start_time)))
+        return 0;
+    if (!__atomic_compare_exchange_n(&s->state, &live, KREX_SLOT_CLAIMING, 0, __ATOMIC_SEQ_CST,
+                                     __ATOMIC_SEQ_CST))
+        return 0;
+    /* Freed and claimed again by a new process between the look and the CAS: give it back. */
+    if (krex_pid_alive(KREX_LOAD(&s->pid), KREX_LOAD(&s->start_time))) {
+        KREX_STORE(&s->state, KREX_SLOT_LIVE);
+        return 0;
+    }
+    return 1;
+}

@@ -222,22 +222,19 @@ static struct krex_slot *claim_slot(void)
     for (int pass = 0; pass < 3; pass++) {
         for (uint32_t i = 0; i < slots_seg->header.n_slots; i++) {
             struct krex_slot *s = &slots_seg->slots[i];
-            uint32_t expect = pass == 0 ? KREX_SLOT_FREE : KREX_SLOT_LIVE;
-            if (KREX_LOAD(&s->state) != expect)
-                continue;
-            if (pass > 0 && (krex_pid_alive(KREX_LOAD(&s->pid), KREX_LOAD(&s->start_time)) ||
-                             (pass == 1 && KREX_LOAD(&s->tenant) != krex_my_tenant)))
-                continue;
-            if (!__atomic_compare_exchange_n(&s->state, &expect, KREX_SLOT_CLAIMING, 0,
-                                             __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
-                continue;
-            /* Freed and claimed by a new process between the look and the CAS: not ours. */
-            if (pass > 0 && krex_pid_alive(KREX_LOAD(&s->pid), KREX_LOAD(&s->start_time))) {
-                KREX_STORE(&s->state, KREX_SLOT_LIVE);
-                continue;
+            uint32_t free_state = KREX_SLOT_FREE;
+            int taken;
+            if (pass == 0)
+                taken = KREX_LOAD(&s->state) == KREX_SLOT_FREE &&
+                        __atomic_compare_exchange_n(&s->state, &free_state, KREX_SLOT_CLAIMING,
+                                                    0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+            else
+                taken = (pass == 2 || KREX_LOAD(&s->tenant) == krex_my_tenant) &&
+                        krex_slot_take_dead(s);
+            if (taken) {
+                fill_slot(s, pid, start, pass > 0 && KREX_LOAD(&s->tenant) == krex_my_tenant);
+                return s;
             }
-            fill_slot(s, pid, start, pass == 1 && KREX_LOAD(&s->tenant) == krex_my_tenant);
-            return s;
         }
     }
     return NULL;

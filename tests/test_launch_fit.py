@@ -25,8 +25,9 @@ def test_a_mode_that_adds_one_per_cent_shows_it_once_the_launch_is_fitted_out() 
     runs = [run("exclusive", u) for u in (25, 40, 60, 90)]
     runs += [run("krex", u, 1.01) for u in (30, 80)]
     runs.append({"mode": "krex", "parts": {"cudnn": {"ms": 2.0}}})  # no kernelbench: skipped
+    runs.append(run("unprotected", 150, 11.0))  # a shared GPU's reading: not in the line
     out = fitter().fit(fitter().points([{"runs": runs}]))
-    assert out["runs"] == 6 and out["correlation"] > 0.8
+    assert out["runs"] == 6 and out["correlation"] > 0.8 and "unprotected" not in out["modes"]
     ex, kx = out["modes"]["exclusive"], out["modes"]["krex"]
     assert kx["residual_mean_pct"] - ex["residual_mean_pct"] == pytest.approx(1.0, abs=0.05)
     assert ex["launch_us_range"] == [25, 90] and kx["runs"] == 2
@@ -53,8 +54,12 @@ def test_a_part_that_runs_slower_on_a_hotter_gpu_correlates_with_its_start_tempe
     runs = [row("exclusive", t, c) for t, c in ((50, 1600), (54, 1500))]
     runs += [row("exclusive-frozen", t, c) for t, c in ((42, 1935), (45, 1920))]
     runs.append({"mode": "krex", "parts": {"kb63_conv2d": {"ms": 6.9}}})  # no samples: left out
+    shared = row("unprotected", 40, 1900)  # cool, but 40x slow: its siblings' work
+    shared["parts"]["kb63_conv2d"]["ms"] *= 40
+    runs.append(shared)
     out = fitter().telemetry([{"runs": runs}], "kb63_conv2d")
-    assert out["runs"] == 4 and out["corr_ms_start_temp"] == pytest.approx(1.0)
+    assert out["runs"] == 4 and "unprotected" not in out["modes"]
+    assert out["corr_ms_start_temp"] == pytest.approx(1.0)
     assert out["corr_ms_min_clock"] < -0.9
     assert out["modes"]["exclusive-frozen"]["start_temp_c_range"] == [42, 45]
     assert out["modes"]["exclusive"]["min_sm_clock_mhz_range"] == [1500, 1600]

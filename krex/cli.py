@@ -37,9 +37,12 @@ class Seconds(click.ParamType):  # type: ignore[type-arg]  # generic from click 
         if self.zero and seconds == 0:
             return 0.0
         if not (math.isfinite(seconds) and seconds > 0 and self.least <= seconds <= self.most):
-            low = f"at least {self.least:g}" if self.least else "more than 0"
-            low = f"0 or {low}" if self.zero else low
-            self.fail(f"{value!r}: seconds must be {low} and at most {self.most:g}", param, ctx)
+            if self.zero and not self.least:  # 0 itself is allowed: a plain range reads right
+                rule = f"from 0 to {self.most:g}"
+            else:
+                low = f"at least {self.least:g}" if self.least else "more than 0"
+                rule = f"{'0 or ' if self.zero else ''}{low} and at most {self.most:g}"
+            self.fail(f"{value!r}: seconds must be {rule}", param, ctx)
         return seconds
 
 

@@ -106,6 +106,8 @@ def test_a_settle_that_is_not_0_to_5_seconds_is_a_usage_error(value: str, nowher
     p = krex("run", "--settle", value, "--socket", nowhere, "--", "true")
     assert p.returncode == 2, p.stderr
     assert "Invalid value for '--settle'" in p.stderr and value in p.stderr, p.stderr
+    if value != "x":
+        assert "seconds must be from 0 to 5" in p.stderr, p.stderr
 
 
 # 2. A bad configuration file: one line naming the key (and the type expected), never a traceback.

@@ -677,7 +677,7 @@ class Daemon:
             await asyncio.sleep(1.0)
             self._account()
             self._sample_nvml()
-            self.machinery.sample_power()
+            self.machinery.tick()
             self.pool.end_leftovers()
             for g in self.gpus:
                 self.metrics.levels(

@@ -7,8 +7,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Protocol
 
 from krex import simnode
@@ -27,6 +29,37 @@ log = logging.getLogger("krex.daemon")
 _SETTLE_TRIES = 200
 # A region settles (regions.settle_s) only after siblings' work this recent on its GPU.
 SETTLE_LOOKBACK_S = 1.0
+_SUBMITS_KEEP_S = 3.0  # ticks kept: enough for one at or before SETTLE_LOOKBACK_S ago
+
+
+class SubmitHistory:
+    """Each live process's count of intercepted driver calls (its slot's `intercepted`), noted
+    at the daemon's once-a-second tick: whether a sibling submitted work to the GPU lately,
+    where NVML cannot say (no NVML, the simulated GPU; under MPS its samples name the server,
+    not the client). A count that moved since the newest tick at least `since` ago did so in
+    the last one to two seconds. Noted on the event loop, read from the executor: locked."""
+
+    def __init__(self) -> None:
+        self._ticks: deque[tuple[float, dict[tuple[int, int], int]]] = deque()
+        self._lock = threading.Lock()
+
+    def note(self, t: float, slots: Iterable[SlotView]) -> None:
+        snap = {(s.tenant, s.pid): s.intercepted for s in slots if s.alive}
+        with self._lock:
+            self._ticks.append((t, snap))
+            while self._ticks and t - self._ticks[0][0] > _SUBMITS_KEEP_S:
+                self._ticks.popleft()
+
+    def moved(self, slots: Iterable[SlotView], since: float) -> bool:
+        """Whether any of these processes' counts differ from the newest tick at or before
+        `since` (monotonic); a process that tick did not know counts from 0 (it is newer, or
+        the daemon is): any call of it is recent."""
+        base: dict[tuple[int, int], int] = {}
+        with self._lock:
+            for t, snap in self._ticks:
+                if t <= since:
+                    base = snap
+        return any(s.intercepted != base.get((s.tenant, s.pid), 0) for s in slots)
 
 
 def _on(s: SlotView, gpu: int) -> bool:
@@ -75,7 +108,8 @@ class Machinery(Protocol):
 
     def settle_gpu(self, gpu: int, siblings: list[Tenant], settle_s: float) -> float:
         """Step 5b: idle settle_s where the platform saw any of `siblings` work on the GPU in
-        the last SETTLE_LOOKBACK_S; returns the seconds idled. Blocking."""
+        the last SETTLE_LOOKBACK_S (or submit to it, in the last one to two seconds); returns
+        the seconds idled. Blocking."""
 
     def has_processes(self, tenant: Tenant) -> bool:
         """Whether the tenant's group holds any process (an empty pool is not frozen)."""
@@ -111,9 +145,12 @@ class NodeMachinery:
         # The memory arbiter's room step (krex/memory.py); set by the daemon once it has one.
         self.room: Callable[[int, int], Awaitable[float]] | None = None
         self.power = PowerHistory()
+        self.submits = SubmitHistory()
 
-    def sample_power(self) -> None:
-        """Note each GPU's energy counter (the daemon's once-a-second tick)."""
+    def tick(self) -> None:
+        """Note each GPU's energy counter and each process's intercepted calls (the daemon's
+        once-a-second tick)."""
+        self.submits.note(time.monotonic(), (s for _, s in self.segments.live_slots()))
         if self.nvml is None:
             return
         for g in self.gpus:
@@ -170,16 +207,24 @@ class NodeMachinery:
         tenant.group.pin(cores)
 
     def settle_gpu(self, gpu: int, siblings: list[Tenant], settle_s: float) -> float:
-        # NVML's process samples come about every 1/6 s; without them (no NVML, the simulated
-        # GPU) there is nothing to say the siblings worked, and no settle.
-        if self.nvml is None or settle_s <= 0:
-            return 0.0
-        active = self.nvml.active(gpu, time.time() - SETTLE_LOOKBACK_S)
-        if not active & {p for s in siblings for p in self._pids(s)}:
+        if settle_s <= 0 or not self._worked(gpu, siblings):
             return 0.0
         t0 = time.monotonic()
         time.sleep(settle_s)
         return time.monotonic() - t0
+
+    def _worked(self, gpu: int, siblings: list[Tenant]) -> bool:
+        """Whether the siblings worked on the GPU lately: NVML's process samples (about every
+        1/6 s) of the last SETTLE_LOOKBACK_S name one of their processes, or one of their
+        processes on the GPU made a driver call the shim counted since the tick at least that
+        long ago (without NVML, and under MPS, where NVML names the server)."""
+        if self.nvml is not None:
+            active = self.nvml.active(gpu, time.time() - SETTLE_LOOKBACK_S)
+            if active & {p for s in siblings for p in self._pids(s)}:
+                return True
+        ids = {s.id for s in siblings}
+        mine = [s for _, s in self.segments.live_slots() if s.tenant in ids and _on(s, gpu)]
+        return self.submits.moved(mine, time.monotonic() - SETTLE_LOOKBACK_S)
 
     def has_processes(self, tenant: Tenant) -> bool:
         return bool(tenant.group.pids())

@@ -127,6 +127,52 @@ def test_owner_killed_inside_a_region_releases_it_within_a_second(daemon: Daemon
         sib.stop()
 
 
+# A sibling on the simulated GPU: `busy` launches 1 ms kernels back to back, `idle` launches one
+# and then only sleeps (it keeps its slot, with calls counted long ago).
+SIM_SIBLING = textwrap.dedent("""
+    import sys, time
+    from krex.simgpu import SimGPU
+    g = SimGPU()
+    g.launch(1000)
+    g.sync()
+    print("ready", flush=True)
+    while sys.argv[1] == "busy":
+        g.launch(1_000_000)
+        g.sync()
+    time.sleep(120)
+""")
+
+
+def test_a_region_settles_where_a_sibling_just_submitted_without_nvml(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    """`krex run --settle S` on the simulated GPU (no NVML): the shim's count of a sibling's
+    calls says it just worked, and the region idles S before its grant (the record's
+    settle_s); beside a sibling whose last call was seconds ago it does not."""
+
+    def region_settle(i: int) -> float:
+        report = tmp_path / f"settle-{i}.json"
+        argv = [*run_argv(daemon), "--settle", "0.3", "--report", str(report), "--"]
+        p = subprocess.run(
+            [*argv, sys.executable, "-c", HOLDER, "0.05"], capture_output=True, timeout=60
+        )
+        assert p.returncode == 0, p.stderr
+        (reg,) = json.loads(report.read_text())["regions"]
+        assert reg["clean"], reg
+        return float(reg["settle_s"])
+
+    for kind, settles in (("busy", True), ("idle", False)):
+        sib = krex_run(daemon, sys.executable, "-c", SIM_SIBLING, kind, stdout=subprocess.PIPE)
+        try:
+            assert sib.stdout is not None and sib.stdout.readline().strip() == "ready"
+            time.sleep(2.5)  # two of the daemon's ticks: the idle one's call is older than both
+            settled = region_settle(int(settles))
+            assert (settled >= 0.3) if settles else (settled == 0.0), (kind, settled)
+        finally:
+            sib.kill()
+            sib.wait(timeout=30)
+
+
 def test_a_region_past_its_time_out_is_revoked_and_reported(daemon: Daemon, tmp_path: Path) -> None:
     sib = Counter(daemon)
     try:

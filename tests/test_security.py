@@ -471,7 +471,7 @@ def test_a_foreign_process_that_starts_during_the_region_makes_it_unclean(
 class _Slot:
     def __init__(self, pid: int, tenant: int, ungated: bool = False) -> None:
         self.pid, self.tenant, self.ungated = pid, tenant, ungated
-        self.alive, self.gpu, self.gpus = True, 0, 1
+        self.alive, self.gpu, self.gpus, self.intercepted = True, 0, 1, 0
 
 
 class _Group:
@@ -532,7 +532,8 @@ def test_a_settle_waits_only_where_nvml_saw_a_frozen_sibling_work() -> None:
     sibling = SimpleNamespace(id=2, group=_Group([4242]))
     nvml = SimpleNamespace(active=lambda gpu, since: set(seen))
     cfg = SimpleNamespace(sim=False)
-    m = NodeMachinery(cfg, [], SimpleNamespace(), nvml)  # type: ignore[arg-type]
+    no_slots = SimpleNamespace(live_slots=lambda: [])
+    m = NodeMachinery(cfg, [], no_slots, nvml)  # type: ignore[arg-type]
     assert m.settle_gpu(0, [sibling], 0.2) == 0.0  # type: ignore[list-item]
     seen.add(999)  # someone else's work: not the siblings'
     assert m.settle_gpu(0, [sibling], 0.2) == 0.0  # type: ignore[list-item]
@@ -540,5 +541,40 @@ def test_a_settle_waits_only_where_nvml_saw_a_frozen_sibling_work() -> None:
     t0 = time.monotonic()
     waited = m.settle_gpu(0, [sibling], 0.2)  # type: ignore[list-item]
     assert 0.2 <= waited <= time.monotonic() - t0
-    blind = NodeMachinery(cfg, [], SimpleNamespace(), None)  # type: ignore[arg-type]
+    blind = NodeMachinery(cfg, [], no_slots, None)  # type: ignore[arg-type]
     assert blind.settle_gpu(0, [sibling], 0.2) == 0.0  # type: ignore[list-item]
+
+
+def test_a_settle_waits_where_the_shim_counted_a_sibling_s_calls_since_a_second_ago() -> None:
+    """Without NVML (the simulated GPU), or where it names the MPS server instead of its
+    clients, the shim's per-process count of intercepted calls says whether a sibling
+    submitted lately: settle when one of its processes on the GPU counted a call since the
+    daemon's tick at least SETTLE_LOOKBACK_S ago, or is newer than that tick; not for another
+    tenant's calls, another GPU's, or calls counted before that tick."""
+    from types import SimpleNamespace
+
+    from krex import machinery
+    from krex.machinery import NodeMachinery
+
+    sib, other = _Slot(4242, 2), _Slot(5151, 3)
+    sib.intercepted = other.intercepted = 10
+    slots = [sib, other]
+    segments = SimpleNamespace(live_slots=lambda: [(None, s) for s in slots])
+    sibling = SimpleNamespace(id=2, group=_Group([4242]))
+    cfg = SimpleNamespace(sim=False)
+    m = NodeMachinery(cfg, [], segments, None)  # type: ignore[arg-type]
+
+    def settle() -> float:
+        return m.settle_gpu(0, [sibling], 0.05)  # type: ignore[list-item]
+
+    assert settle() > 0  # no tick yet: its 10 calls are all newer than the daemon's ticks
+    old = time.monotonic() - machinery.SETTLE_LOOKBACK_S - 0.1
+    m.submits.note(old, (s for _, s in segments.live_slots()))
+    m.submits.note(time.monotonic(), (s for _, s in segments.live_slots()))
+    assert settle() == 0.0  # nothing since the tick a second ago
+    other.intercepted += 5  # another tenant's calls
+    assert settle() == 0.0
+    sib.gpu, sib.gpus, sib.intercepted = 1, 2, 11  # its calls, on another GPU
+    assert settle() == 0.0
+    sib.gpu, sib.gpus = 0, 1
+    assert settle() >= 0.05  # one call since the tick a second ago, on this GPU

@@ -223,6 +223,7 @@ class Daemon:
         """Serve until SIGTERM or SIGINT; then thaw everything, open every gate, and exit."""
         if self.cfg.mps and not self.cfg.sim:
             self.mps = Mps.start(self.socket.parent / f"mps-{self.root}")
+            self.machinery.helper = self.mps.owns
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
         self._stopping = asyncio.Event()

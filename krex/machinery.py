@@ -144,6 +144,9 @@ class NodeMachinery:
         self.sim_shm = simnode.segment_name(segments.gates.name) if cfg.sim else None
         # The memory arbiter's room step (krex/memory.py); set by the daemon once it has one.
         self.room: Callable[[int, int], Awaitable[float]] | None = None
+        # Whether a pid is a helper of krex's own on the GPU (its MPS server, krex/mps.py):
+        # not foreign, and its work is the tenants' (set by the daemon when it starts MPS).
+        self.helper: Callable[[int], bool] = lambda pid: False
         self.power = PowerHistory()
         self.submits = SubmitHistory()
 
@@ -259,7 +262,11 @@ class NodeMachinery:
             active = self.nvml.active(gpu, since)
             if active:
                 gated = {s.pid for s in slots if not s.ungated and s.tenant != owner.id}
-                others = [p for p in unvouched(active, set(self._pids(owner)), gated) if running(p)]
+                others = [
+                    p
+                    for p in unvouched(active, set(self._pids(owner)), gated)
+                    if running(p) and not self.helper(p)
+                ]
                 if others:
                     problems.append(
                         f"GPU work of process(es) {others} on GPU {gpu} during the region "
@@ -277,7 +284,7 @@ class NodeMachinery:
         ours = {os.getpid(), *(w.proc.pid for w in g.pool)}
         for t in [*g.tenants, *([g.pool_tenant] if g.pool_tenant else [])]:
             ours.update(self._pids(t))
-        return {p for p in users - ours if running(p)}
+        return {p for p in users - ours if running(p) and not self.helper(p)}
 
     def _slotless(self, gpu: int, users: set[int], slotted: set[int]) -> dict[int, list[int]]:
         """Per tenant of the GPU, its processes that use it but hold no live slot (`slotted`:

@@ -15,6 +15,7 @@ from krex.config import ConfigError
 log = logging.getLogger("krex.daemon")
 
 _CONTROL = "nvidia-cuda-mps-control"
+SERVER = "nvidia-cuda-mps-server"  # the process that runs every client's work on the GPU
 
 
 class Mps:
@@ -40,6 +41,25 @@ class Mps:
             "CUDA_MPS_PIPE_DIRECTORY": str(self.directory / "pipe"),
             "CUDA_MPS_LOG_DIRECTORY": str(self.directory / "log"),
         }
+
+    def owns(self, pid: int) -> bool:
+        """Whether pid is this daemon's MPS server: the server's binary, run by our user, with
+        our pipe directory in its environment or its parent's (the control daemon we started).
+        NVML lists it as the GPU's user and its samples show it working for every client; the
+        clients, not it, are gated, drained and frozen, so it is not a foreign process."""
+        proc = Path("/proc", str(pid))
+        try:
+            if os.path.basename(os.readlink(proc / "exe")) != SERVER:
+                return False
+            if proc.stat().st_uid != os.geteuid():
+                return False
+            ours = f"CUDA_MPS_PIPE_DIRECTORY={self.directory / 'pipe'}".encode()
+            if ours in (proc / "environ").read_bytes().split(b"\0"):
+                return True
+            parent = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
+            return ours in Path("/proc", parent, "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            return False
 
     def stop(self) -> None:
         control = shutil.which(_CONTROL)

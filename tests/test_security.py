@@ -482,6 +482,60 @@ class _Group:
         return self._pids
 
 
+def test_the_daemon_s_own_mps_server_is_not_foreign_nor_its_work_unvouched(
+    tmp_path: Path,
+) -> None:
+    """Under `[mps] enabled`, NVML lists the MPS server krex started as the GPU's user and its
+    samples show it working for every client (on the H200 every region was called unclean for
+    it, docs/results/h200-settle/). Mps.owns knows it: the server's binary, our user, our pipe
+    directory in its environment or its parent's (the control daemon). A process with another
+    pipe directory, or another binary with ours, is still foreign."""
+    from types import SimpleNamespace
+
+    from krex.machinery import NodeMachinery
+    from krex.mps import SERVER, Mps
+
+    sleep = shutil.which("sleep")
+    assert sleep is not None
+    server = tmp_path / SERVER
+    shutil.copy(sleep, server)  # a binary of the server's name (exe is what is read)
+    mps = Mps(tmp_path / "mps")
+    ours = {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "mps" / "pipe")}
+    theirs = {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps"}
+    procs = [
+        subprocess.Popen([str(server), "30"], env=ours),
+        subprocess.Popen([str(server), "30"], env=theirs),
+        subprocess.Popen([sleep, "30"], env=ours),
+        # the control daemon's child, with an environment of its own: ours by its parent
+        subprocess.Popen(["sh", "-c", f"env -i {server} 30; :"], env=ours),
+    ]
+    try:
+        time.sleep(0.3)
+        child = int(subprocess.run(["pgrep", "-P", str(procs[3].pid)], capture_output=True,
+                                   text=True, check=True).stdout.split()[0])  # fmt: skip
+        assert [mps.owns(p.pid) for p in procs[:3]] == [True, False, False]
+        assert mps.owns(child) and not mps.owns(procs[3].pid)  # sh is not the server
+        helper, other = procs[0].pid, procs[1].pid
+        owner = SimpleNamespace(id=1, group=_Group([]))
+        nvml = SimpleNamespace(
+            active=lambda gpu, since: {helper, other}, processes=lambda gpu: {helper, other}
+        )
+        gpu = SimpleNamespace(tenants=[owner], pool=[], pool_tenant=None)
+        segments = SimpleNamespace(live_slots=lambda: [])
+        cfg = SimpleNamespace(sim=False)
+        m = NodeMachinery(cfg, [gpu], segments, nvml)  # type: ignore[arg-type,list-item]
+        m.helper = mps.owns
+        assert m.foreign(0) == {other}
+        problems = m.audit(0, owner, since=time.time() - 1)  # type: ignore[arg-type]
+        assert problems and all(str(helper) not in p for p in problems), problems
+        assert any(str(other) in p for p in problems if "foreign" in p), problems
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        subprocess.run(["pkill", "-f", str(server)], check=False)
+
+
 def test_nvml_samples_never_blame_a_drained_sibling_but_name_the_rest() -> None:
     """NVML's process samples cover about 1/6 s each, so one that overlaps the grant shows a
     sibling's work from before it: on the H200, 7-8 of 31 short autotuning regions beside 7

@@ -5,8 +5,8 @@ the GPU lately: NVML's process samples name them, or the shim counted a driver c
 since the daemon's tick a second or more ago (krex/machinery.py, `SubmitHistory`). Under MPS
 NVML may name the server, not its clients; the shim's counts do not depend on it. For each
 sharing mode: the owner (scripts/gpu/owner.py, 2 regions) beside 3 busy siblings, then beside
-one that worked once and idles; each region's `settle_s`, and which pids NVML's samples of the
-busy phase named (the siblings', or others: the MPS server).
+one that worked once and idles; each region's `settle_s` and clean flag, and which pids NVML's
+samples of the busy phase named (the siblings', or others: the MPS server, krex's own).
 
     python3 scripts/gpu/settle_check.py --out DIR
 """
@@ -41,13 +41,15 @@ def _started(cmd: list[str]) -> subprocess.Popen[str]:
     return p
 
 
-def _owner(run: list[str], report: Path) -> list[float]:
+def _owner(run: list[str], report: Path) -> list[dict[str, Any]]:
+    """Each region's settle_s, clean flag and problems."""
     argv = [*run, "--settle", SETTLE_S, "--report", str(report), "--"]
     p = subprocess.run([*argv, sys.executable, str(HERE / "owner.py"), "2"], timeout=180)
     if p.returncode != 0:
         raise RuntimeError(f"the owner exited {p.returncode}")
     regions = json.loads(report.read_text())["regions"]
-    return [round(float(r.get("settle_s", -1)), 3) for r in regions]
+    keep = ("settle_s", "clean", "problems")
+    return [{k: r[k] for k in keep if k in r} for r in regions]
 
 
 def phase(sharing: str, out: Path) -> dict[str, Any]:
@@ -78,13 +80,13 @@ def phase(sharing: str, out: Path) -> dict[str, Any]:
             trees = {int(x) for s in sibs for x in _tree(s.pid)}
             res["nvml_named_siblings"] = sorted(named & trees)
             res["nvml_named_others"] = sorted(named - trees)
-        res["busy_settle_s"] = _owner(run, tmp / "busy.json")
+        res["busy"] = _owner(run, tmp / "busy.json")
         for s in sibs:
             s.kill()
             s.wait(timeout=60)
         sibs = [_started([*run, "--", sys.executable, "-c", IDLE])]
         time.sleep(3)  # past two of the daemon's ticks
-        res["idle_settle_s"] = _owner(run, tmp / "idle.json")
+        res["idle"] = _owner(run, tmp / "idle.json")
     except (RuntimeError, OSError, subprocess.SubprocessError, ValueError, KeyError) as e:
         res["error"] = f"{type(e).__name__}: {e}"
     finally:
@@ -116,10 +118,11 @@ def main() -> int:
     }
     ok = all(
         "error" not in p
-        and p["busy_settle_s"]
-        and all(x >= float(SETTLE_S) for x in p["busy_settle_s"])
-        and p["idle_settle_s"]
-        and all(x == 0.0 for x in p["idle_settle_s"])
+        and p["busy"]
+        and p["idle"]
+        and all(r["settle_s"] >= float(SETTLE_S) for r in p["busy"])
+        and all(r["settle_s"] == 0.0 for r in p["idle"])
+        and all(r["clean"] for r in p["busy"] + p["idle"])
         for p in doc["phases"]
     )
     doc["ok"] = ok

@@ -63,7 +63,8 @@ def bench() -> None:
     default="exclusive,shared,krex",
     show_default=True,
     help="Comma-separated: exclusive (also gives native_repeat), shared, krex, krex-cold (krex "
-    "with no warm workers), krex-serial (one at a time through krex).",
+    "with no warm workers), krex-settle (krex with --settle), krex-serial (one at a time "
+    "through krex).",
 )
 @click.option(
     "--concurrency",
@@ -97,8 +98,23 @@ def bench() -> None:
     help="Warm workers per GPU in the krex mode (default: the daemon's: slots on a real GPU, "
     "none on the simulated one). krex-cold never has any.",
 )
+@click.option(
+    "--settle",
+    "settle_s",
+    type=Seconds(most=MAX_SETTLE_S),
+    default=0.4,
+    show_default=True,
+    help="The krex-settle mode's `krex run --settle`: seconds each region idles after the "
+    "freeze where the other commands worked on the GPU lately.",
+)
 def bench_run(
-    modes: str, concurrency: int, out_dir: Path, profile: str, tasks: str | None, pool: int | None
+    modes: str,
+    concurrency: int,
+    out_dir: Path,
+    profile: str,
+    tasks: str | None,
+    pool: int | None,
+    settle_s: float,
 ) -> None:
     """Run the suite in each mode and report throughput and fidelity side by side."""
     from krex.bench import runner
@@ -108,7 +124,14 @@ def bench_run(
     try:
         chosen = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
         results = runner.run(
-            runner.parse_modes(modes), concurrency, out_dir, profile, command, chosen, pool
+            runner.parse_modes(modes),
+            concurrency,
+            out_dir,
+            profile,
+            command,
+            chosen,
+            pool,
+            settle_s=settle_s,
         )
     except (runner.BenchError, SuiteError) as e:
         click.echo(f"krex bench: {e}", err=True)

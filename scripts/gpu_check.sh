@@ -39,7 +39,8 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # (scripts/bench/launch_probe.py; AUTOTUNE_SLICE too), preload-probe
 # (scripts/gpu/preload_probe.py), SECURITY_CASES picks security's,
 # bench (krex bench run: BENCH_PROFILE, default quick; BENCH_CONCURRENCY, default 8;
-# BENCH_TASKS, default all; BENCH_MODES, default exclusive,shared,krex),
+# BENCH_TASKS, default all; BENCH_MODES, default exclusive,shared,krex; BENCH_SETTLE, the
+# krex-settle mode's seconds),
 # mgpu-native and mgpu-krex (scripts/bench/multi_gpu.py on a node of two GPUs: the native
 # baselines on both GPUs, then krex over both; mgpu-krex reads MGPU_NATIVE, the first's
 # native.json; MGPU_TASKS picks tasks), mgpu-memory (scripts/bench/memory_check.py --gpus 2:
@@ -163,6 +164,7 @@ if [[ " $PARTS " == *" bench "* ]]; then
     args=(--profile "${BENCH_PROFILE:-quick}" --concurrency "${BENCH_CONCURRENCY:-8}"
           --modes "${BENCH_MODES:-exclusive,shared,krex}" --out "$OUT/bench")
     [ -n "${BENCH_TASKS:-}" ] && args+=(--tasks "$BENCH_TASKS")
+    [ -n "${BENCH_SETTLE:-}" ] && args+=(--settle "$BENCH_SETTLE")
     echo "== krex bench run ${args[*]}"
     python3 -m krex.cli bench run "${args[@]}" || rc=1
 fi

@@ -96,6 +96,8 @@ def test_bad_arguments_are_one_clear_error(tmp_path: Path) -> None:
         (["--modes", "shared,krex"], "must include exclusive"),
         (["--modes", "exclusive,turbo"], "unknown mode(s) turbo"),
         (["--profile", "tiny", "--tasks", "softmax,fft"], "unknown task(s) fft"),
+        (["--settle", "0"], "seconds must be more than 0 and at most 5"),
+        (["--settle", "9"], "seconds must be more than 0 and at most 5"),
     ):
         p = subprocess.run(
             [*KREX, "bench", "run", "--out", str(tmp_path / "x"), *args],
@@ -122,6 +124,28 @@ def test_pool_on_and_off_side_by_side(tmp_path: Path) -> None:
     assert ("krex-cold", "cold") in pools and ("krex", "cold") not in pools
     for mode in ("krex", "krex-cold"):
         assert r["inflation_p95"][mode][">0.1ms"] <= 0.02, r["inflation_p95"]
+
+
+def test_krex_settle_side_by_side_idles_its_regions_and_only_its_own(tmp_path: Path) -> None:
+    """--modes ...,krex,krex-settle: krex-settle's commands run under `krex run --settle S`, so
+    regions that follow the others' GPU work idle S after the freeze (the simulated GPU: the
+    shim's counts say they worked); krex's never idle; both measure like exclusive."""
+    out = tmp_path / "b"
+    p = subprocess.run(
+        [*KREX, "bench", "run", "--modes", "exclusive,krex,krex-settle", "--concurrency", "4",
+         "--settle", "0.2", "--profile", "tiny", "--tasks", "softmax,matmul", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads((out / "results.json").read_text())
+    settled = {m: [c["settle_s"] for c in r["commands"] if c["mode"] == m]
+               for m in ("krex", "krex-settle")}  # fmt: skip
+    assert settled["krex"] and all(x == 0.0 for x in settled["krex"]), settled
+    assert any(x >= 0.2 for x in settled["krex-settle"]), settled
+    assert r["settle_s"] == 0.2 and "krex-settle" in r["throughput_ratio_vs_exclusive"]
+    for mode in ("krex", "krex-settle"):
+        assert r["inflation_p95"][mode][">0.1ms"] <= 0.02, r["inflation_p95"]
+    assert "krex-settle" in (out / "report.md").read_text()
 
 
 # --- failures: a suite of fake commands, run in-process ---------------------------------------

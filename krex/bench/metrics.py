@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypedDict
 
-MODES = ("exclusive", "native_repeat", "shared", "krex", "krex-cold", "krex-serial")
+MODES = ("exclusive", "native_repeat", "shared", "krex", "krex-cold", "krex-settle", "krex-serial")
 """The modes a run may have, in the order `summarize` reports them."""
 
 BASELINE = "exclusive"
@@ -74,7 +74,8 @@ class RegionTimes:
     record's warnings (krex/fidelity.py: power and placement; they leave a region clean).
 
     `wait_s` is the time spent waiting to enter, `drain_s` and `freeze_s` the time spent draining
-    and freezing the siblings on entry, and `duration_s` the time inside the region.
+    and freezing the siblings on entry, and `duration_s` the time inside the region;
+    `settle_s` the time it idled after the freeze (`krex run --settle`, the krex-settle mode).
     """
 
     wait_s: float
@@ -83,11 +84,13 @@ class RegionTimes:
     duration_s: float
     clean: bool
     warnings: tuple[str, ...] = ()
+    settle_s: float = 0.0
 
     def __post_init__(self) -> None:
         """Reject negative, infinite or NaN times and a non-bool `clean`."""
         for field in REGION_FIELDS:
             _number(f"RegionTimes.{field}", getattr(self, field))
+        _number("RegionTimes.settle_s", self.settle_s)
         if not isinstance(self.clean, bool):
             raise ValueError(f"RegionTimes.clean must be a bool, not {self.clean!r}.")
 

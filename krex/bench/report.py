@@ -46,7 +46,7 @@ paper by any run, krex or not, and met here when krex adds nothing to it."""
 TARGET_FLIP_MARGIN = 0.03
 """Per gap class: krex's flip rate may exceed native_repeat's by at most this (3 points)."""
 
-KREX_MODES = ("krex", "krex-cold", "krex-serial")
+KREX_MODES = ("krex", "krex-cold", "krex-settle", "krex-serial")
 """The modes that run through krex: none of their commands may fail only because it shared."""
 
 # Comparisons allow float noise far below the shown precision, so that a measured 1.58 % that

@@ -4,7 +4,9 @@ Modes: `exclusive` (one command at a time without krex: today's command-granular
 twice so that the second run, `native_repeat`, shows the native noise), `shared` (C at once, no
 protection), `krex` (C at once through `krex run`, timed parts in regions, Python commands in
 warm pool workers where the daemon has a pool), `krex-cold` (the same with the pool off: every
-command its own process) and `krex-serial` (one at a time through krex). The krex modes use a
+command its own process), `krex-settle` (krex with `krex run --settle S`: each region idles S
+seconds after the freeze where the siblings worked lately, what that costs and buys) and
+`krex-serial` (one at a time through krex). The krex modes use a
 private daemon on a socket of their own.
 
 A command that exits non-zero, runs past COMMAND_TIMEOUT_S or prints no JSON result line is a
@@ -42,7 +44,8 @@ from krex.errors import KrexError
 from krex.nvml import Nvml
 from krex.paths import sim_library_dir
 
-MODES = ("exclusive", "shared", "krex", "krex-cold", "krex-serial")
+MODES = ("exclusive", "shared", "krex", "krex-cold", "krex-settle", "krex-serial")
+SETTLE_S = 0.4  # krex-settle's default `krex run --settle` (docs/results/h200-autotune/, run 22)
 COMMAND_TIMEOUT_S = 600.0
 REASON_CHARS = 200  # a failure's reason: the last line of its stderr, at most this long
 STDERR_TAIL = 1500  # how much of a failed command's stderr an error message shows
@@ -317,6 +320,7 @@ def _batch(
     label: str,
     gpu: int | None = None,
     failures: list[Failed] | None = None,
+    settle_s: float | None = None,
 ) -> tuple[float, list[Outcome]]:
     """Run cmds, at most `concurrency` at once (through krex on `gpu` when given); returns
     (wall time, outcomes of the commands that succeeded, in suite order).
@@ -347,6 +351,7 @@ def _batch(
                         *(["--sim"] if cmd.simulated else []),
                         *(["--no-pool"] if no_pool else []),
                         *(["--gpu", str(gpu)] if gpu is not None else []),
+                        *(["--settle", f"{settle_s:g}"] if settle_s is not None else []),
                         # Autotuners' and harness timers' timings in regions too, as a user
                         # who wants them protected runs (docs/bench.md); the simulated
                         # commands have none.
@@ -408,6 +413,7 @@ def _batch(
                             duration_s=r["duration_s"],
                             clean=r["clean"],
                             warnings=tuple(w["name"] for w in r.get("warnings", [])),
+                            settle_s=r.get("settle_s", 0.0),
                         )
                         for r in region_docs
                     ]
@@ -492,9 +498,10 @@ def run(
     command: str,
     tasks: Sequence[str] | None = None,
     pool: int | None = None,
+    settle_s: float = SETTLE_S,
 ) -> dict[str, Any]:
     """Run the suite (only `tasks` when given) in every mode, write DIR/results.json and the
-    report; return the results."""
+    report; return the results. `settle_s`: the krex-settle mode's `krex run --settle`."""
     if concurrency < 1:
         raise BenchError(f"--concurrency must be at least 1, got {concurrency}")
     cmds = commands(profile, tasks)
@@ -539,6 +546,7 @@ def run(
                             progress,
                             name,
                             failures=failed,
+                            settle_s=settle_s if name == "krex-settle" else None,
                         )
                 else:
                     wall, outcomes = _batch(
@@ -559,6 +567,7 @@ def run(
                         "wall_s": o.wall_s,
                         "region_s": sum(r.duration_s for r in o.regions),
                         "regions": len(o.regions),
+                        "settle_s": sum(r.settle_s for r in o.regions),
                         "output": o.output,
                         **({"pool": o.pool} if o.pool else {}),
                         **({"region_sm_clock_mhz": o.region_clocks} if o.region_clocks else {}),
@@ -587,6 +596,8 @@ def run(
     results["profile"] = profile
     results["tasks"] = sorted({c.task for c in cmds})
     results["pool"] = pool
+    if "krex-settle" in runs:
+        results["settle_s"] = settle_s
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     render_report(results, out_dir)
     for line in failure_lines(results):

@@ -108,17 +108,22 @@ def test_bad_arguments_are_one_clear_error(tmp_path: Path) -> None:
         assert p.returncode == 2 and words in p.stderr, p.stderr
 
 
-def test_pool_on_and_off_side_by_side(tmp_path: Path) -> None:
-    """--modes ...,krex,krex-cold with a simulated pool: krex's commands run warm, krex-cold's
-    cold, and both measure like exclusive."""
-    out = tmp_path / "b"
+def side_by_side(out: Path, other: str, *args: str) -> dict[str, Any]:
+    """The tiny suite's softmax and matmul tasks, exclusive, krex and `other` at 4 at once;
+    results.json."""
     p = subprocess.run(
-        [*KREX, "bench", "run", "--modes", "exclusive,krex,krex-cold", "--concurrency", "4",
-         "--pool", "4", "--profile", "tiny", "--tasks", "softmax,matmul", "--out", str(out)],
+        [*KREX, "bench", "run", "--modes", f"exclusive,krex,{other}", "--concurrency", "4", *args,
+         "--profile", "tiny", "--tasks", "softmax,matmul", "--out", str(out)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]
-    r = json.loads((out / "results.json").read_text())
+    return dict(json.loads((out / "results.json").read_text()))
+
+
+def test_pool_on_and_off_side_by_side(tmp_path: Path) -> None:
+    """--modes ...,krex,krex-cold with a simulated pool: krex's commands run warm, krex-cold's
+    cold, and both measure like exclusive."""
+    r = side_by_side(tmp_path / "b", "krex-cold", "--pool", "4")
     pools = {(c["mode"], c.get("pool")) for c in r["commands"]}
     assert {m for m, pool in pools if pool == "warm"} == {"krex"}, pools
     assert ("krex-cold", "cold") in pools and ("krex", "cold") not in pools
@@ -131,13 +136,7 @@ def test_krex_settle_side_by_side_idles_its_regions_and_only_its_own(tmp_path: P
     regions that follow the others' GPU work idle S after the freeze (the simulated GPU: the
     shim's counts say they worked); krex's never idle; both measure like exclusive."""
     out = tmp_path / "b"
-    p = subprocess.run(
-        [*KREX, "bench", "run", "--modes", "exclusive,krex,krex-settle", "--concurrency", "4",
-         "--settle", "0.2", "--profile", "tiny", "--tasks", "softmax,matmul", "--out", str(out)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert p.returncode == 0, p.stderr[-3000:]
-    r = json.loads((out / "results.json").read_text())
+    r = side_by_side(out, "krex-settle", "--settle", "0.2")
     settled = {m: [c["settle_s"] for c in r["commands"] if c["mode"] == m]
                for m in ("krex", "krex-settle")}  # fmt: skip
     assert settled["krex"] and all(x == 0.0 for x in settled["krex"]), settled

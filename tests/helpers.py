@@ -248,6 +248,22 @@ HOLDER = textwrap.dedent("""
 """)
 
 
+# A sibling on the simulated GPU: `busy` launches 1 ms kernels back to back, `idle` launches one
+# and then only sleeps (it keeps its slot, with calls counted long ago).
+SIM_SIBLING = textwrap.dedent("""
+    import sys, time
+    from krex.simgpu import SimGPU
+    g = SimGPU()
+    g.launch(1000)
+    g.sync()
+    print("ready", flush=True)
+    while sys.argv[1] == "busy":
+        g.launch(1_000_000)
+        g.sync()
+    time.sleep(120)
+""")
+
+
 def assert_frozen_for_the_region(d: Daemon, sib: Counter, hold_s: float) -> None:
     """A region held `hold_s` seconds: `sib` makes no progress inside it, moves again after,
     and the region's owner finishes (exit 0)."""

@@ -26,6 +26,7 @@ from conftest import Native
 from helpers import (
     HOLDER,
     KREX,
+    SIM_SIBLING,
     Counter,
     Daemon,
     assert_frozen_for_the_region,
@@ -125,22 +126,6 @@ def test_owner_killed_inside_a_region_releases_it_within_a_second(daemon: Daemon
         assert st is not None and st["gpus"][0]["region"] is None
     finally:
         sib.stop()
-
-
-# A sibling on the simulated GPU: `busy` launches 1 ms kernels back to back, `idle` launches one
-# and then only sleeps (it keeps its slot, with calls counted long ago).
-SIM_SIBLING = textwrap.dedent("""
-    import sys, time
-    from krex.simgpu import SimGPU
-    g = SimGPU()
-    g.launch(1000)
-    g.sync()
-    print("ready", flush=True)
-    while sys.argv[1] == "busy":
-        g.launch(1_000_000)
-        g.sync()
-    time.sleep(120)
-""")
 
 
 def test_a_region_settles_where_a_sibling_just_submitted_without_nvml(

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from conftest import Node
-from helpers import BURNER, HOLDER, Counter, Daemon, run_argv, running
+from helpers import BURNER, HOLDER, SIM_SIBLING, Counter, Daemon, run_argv, running
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -137,6 +137,32 @@ TWO_GPU_HOLDER = textwrap.dedent("""
         time.sleep(float(sys.argv[1]))
     print("out", flush=True)
 """)
+
+
+def test_a_region_settles_for_its_own_gpu_s_siblings_only(node4: Daemon, tmp_path: Path) -> None:
+    """`krex run --settle` on GPU 0: a sibling busy on GPU 1 does not make GPU 0's region idle;
+    one busy on GPU 0 does (the shim's counts, per GPU)."""
+
+    def settle_on_0(i: int) -> float:
+        report = tmp_path / f"settle-{i}.json"
+        argv = [*run_argv(node4), "--gpu", "0", "--settle", "0.3", "--report", str(report)]
+        p = subprocess.run([*argv, "--", sys.executable, "-c", HOLDER, "0.05"],
+                           capture_output=True, timeout=60)  # fmt: skip
+        assert p.returncode == 0, p.stderr
+        (reg,) = json.loads(report.read_text())["regions"]
+        return float(reg["settle_s"])
+
+    for i, gpu in enumerate(("1", "0")):
+        sib = on(node4, gpu, *NICE, sys.executable, "-c", SIM_SIBLING, "busy",
+                 stdout=subprocess.PIPE)  # fmt: skip
+        try:
+            assert sib.stdout is not None and sib.stdout.readline().strip() == "ready"
+            time.sleep(1.5)  # a tick of the daemon's after its first calls
+            settled = settle_on_0(i)
+            assert (settled >= 0.3) if gpu == "0" else (settled == 0.0), (gpu, settled)
+        finally:
+            sib.kill()
+            sib.wait(timeout=30)
 
 
 def test_a_two_gpu_command_holds_both_gates_in_its_regions(node4: Daemon, tmp_path: Path) -> None:

@@ -868,11 +868,6 @@ def verdict(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _timed(run: dict[str, Any], part: str) -> bool:
-    """Whether the run timed the part (pooled.timings' test)."""
-    return isinstance(p := run["parts"].get(part), dict) and isinstance(p.get("ms"), int | float)
-
-
 def _within_by_capping(ok: list[dict[str, Any]], part: str, v: dict[str, Any]) -> dict[str, Any]:
     """Per mode, the timings within the exclusive runs' spread (the verdict's own per cent,
     `v`), counted apart for those during which the power limit held the clocks down
@@ -880,7 +875,7 @@ def _within_by_capping(ok: list[dict[str, Any]], part: str, v: dict[str, Any]) -
     out."""
     out: dict[str, Any] = {}
     for mode, xs in v["vs_exclusive_pct"].items():
-        mine = [r for r in ok if r["mode"] == mode and _timed(r, part)]  # as `xs` was made
+        mine = [r for r in ok if r["mode"] == mode and pooled.timed(r, part)]  # as `xs` was made
         for r, x in zip(mine, xs, strict=True):
             capped = (r["parts"][part].get("gpu") or {}).get("power_capped_ms")
             if capped is None:

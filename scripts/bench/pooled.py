@@ -28,13 +28,18 @@ from typing import Any
 BASE = "exclusive"
 
 
+def timed(run: dict[str, Any], part: str) -> bool:
+    """Whether an autotune_check run timed the part (its `ms` a number)."""
+    p = run.get("parts", {}).get(part)
+    return isinstance(p, dict) and isinstance(p.get("ms"), int | float)
+
+
 def timings(doc: dict[str, Any], part: str) -> dict[str, list[float]]:
     """Per mode, in run order, the part's timings (ms) of one autotune_check json."""
     by: dict[str, list[float]] = {}
     for run in doc.get("runs", []):
-        p = run.get("parts", {}).get(part)
-        if isinstance(p, dict) and isinstance(p.get("ms"), int | float):
-            by.setdefault(run["mode"], []).append(float(p["ms"]))
+        if timed(run, part):
+            by.setdefault(run["mode"], []).append(float(run["parts"][part]["ms"]))
     return by
 
 

@@ -197,7 +197,7 @@ def bench_report(out_dir: Path) -> None:
     "--settle",
     type=Seconds(most=MAX_SETTLE_S, zero=True),
     metavar="S",
-    help="In each region, when other commands worked on the GPU in the last second, idle S "
+    help="In each region, when other commands worked on the GPU in the last second or two, idle S "
     "seconds after freezing them, before the grant, so that a power-limited kernel starts as "
     "it would alone (0..5; default: the daemon's regions.settle_s).",
 )

@@ -24,7 +24,8 @@ region_s = 600.0   # a region's longest life (krex run --region-timeout override
 
 [regions]
 settle_s = 0.0     # after the freeze, idle this long before the grant when the GPU's
-                   # siblings worked on it in the last second (NVML's process samples): a
+                   # siblings worked on it in the last second or two (NVML's process
+                   # samples, or the shim's count of their driver calls): a
                    # power-limited kernel then starts as it would alone (0: off; at most 5;
                    # krex run --settle overrides per command; docs/user-guide.md)
 

@@ -310,7 +310,7 @@ class Regions:
 
     async def _settle(self, gpu: int, r: Region, siblings: list[Tenant]) -> None:
         """Step 5b (the tenant's region_settle_s, 0: none): where the GPU's siblings worked
-        on it in the last second, idle before the grant. On the H200 a power-limited kernel
+        on it in the last second or two, idle before the grant. On the H200 a power-limited kernel
         timed at once after their work read 0.86 % slower than exclusive on average; a 0.4 s
         wait took half to all of that away (docs/results/h200-autotune/, runs 20-22)."""
         if r.tenant.region_settle_s <= 0 or not siblings:

@@ -319,8 +319,9 @@ class NodeMachinery:
         mine = set(self._pids(owner))
         used = self.nvml.process_memory(gpu) if self.nvml is not None else None
         if used is not None:
+            # krex's own helper (the MPS server) is no one's neighbour: its bytes are neither.
             own = sum(b for p, b in used.items() if p in mine)
-            return own, sum(used.values()) - own
+            return own, sum(b for p, b in used.items() if p not in mine and not self.helper(p))
         own = others = 0
         for _, s in self.segments.live_slots():
             if s.alive and _on(s, gpu):

@@ -518,7 +518,9 @@ def test_the_daemon_s_own_mps_server_is_not_foreign_nor_its_work_unvouched(
         helper, other = procs[0].pid, procs[1].pid
         owner = SimpleNamespace(id=1, group=_Group([]))
         nvml = SimpleNamespace(
-            active=lambda gpu, since: {helper, other}, processes=lambda gpu: {helper, other}
+            active=lambda gpu, since: {helper, other},
+            processes=lambda gpu: {helper, other},
+            process_memory=lambda gpu: {helper: 3 << 30, other: 1 << 30},
         )
         gpu = SimpleNamespace(tenants=[owner], pool=[], pool_tenant=None)
         segments = SimpleNamespace(live_slots=lambda: [])
@@ -526,6 +528,8 @@ def test_the_daemon_s_own_mps_server_is_not_foreign_nor_its_work_unvouched(
         m = NodeMachinery(cfg, [gpu], segments, nvml)  # type: ignore[arg-type,list-item]
         m.helper = mps.owns
         assert m.foreign(0) == {other}
+        # nor are its bytes another tenant's: a region's memory_placement counts the others'
+        assert m.memory_split(0, owner) == (0, 1 << 30)  # type: ignore[arg-type]
         problems = m.audit(0, owner, since=time.time() - 1)  # type: ignore[arg-type]
         assert problems and all(str(helper) not in p for p in problems), problems
         assert any(str(other) in p for p in problems if "foreign" in p), problems

@@ -63,8 +63,8 @@ def bench() -> None:
     default="exclusive,shared,krex",
     show_default=True,
     help="Comma-separated: exclusive (also gives native_repeat), shared, krex, krex-cold (krex "
-    "with no warm workers), krex-settle (krex with --settle), krex-serial (one at a time "
-    "through krex).",
+    "with no warm workers), krex-settle (krex with --settle), krex-mps (krex with its MPS daemon: "
+    "`krex daemon --mps`), krex-serial (one at a time through krex).",
 )
 @click.option(
     "--concurrency",
@@ -335,6 +335,12 @@ def run(
     type=click.Choice(["text", "json"]),
     help="Human log lines, or one JSON object per line (default: daemon.log_format).",
 )
+@click.option(
+    "--mps/--no-mps",
+    default=None,
+    help="Start krex's own MPS control daemon for the commands' work outside regions (default: "
+    "mps.enabled; ignored on simulated GPUs).",
+)
 def daemon(
     ctx: click.Context,
     config_path: Path | None,
@@ -346,6 +352,7 @@ def daemon(
     pool: int | None,
     metrics_port: int | None,
     log_format: str | None,
+    mps: bool | None,
 ) -> None:
     """Run the KREX controller in the foreground (for systemd or a terminal).
 
@@ -380,6 +387,8 @@ def daemon(
         changes["metrics_port"] = metrics_port
     if log_format is not None:
         changes["log_format"] = log_format
+    if mps is not None:
+        changes["mps"] = mps
     cfg = dataclasses.replace(cfg, **changes)  # type: ignore[arg-type]
     try:
         kconfig.validate(cfg)  # the flags' values too (a --socket path too long to bind)

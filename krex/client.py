@@ -699,13 +699,19 @@ def status(sim: bool, explicit_socket: str | None) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def private_daemon(
-    directory: Path, *, sim: bool, slots: int, pool: int | None = None, gpus: int | None = None
+    directory: Path,
+    *,
+    sim: bool,
+    slots: int,
+    pool: int | None = None,
+    gpus: int | None = None,
+    mps: bool = False,
 ) -> Iterator[Path]:
     """A daemon of its own on a socket in `directory` (for the demo and the bench), stopped on
     exit; yields the socket once its warm workers, if any, are ready (at most 3 minutes).
     `pool`: warm workers per GPU (None: the daemon's default); `gpus`: how many (None: every
-    GPU the driver shows, or 1 simulated). ClientError when the daemon does not come up within
-    30 s."""
+    GPU the driver shows, or 1 simulated); `mps`: `krex daemon --mps`. ClientError when the
+    daemon does not come up within 30 s."""
     directory = directory.absolute()  # the daemon runs in / (_daemon_place)
     directory.mkdir(parents=True, exist_ok=True)
     sock = directory / "krex.sock"
@@ -722,6 +728,7 @@ def private_daemon(
         *(["--sim"] if sim else []),
         *(["--pool", str(pool)] if pool is not None else []),
         *(["--gpus", str(gpus)] if gpus is not None else []),
+        *(["--mps"] if mps else []),
     ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=log, **_daemon_place())

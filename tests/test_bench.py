@@ -147,6 +147,18 @@ def test_krex_settle_side_by_side_idles_its_regions_and_only_its_own(tmp_path: P
     assert "krex-settle" in (out / "report.md").read_text()
 
 
+def test_krex_mps_side_by_side_says_whether_mps_was_in_effect(tmp_path: Path) -> None:
+    """--modes ...,krex,krex-mps: krex-mps's daemon is started with `--mps`; the simulated GPU
+    ignores MPS, so results.json and the report say it was not in effect, and the mode measures
+    like krex (on a GPU, docs/results/h200-mps/)."""
+    out = tmp_path / "b"
+    r = side_by_side(out, "krex-mps")
+    assert r["mps"] == {"krex-mps": False}, r.get("mps")
+    assert {c["mode"] for c in r["commands"]} >= {"krex", "krex-mps"}
+    assert r["inflation_p95"]["krex-mps"][">0.1ms"] <= 0.02, r["inflation_p95"]
+    assert "- krex-mps: MPS not in effect" in (out / "report.md").read_text()
+
+
 # --- failures: a suite of fake commands, run in-process ---------------------------------------
 
 # A benchmarking command that behaves by its variant. "ok-*" hold a marker file for HOLD_S while

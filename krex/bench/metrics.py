@@ -21,7 +21,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypedDict
 
-MODES = ("exclusive", "native_repeat", "shared", "krex", "krex-cold", "krex-settle", "krex-serial")
+MODES = (
+    "exclusive",
+    "native_repeat",
+    "shared",
+    "krex",
+    "krex-cold",
+    "krex-settle",
+    "krex-mps",
+    "krex-serial",
+)
 """The modes a run may have, in the order `summarize` reports them."""
 
 BASELINE = "exclusive"

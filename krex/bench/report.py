@@ -46,7 +46,7 @@ paper by any run, krex or not, and met here when krex adds nothing to it."""
 TARGET_FLIP_MARGIN = 0.03
 """Per gap class: krex's flip rate may exceed native_repeat's by at most this (3 points)."""
 
-KREX_MODES = ("krex", "krex-cold", "krex-settle", "krex-serial")
+KREX_MODES = ("krex", "krex-cold", "krex-settle", "krex-mps", "krex-serial")
 """The modes that run through krex: none of their commands may fail only because it shared."""
 
 # Comparisons allow float noise far below the shown precision, so that a measured 1.58 % that
@@ -397,6 +397,9 @@ def _header(results: Mapping[str, Any]) -> list[str]:
         f"- Profile: {results.get('profile', 'n/a')}",
         f"- Concurrency: {results.get('concurrency', 'n/a')}",
     ]
+    for mode, on in _map(results.get("mps")).items():
+        # krex-mps without MPS (the simulated GPU ignores it) is plain krex: say so.
+        lines.append(f"- {mode}: MPS {'in effect' if on is True else 'not in effect'}")
     return lines
 
 

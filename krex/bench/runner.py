@@ -5,8 +5,11 @@ twice so that the second run, `native_repeat`, shows the native noise), `shared`
 protection), `krex` (C at once through `krex run`, timed parts in regions, Python commands in
 warm pool workers where the daemon has a pool), `krex-cold` (the same with the pool off: every
 command its own process), `krex-settle` (krex with `krex run --settle S`: each region idles S
-seconds after the freeze where the siblings worked lately, what that costs and buys) and
-`krex-serial` (one at a time through krex). The krex modes use a
+seconds after the freeze where the siblings worked lately, what that costs and buys),
+`krex-mps` (krex whose daemon runs its own MPS control daemon, `krex daemon --mps`: the
+commands' work outside regions shares the SMs at once instead of in time slices; ignored on the
+simulated GPU, and results.json's `mps` says whether it was in effect) and `krex-serial` (one at
+a time through krex). The krex modes use a
 private daemon on a socket of their own.
 
 A command that exits non-zero, runs past COMMAND_TIMEOUT_S or prints no JSON result line is a
@@ -39,12 +42,12 @@ from rich.progress import Progress
 
 from krex.bench.metrics import Failure, Measurement, ModeRun, RegionTimes, summarize
 from krex.bench.suite import Command, commands
-from krex.client import ClientError, private_daemon
+from krex.client import ClientError, private_daemon, status
 from krex.errors import KrexError
 from krex.nvml import Nvml
 from krex.paths import sim_library_dir
 
-MODES = ("exclusive", "shared", "krex", "krex-cold", "krex-settle", "krex-serial")
+MODES = ("exclusive", "shared", "krex", "krex-cold", "krex-settle", "krex-mps", "krex-serial")
 SETTLE_S = 0.4  # krex-settle's default `krex run --settle` (docs/results/h200-autotune/, run 22)
 COMMAND_TIMEOUT_S = 600.0
 REASON_CHARS = 200  # a failure's reason: the last line of its stderr, at most this long
@@ -517,6 +520,7 @@ def run(
             plan.append((m, 1 if m == "krex-serial" else concurrency, m.startswith("krex")))
     runs: dict[str, ModeRun] = {}
     records: list[dict[str, Any]] = []
+    mps: dict[str, bool] = {}  # krex-mps: whether its daemon ran MPS (never on a simulated GPU)
     with tempfile.TemporaryDirectory(prefix="krex-bench-") as tmp_name, Progress() as progress:
         tmp = Path(tmp_name)
         sim_shm = f"/krex-bench-{os.getpid()}-plain" if simulated else None
@@ -535,7 +539,10 @@ def run(
                         slots=max(c, 1),
                         pool=0 if cold else pool,
                         gpus=1,
+                        mps=name == "krex-mps",
                     ) as sock:
+                        if name == "krex-mps":
+                            mps[name] = bool(status(False, str(sock)).get("mps"))
                         wall, outcomes = _batch(
                             cmds,
                             c,
@@ -598,6 +605,8 @@ def run(
     results["pool"] = pool
     if "krex-settle" in runs:
         results["settle_s"] = settle_s
+    if mps:
+        results["mps"] = mps
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     render_report(results, out_dir)
     for line in failure_lines(results):

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from krex import __version__, paths
+from krex.bench import SETTLE_S as BENCH_SETTLE_S
 from krex.config import MAX_SETTLE_S
 
 MAX_SECONDS = 1e9  # about 31 years: longer waits overflow the socket and timer calls
@@ -102,7 +103,7 @@ def bench() -> None:
     "--settle",
     "settle_s",
     type=Seconds(most=MAX_SETTLE_S),
-    default=0.4,
+    default=BENCH_SETTLE_S,
     show_default=True,
     help="The krex-settle mode's `krex run --settle`: seconds each region idles after the "
     "freeze where the other commands worked on the GPU lately.",

@@ -40,6 +40,7 @@ from typing import Any
 
 from rich.progress import Progress
 
+from krex.bench import SETTLE_S
 from krex.bench.metrics import Failure, Measurement, ModeRun, RegionTimes, summarize
 from krex.bench.suite import Command, commands
 from krex.client import ClientError, private_daemon, status
@@ -48,7 +49,6 @@ from krex.nvml import Nvml
 from krex.paths import sim_library_dir
 
 MODES = ("exclusive", "shared", "krex", "krex-cold", "krex-settle", "krex-mps", "krex-serial")
-SETTLE_S = 0.4  # krex-settle's default `krex run --settle` (docs/results/h200-autotune/, run 22)
 COMMAND_TIMEOUT_S = 600.0
 REASON_CHARS = 200  # a failure's reason: the last line of its stderr, at most this long
 STDERR_TAIL = 1500  # how much of a failed command's stderr an error message shows

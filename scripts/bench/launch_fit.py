@@ -15,6 +15,7 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +25,23 @@ SHARED = "unprotected"
 fit (one 30 ms reading among 2.7 ms ones would set the line; H200 run 23)."""
 
 
+def _measured(docs: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Every run of the docs but those of the SHARED mode."""
+    for doc in docs:
+        yield from (run for run in doc.get("runs", []) if run.get("mode") != SHARED)
+
+
 def points(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """(mode, median launch us, mean ms, trials, launches) of each run with per-trial launches,
     but those of the SHARED mode."""
     out = []
-    for doc in docs:
-        for run in doc.get("runs", []):
-            kb = run.get("parts", {}).get("kernelbench")
-            if run.get("mode") == SHARED:
-                continue
-            if not kb or not isinstance(kb.get("launch_us"), list) or not kb["launch_us"]:
-                continue
-            launches = kb["launch_us"]
-            out.append({"mode": run["mode"], "launch_us": statistics.median(launches),
-                        "ms": kb["ms"], "trials": kb["trials"], "launches": launches})  # fmt: skip
+    for run in _measured(docs):
+        kb = run.get("parts", {}).get("kernelbench")
+        if not kb or not isinstance(kb.get("launch_us"), list) or not kb["launch_us"]:
+            continue
+        launches = kb["launch_us"]
+        out.append({"mode": run["mode"], "launch_us": statistics.median(launches),
+                    "ms": kb["ms"], "trials": kb["trials"], "launches": launches})  # fmt: skip
     return out
 
 
@@ -88,21 +92,18 @@ def telemetry(docs: list[dict[str, Any]], part: str) -> dict[str, Any]:
     lowest SM clock and the time the power limit held its clocks down (the SHARED mode left
     out: its timings are its siblings' work)."""
     rows = []
-    for doc in docs:
-        for run in doc.get("runs", []):
-            if run.get("mode") == SHARED:
-                continue
-            p = run.get("parts", {}).get(part)
-            g = (p or {}).get("gpu") or {}
-            if p and "temp_c" in g and "sm_clock_mhz_range" in g:
-                rows.append({
-                    "mode": run["mode"],
-                    "ms": p["ms"],
-                    "temp": g["temp_c"][0],
-                    "clock": g["sm_clock_mhz_range"][0],
-                    "mem_temp": g.get("mem_temp_c", [None])[0],  # recorded from run 14
-                    "capped": g.get("power_capped_ms"),
-                })  # fmt: skip
+    for run in _measured(docs):
+        p = run.get("parts", {}).get(part)
+        g = (p or {}).get("gpu") or {}
+        if p and "temp_c" in g and "sm_clock_mhz_range" in g:
+            rows.append({
+                "mode": run["mode"],
+                "ms": p["ms"],
+                "temp": g["temp_c"][0],
+                "clock": g["sm_clock_mhz_range"][0],
+                "mem_temp": g.get("mem_temp_c", [None])[0],  # recorded from run 14
+                "capped": g.get("power_capped_ms"),
+            })  # fmt: skip
     if len(rows) < 3:
         raise ValueError(f"{len(rows)} runs of {part} with the GPU's samples: at least 3 needed")
     ms = [r["ms"] for r in rows]

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import time
+from typing import TYPE_CHECKING
 
 import pytest
 from conftest import Node
@@ -23,6 +24,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from krex.gate import exclusive
+
+if TYPE_CHECKING:
+    from krex.segments import Segments
 
 TENANTS = (1, 2, 3)
 THREADS = 4
@@ -262,6 +266,15 @@ def test_a_drain_that_times_out_names_the_process(node: Node) -> None:
         p.wait(timeout=30)
 
 
+def _until_counted(segs: Segments, pid: int, within_s: float = 10.0) -> None:
+    """Wait until pid's slot has counted an intercepted call: "hammering" is printed before
+    its first launch, and a process killed at once (a loaded machine) may have made none."""
+    deadline = time.monotonic() + within_s
+    while not any(s.intercepted > 0 for s in segs.gates.slots_of(pid)):
+        assert time.monotonic() < deadline, f"pid {pid} made no intercepted call in {within_s} s"
+        time.sleep(0.01)
+
+
 def test_accounting_never_frees_a_slot_it_has_not_read(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -285,6 +298,7 @@ def test_accounting_never_frees_a_slot_it_has_not_read(
             text=True,
         )
         assert p.stdout is not None and p.stdout.readline().strip() == "hammering"
+        _until_counted(segs, p.pid)
         read_alive = segs.gates.slots()  # the pass reads its slot while it still runs
         assert [s.alive for s in read_alive if s.pid == p.pid] == [True]
         os.kill(p.pid, signal.SIGKILL)
@@ -330,6 +344,7 @@ def test_accounting_folds_a_dead_slot_once_and_never_one_being_claimed(
             text=True,
         )
         assert p.stdout is not None and p.stdout.readline().strip() == "hammering"
+        _until_counted(segs, p.pid)
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
         (dead,) = segs.gates.slots_of(p.pid)

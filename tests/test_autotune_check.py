@@ -22,6 +22,12 @@ strides: [8192, 1], [8192, 1]
 dtypes: torch.float16, torch.float16
   triton_mm_16 1.4100 ms 100.0% BLOCK_K=32
   mm 1.4350 ms 98.3%
+AUTOTUNE addmm(1024x8192, 1024x8192, 8192x8192)
+strides: [0, 1], [8192, 1], [1, 8192]
+dtypes: torch.float32, torch.float32, torch.float32
+  bias_addmm 2.3010 ms 100.0%
+  addmm 2.3120 ms 99.5%
+  triton_mm_3 2.4050 ms 95.7% ACC_TYPE='tl.float32', BLOCK_K=32
 """
 
 
@@ -29,11 +35,24 @@ def load() -> Any:
     return load_script("scripts/bench/autotune_check.py")
 
 
-def test_inductors_choices_are_read_per_size() -> None:
+def test_inductors_choices_are_read_per_table() -> None:
     check = load()
-    assert check.inductor_choices(STDERR, 4096) == [["mm", 0.1773], ["triton_mm_17", 0.1988]]
-    assert check.inductor_choices(STDERR, 8192) == [["triton_mm_16", 1.41], ["mm", 1.435]]
-    assert check.inductor_choices(STDERR, 2048) == []
+    tables = check.INDUCTOR_TABLES
+    assert check.inductor_choices(STDERR, tables["inductor"]) == [
+        ["mm", 0.1773],
+        ["triton_mm_17", 0.1988],
+    ]
+    assert check.inductor_choices(STDERR, tables["inductor8k"]) == [
+        ["triton_mm_16", 1.41],
+        ["mm", 1.435],
+    ]
+    # a Linear's addmm, its bias first: found by its input's shape, not by the mm tables
+    assert check.inductor_choices(STDERR, tables["inductor_kb9"]) == [
+        ["bias_addmm", 2.301],
+        ["addmm", 2.312],
+        ["triton_mm_3", 2.405],
+    ]
+    assert check.inductor_choices(STDERR, r"mm\(2048x") == []
 
 
 def run(mode: str, winner: str, ms: float, cands: list[list[Any]] | None = None) -> dict[str, Any]:

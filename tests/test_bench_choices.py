@@ -32,6 +32,8 @@ def triton_tem_fused_mm_0(arg_A, arg_B, out_ptr0):
 def test_inductors_pick_is_aten_or_the_templates_configuration() -> None:
     assert inductor_winner(ATEN) == "aten mm"
     assert inductor_winner(ATEN.replace("extern_kernels.mm(", "extern_kernels.bmm(")) == "aten mm"
+    addmm = ATEN.replace("extern_kernels.mm(", "extern_kernels.addmm(arg2_1, ")
+    assert inductor_winner(addmm) == "aten addmm"
     got = inductor_winner(TEMPLATE)
     assert got == (
         "template ALLOW_TF32=False,BLOCK_K=64,BLOCK_M=128,BLOCK_N=256,EVEN_K=True,GROUP_M=8 "

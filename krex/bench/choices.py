@@ -18,8 +18,11 @@ KERNEL_NAME_CHARS = 120
 
 def inductor_winner(code: str) -> str:
     """What Inductor's generated wrapper code runs for a matmul: "aten mm" (cuBLAS through
-    extern_kernels) or "template" with the Triton template's constexpr block sizes and its
-    launch's stages and warps (the first launch)."""
+    extern_kernels; "aten addmm" where a Linear's bias goes with it) or "template" with the
+    Triton template's constexpr block sizes and its launch's stages and warps (the first
+    launch)."""
+    if "extern_kernels.addmm(" in code:
+        return "aten addmm"
     if "extern_kernels.mm(" in code or "extern_kernels.bmm(" in code:
         return "aten mm"
     consts = dict(re.findall(r"(\w+) : tl\.constexpr = (\w+)", code))

@@ -37,7 +37,11 @@ One candidate command (AUTOTUNE below) autotunes and times, in order, into fresh
    `triton.multi_kernel` of a softmax (winner: each new MultiKernelCall's picked kernel). Each
    Inductor part counts its calls of Inductor's benchmarkers' `benchmark_gpu`, how many ran
    their kernels inside a region (krex.markers.region_depth(), read only where krex loaded it)
-   and what each returned, in order (`benchmarks`: the race the tuner saw).
+   and what each returned, in order (`benchmarks`: the race the tuner saw);
+8. inductor_kb9: KernelBench level 2 problem 9 (Linear 8192 -> 8192, subtract, multiply,
+   ReLU on fp32 (1024, 8192) inputs), its first GEMM problem, at its published size, compiled
+   with max-autotune as an agent's candidate is: Inductor picks between cuBLAS's addmm and its
+   Triton templates with the epilogue fused.
 --parts picks and orders them (default: all).
 Each part's timing is triton.testing.do_bench's median (a region under --auto-regions).
 
@@ -122,6 +126,7 @@ PARTS = (
     "inductor",
     "inductor8k",
     "inductor_subproc",
+    "inductor_kb9",
     "coordesc",
     "multikernel",
 )
@@ -135,9 +140,18 @@ WINNERS = (
     "inductor",
     "inductor8k",
     "inductor_subproc",
+    "inductor_kb9",
     "coordesc",
     "multikernel",
 )
+# Where each Inductor part's autotuning table starts on stderr (after "AUTOTUNE "): the op
+# and its first operand's shape (an addmm's bias may come first, so kb9's is looked for later).
+INDUCTOR_TABLES = {
+    "inductor": r"mm\(4096x",
+    "inductor8k": r"mm\(8192x",
+    "inductor_subproc": r"mm\(8192x",
+    "inductor_kb9": r"(addmm|mm)\(.*\b1024x8192\b",
+}
 
 KERNELBENCH_TIMING = textwrap.dedent('''
     """Stand-in of KernelBench's src/kernelbench/timing.py, its cuda_event timer's shape."""
@@ -452,6 +466,24 @@ AUTOTUNE = textwrap.dedent("""
     def inductor_subproc_part():  # its Triton choices timed in a child process it starts
         inductor_part("inductor_subproc", *inputs8k(), autotune_in_subproc=True)
 
+    def inductor_kb9_part():  # KernelBench level 2 problem 9 (its first GEMM), as published
+        # Linear(8192, 8192) - 2.0, * 1.5, ReLU on fp32 torch.rand(1024, 8192), compiled as an
+        # agent's candidate is and timed under no_grad, as KernelBench's eval times it.
+        torch._dynamo.reset()
+        from torch._inductor.utils import run_and_get_code
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(8192, 8192, device="cuda")
+        x = torch.rand(1024, 8192, device="cuda", generator=gen)
+        f = torch.compile(lambda x: torch.relu((lin(x) - 2.0) * 1.5),
+                          mode="max-autotune-no-cudagraphs")
+        with torch.no_grad():
+            with counted() as seen:
+                y, codes = run_and_get_code(f, x)
+            want = torch.relu((lin(x) - 2.0) * 1.5)
+            torch.testing.assert_close(y, want, atol=1e-2, rtol=1e-2)
+            done("inductor_kb9", winner=inductor_winner("\\n".join(codes)), benchmarks=seen,
+                 pid=os.getpid(), **timed(lambda: f(x)))
+
     def coordesc_part():  # Inductor's coordinate descent over an RMS norm's kernel's config
         torch._dynamo.reset()
         x = torch.randn(16384, 4096, device="cuda", generator=gen)
@@ -484,7 +516,8 @@ AUTOTUNE = textwrap.dedent("""
              "cudnn": cudnn_part, "kernelbench": kernelbench_part, "events": events_part,
              "kernelbench_more": kernelbench_more_part,
              "inductor": inductor_part, "inductor8k": inductor8k_part,
-             "inductor_subproc": inductor_subproc_part, "coordesc": coordesc_part,
+             "inductor_subproc": inductor_subproc_part, "inductor_kb9": inductor_kb9_part,
+             "coordesc": coordesc_part,
              "multikernel": multikernel_part}
     chosen = next((a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--parts=")),
                   list(every))
@@ -603,13 +636,15 @@ class Telemetry:
 _CHOICE = re.compile(r"^\s+(\S+) ([0-9.]+) ms ([0-9.]+)%")
 
 
-def inductor_choices(stderr: str, size: int) -> list[list[Any]]:
-    """The choices Inductor printed after autotuning its `size`^2 mm, fastest first:
-    [name, ms] (top 5)."""
+def inductor_choices(stderr: str, table: str) -> list[list[Any]]:
+    """The choices Inductor printed in its first autotuning table whose header matches `table`
+    (a regular expression, after "AUTOTUNE "; see INDUCTOR_TABLES), fastest first: [name, ms]
+    (top 5)."""
     out: list[list[Any]] = []
     lines = stderr.splitlines()
+    head = re.compile("AUTOTUNE " + table)
     for i, line in enumerate(lines):
-        if line.startswith(f"AUTOTUNE mm({size}x"):
+        if head.match(line):
             for row in lines[i + 1 :]:
                 m = _CHOICE.match(row)
                 if m:
@@ -756,9 +791,9 @@ def one(
         if window:
             w0, w1 = window
             part["gpu"] = gpu.window(w0, w1, trace=name in gpu.TRACED)
-    for part, size in (("inductor", 4096), ("inductor8k", 8192), ("inductor_subproc", 8192)):
+    for part, table in INDUCTOR_TABLES.items():
         if part in row.get("parts", {}):
-            row["parts"][part]["candidates"] = inductor_choices(err, size)
+            row["parts"][part]["candidates"] = inductor_choices(err, table)
     row["stderr"] = err[-4000:]
     if report.exists():
         rep_doc = json.loads(report.read_text())

@@ -341,7 +341,10 @@ GPU_USER = textwrap.dedent("""
         assert libc.dlmopen(LM_ID_NEWLM, b"libcuda.so.1", RTLD_NOW)
     if how == "bare":
         env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-        child = subprocess.Popen([sys.executable, sys.argv[0], "plain"], env=env)
+        # the child dies with this process (PR_SET_PDEATHSIG, SIGKILL): the test kills only us
+        die_with_parent = lambda: ctypes.CDLL(None).prctl(1, 9)
+        child = subprocess.Popen([sys.executable, sys.argv[0], "plain"], env=env,
+                                 preexec_fn=die_with_parent)
         child.wait()
         sys.exit(0)
     if how == "unlinked":

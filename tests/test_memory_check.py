@@ -22,8 +22,9 @@ def test_with_two_gpus_each_runs_the_mix_at_the_modes_concurrency(tmp_path: Path
     most = {0: 0, 1: 0}
 
     def fake_run_one(size: float, variant: str, sock: Any, cache: Path, report: Path,
-                     retry: bool = True, gpu: int | None = None) -> dict[str, Any]:  # fmt: skip
-        assert gpu in (0, 1, None) and sock is None  # shared8: natively, no daemon
+                     retry: bool = True, gpu: int | None = None,
+                     extra_env: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+        assert gpu in (0, 1, None) and sock is None and not extra_env  # shared8: natively
         g = gpu or 0  # None: a node of one GPU
         with lock:
             running[g] += 1
@@ -85,3 +86,35 @@ def test_a_candidate_is_sent_to_its_gpu(
         i = seen["argv"].index("--gpu")
         assert seen["argv"][i + 1] == "1" and seen["argv"].index("--") > i
         assert "CUDA_VISIBLE_DEVICES" not in seen["env"]
+
+
+def test_shared8_mps_runs_every_command_as_a_client_of_its_own_mps_daemon(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The native MPS mode starts an MPS daemon for the mode, hands its variables to every
+    command, and stops it after the mode, failed commands or not."""
+    import krex.mps
+
+    check = load_script("scripts/bench/memory_check.py")
+    events: list[str] = []
+
+    class FakeMps:
+        @classmethod
+        def start(cls, directory: Path) -> FakeMps:
+            events.append(f"start {directory.name}")
+            return cls()
+
+        def env(self) -> dict[str, str]:
+            return {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/pipe"}
+
+        def stop(self) -> None:
+            events.append("stop")
+
+    def fake_run_one(*a: Any, extra_env: dict[str, str] | None = None, **k: Any) -> dict[str, Any]:
+        assert extra_env == {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/pipe"}, extra_env
+        return {"size_gib": a[0], "variant": a[1], "rc": 0, "oom": False}
+
+    monkeypatch.setattr(krex.mps, "Mps", FakeMps)
+    check.run_one = lambda *a: fake_run_one(*a[:7], extra_env=a[7])
+    m = check.run_mode("shared8-mps", tmp_path)
+    assert m["succeeded"] == 12 and events == ["start mps-shared8-mps", "stop"]

@@ -7,6 +7,9 @@ private daemon of its own). Per mode: commands that succeeded and failed (out-of
 counted apart), throughput over successful commands against exclusive, memory-wait p50/p95 from
 the reports, and each candidate's median against its exclusive one.
 
+Modes ending in -mps share the GPU through MPS (krex/mps.py): shared8-mps's commands are clients
+of an MPS daemon started for the mode, krex8-mps's daemon runs its own (`krex daemon --mps`).
+
 With --gpus 2 (a node of two GPUs, issue #20), every mode runs the mix on each GPU at once, the
 mode's concurrency on each (natively: CUDA_VISIBLE_DEVICES; under krex: one daemon over both,
 `krex run --gpu`), and the counts are given per GPU as well.
@@ -34,16 +37,18 @@ ROOT = Path(__file__).resolve().parents[2]
 CANDIDATE = ROOT / "scripts" / "bench" / "memory_candidate.py"
 SIZES_GIB = (2, 8, 16, 24, 32, 40)
 LOGS = Path(tempfile.gettempdir())  # the daemons' logs: beside --json
-# mode: (commands at once, krex slots or None for no krex, memory waits on)
+# mode: (commands at once, krex slots or None for no krex, memory waits on, through MPS)
 MODES = {
-    "exclusive": (1, None, True),
-    "shared8": (8, None, True),
-    "krex8": (8, 8, True),
-    "krex16": (16, 16, True),
+    "exclusive": (1, None, True, False),
+    "shared8": (8, None, True, False),
+    "shared8-mps": (8, None, True, True),
+    "krex8": (8, 8, True, False),
+    "krex8-mps": (8, 8, True, True),
+    "krex16": (16, 16, True, False),
     # krex without memory arbitration (an allocation waits 1 ms, no rerun after a sharing
     # out-of-memory): the baseline of "timing no worse than without memory arbitration"; its
     # out-of-memory failures are expected.
-    "krex8-nowait": (8, 8, False),
+    "krex8-nowait": (8, 8, False, False),
 }
 
 
@@ -60,10 +65,13 @@ def run_one(
     report: Path,
     retry: bool = True,
     gpu: int | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One candidate; `gpu`: the GPU of a node of several it runs on (None: the default)."""
+    """One candidate; `gpu`: the GPU of a node of several it runs on (None: the default);
+    `extra_env`: an MPS daemon's variables, for a native command that is its client."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
     env.pop("LD_PRELOAD", None)
+    env |= extra_env or {}
     env |= {"TRITON_CACHE_DIR": str(cache / "t"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "i")}
     if gpu is not None and krex_socket is None:
         env |= {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(gpu)}
@@ -95,8 +103,8 @@ def run_one(
 
 
 @contextlib.contextmanager
-def daemon(tmp: Path, slots: int, waits: bool = True) -> Iterator[Path]:
-    name = f"{slots}{'' if waits else '-nowait'}"
+def daemon(tmp: Path, slots: int, waits: bool = True, mps: bool = False) -> Iterator[Path]:
+    name = f"{slots}{'' if waits else '-nowait'}{'-mps' if mps else ''}"
     sock = tmp / f"krex-{name}.sock"
     cfg = tmp / f"krex-{name}.toml"
     cfg.write_text("" if waits else "[memory]\nwait_s = 0.001\n")
@@ -104,7 +112,9 @@ def daemon(tmp: Path, slots: int, waits: bool = True) -> Iterator[Path]:
     log = open(log_path, "wb")  # noqa: SIM115
     argv = [sys.executable, "-m", "krex.cli", "daemon", "--socket", str(sock)]
     proc = subprocess.Popen(
-        [*argv, "--slots", str(slots), "--config", str(cfg)], stdout=log, stderr=log
+        [*argv, "--slots", str(slots), "--config", str(cfg), *(["--mps"] if mps else [])],
+        stdout=log,
+        stderr=log,
     )
     try:
         deadline = time.monotonic() + 120
@@ -115,8 +125,11 @@ def daemon(tmp: Path, slots: int, waits: bool = True) -> Iterator[Path]:
                 text=True,
             )
             if st.returncode == 0:
-                pools = [g["pool"] for g in json.loads(st.stdout)["gpus"]]
+                doc = json.loads(st.stdout)
+                pools = [g["pool"] for g in doc["gpus"]]
                 if all(p["idle"] >= p["target"] for p in pools):  # the warm workers are ready
+                    if mps and not doc.get("mps"):
+                        raise RuntimeError("krex daemon --mps runs without MPS: " + st.stdout)
                     break
             if time.monotonic() > deadline or proc.poll() is not None:
                 raise RuntimeError("daemon did not start: " + log_path.read_text())
@@ -130,10 +143,17 @@ def daemon(tmp: Path, slots: int, waits: bool = True) -> Iterator[Path]:
 
 def run_mode(name: str, tmp: Path, gpus: int = 1) -> dict[str, Any]:
     """One mode over the mix; with `gpus` > 1 the mix on each GPU, `concurrency` on each."""
-    concurrency, slots, arbitrate = MODES[name]
+    concurrency, slots, arbitrate, mps = MODES[name]
     cmds = commands(gpus)
+    extra: dict[str, str] = {}
     with contextlib.ExitStack() as stack:
-        sock = stack.enter_context(daemon(tmp, slots, arbitrate)) if slots else None
+        sock = stack.enter_context(daemon(tmp, slots, arbitrate, mps)) if slots else None
+        if mps and not slots:  # native clients of an MPS daemon of the mode's own
+            from krex.mps import Mps
+
+            server = Mps.start(tmp / f"mps-{name}")
+            stack.callback(server.stop)
+            extra = server.env()
         t0 = time.monotonic()
         # One pool per GPU, so that each GPU has `concurrency` commands at once.
         pools = [stack.enter_context(ThreadPoolExecutor(concurrency)) for _ in range(gpus)]
@@ -147,6 +167,7 @@ def run_mode(name: str, tmp: Path, gpus: int = 1) -> dict[str, Any]:
                 tmp / f"{name}-{i}.json",
                 arbitrate,
                 g if gpus > 1 else None,
+                extra,
             )
             for i, (s, m, g) in enumerate(cmds)
         ]

@@ -41,6 +41,8 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # bench (krex bench run: BENCH_PROFILE, default quick; BENCH_CONCURRENCY, default 8;
 # BENCH_TASKS, default all; BENCH_MODES, default exclusive,shared,krex; BENCH_SETTLE, the
 # krex-settle mode's seconds),
+# memory (scripts/bench/memory_check.py: the memory-heavy mix on one GPU; MEMORY_MODES, default
+# exclusive,shared8,krex8,krex16; shared8-mps and krex8-mps go through MPS),
 # mgpu-native and mgpu-krex (scripts/bench/multi_gpu.py on a node of two GPUs: the native
 # baselines on both GPUs, then krex over both; mgpu-krex reads MGPU_NATIVE, the first's
 # native.json; MGPU_TASKS picks tasks), mgpu-memory (scripts/bench/memory_check.py --gpus 2:
@@ -153,6 +155,11 @@ if [[ " $PARTS " == *" mgpu-krex "* ]]; then
     echo "== two GPUs through krex: GPU 1 alone, then both GPUs at once, 8 commands each"
     python3 scripts/bench/multi_gpu.py krex --out "$OUT/mgpu" --native "${MGPU_NATIVE:?}" \
         "${mgpu_tasks[@]}" || rc=1
+fi
+if [[ " $PARTS " == *" memory "* ]]; then
+    echo "== device memory: the memory-heavy mix ${MEMORY_MODES:-exclusive,shared8,krex8,krex16}"
+    python3 scripts/bench/memory_check.py --json "$OUT/memory_check.json" \
+        --modes "${MEMORY_MODES:-exclusive,shared8,krex8,krex16}" || rc=1
 fi
 if [[ " $PARTS " == *" mgpu-memory "* ]]; then
     echo "== two GPUs: device memory, the mix on each GPU at once"

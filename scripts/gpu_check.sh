@@ -42,7 +42,7 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # BENCH_TASKS, default all; BENCH_MODES, default exclusive,shared,krex; BENCH_SETTLE, the
 # krex-settle mode's seconds),
 # memory (scripts/bench/memory_check.py: the memory-heavy mix on one GPU; MEMORY_MODES, default
-# exclusive,shared8,krex8,krex16; shared8-mps and krex8-mps go through MPS),
+# exclusive,shared8,krex8,krex16; shared8-mps, krex8-mps and krex16-mps go through MPS),
 # mgpu-native and mgpu-krex (scripts/bench/multi_gpu.py on a node of two GPUs: the native
 # baselines on both GPUs, then krex over both; mgpu-krex reads MGPU_NATIVE, the first's
 # native.json; MGPU_TASKS picks tasks), mgpu-memory (scripts/bench/memory_check.py --gpus 2:

@@ -8,7 +8,8 @@ counted apart), throughput over successful commands against exclusive, memory-wa
 the reports, and each candidate's median against its exclusive one.
 
 Modes ending in -mps share the GPU through MPS (krex/mps.py): shared8-mps's commands are clients
-of an MPS daemon started for the mode, krex8-mps's daemon runs its own (`krex daemon --mps`).
+of an MPS daemon started for the mode, krex8-mps's and krex16-mps's daemons run their own
+(`krex daemon --mps`).
 
 With --gpus 2 (a node of two GPUs, issue #20), every mode runs the mix on each GPU at once, the
 mode's concurrency on each (natively: CUDA_VISIBLE_DEVICES; under krex: one daemon over both,
@@ -45,6 +46,7 @@ MODES = {
     "krex8": (8, 8, True, False),
     "krex8-mps": (8, 8, True, True),
     "krex16": (16, 16, True, False),
+    "krex16-mps": (16, 16, True, True),
     # krex without memory arbitration (an allocation waits 1 ms, no rerun after a sharing
     # out-of-memory): the baseline of "timing no worse than without memory arbitration"; its
     # out-of-memory failures are expected.

@@ -263,9 +263,7 @@ class NodeMachinery:
             if active:
                 gated = {s.pid for s in slots if not s.ungated and s.tenant != owner.id}
                 others = [
-                    p
-                    for p in unvouched(active, set(self._pids(owner)), gated)
-                    if running(p) and not self.helper(p)
+                    p for p in unvouched(active, set(self._pids(owner)), gated) if self._stranger(p)
                 ]
                 if others:
                     problems.append(
@@ -284,7 +282,12 @@ class NodeMachinery:
         ours = {os.getpid(), *(w.proc.pid for w in g.pool)}
         for t in [*g.tenants, *([g.pool_tenant] if g.pool_tenant else [])]:
             ours.update(self._pids(t))
-        return {p for p in users - ours if running(p) and not self.helper(p)}
+        return {p for p in users - ours if self._stranger(p)}
+
+    def _stranger(self, pid: int) -> bool:
+        """A live process that is not a helper of krex's own (its MPS server): one whose GPU
+        work nobody vouched for, unless it is a tenant's."""
+        return running(pid) and not self.helper(pid)
 
     def _slotless(self, gpu: int, users: set[int], slotted: set[int]) -> dict[int, list[int]]:
         """Per tenant of the GPU, its processes that use it but hold no live slot (`slotted`:

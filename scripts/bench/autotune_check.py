@@ -451,14 +451,19 @@ AUTOTUNE = textwrap.dedent("""
         import gc
         return [o for o in gc.get_objects() if type(o).__name__ == kind]
 
-    def inductor_part(name="inductor", x=a, y=b, **config):
+    def max_autotuned(name, fn, args, check=None, **config):  # Inductor's pick for fn, timed
         torch._dynamo.reset()
         from torch._inductor.utils import run_and_get_code
-        f = torch.compile(lambda a, b: a @ b, mode="max-autotune-no-cudagraphs")
+        f = torch.compile(fn, mode="max-autotune-no-cudagraphs")
         with torch._inductor.config.patch(config), counted() as seen:
-            _, codes = run_and_get_code(f, x, y)
-        winner = inductor_winner("\\n".join(codes))
-        done(name, winner=winner, benchmarks=seen, pid=os.getpid(), **timed(lambda: f(x, y)))
+            out, codes = run_and_get_code(f, *args)
+        if check is not None:  # before the part is recorded: a wrong result is no winner
+            check(out)
+        done(name, winner=inductor_winner("\\n".join(codes)), benchmarks=seen, pid=os.getpid(),
+             **timed(lambda: f(*args)))
+
+    def inductor_part(name="inductor", x=a, y=b, **config):
+        max_autotuned(name, lambda a, b: a @ b, (x, y), **config)
 
     def inductor8k_part():
         inductor_part("inductor8k", *inputs8k())
@@ -469,20 +474,13 @@ AUTOTUNE = textwrap.dedent("""
     def inductor_kb9_part():  # KernelBench level 2 problem 9 (its first GEMM), as published
         # Linear(8192, 8192) - 2.0, * 1.5, ReLU on fp32 torch.rand(1024, 8192), compiled as an
         # agent's candidate is and timed under no_grad, as KernelBench's eval times it.
-        torch._dynamo.reset()
-        from torch._inductor.utils import run_and_get_code
         torch.manual_seed(0)
         lin = torch.nn.Linear(8192, 8192, device="cuda")
         x = torch.rand(1024, 8192, device="cuda", generator=gen)
-        f = torch.compile(lambda x: torch.relu((lin(x) - 2.0) * 1.5),
-                          mode="max-autotune-no-cudagraphs")
+        model = lambda x: torch.relu((lin(x) - 2.0) * 1.5)
+        close = lambda y: torch.testing.assert_close(y, model(x), atol=1e-2, rtol=1e-2)
         with torch.no_grad():
-            with counted() as seen:
-                y, codes = run_and_get_code(f, x)
-            want = torch.relu((lin(x) - 2.0) * 1.5)
-            torch.testing.assert_close(y, want, atol=1e-2, rtol=1e-2)
-            done("inductor_kb9", winner=inductor_winner("\\n".join(codes)), benchmarks=seen,
-                 pid=os.getpid(), **timed(lambda: f(x)))
+            max_autotuned("inductor_kb9", model, (x,), check=close)
 
     def coordesc_part():  # Inductor's coordinate descent over an RMS norm's kernel's config
         torch._dynamo.reset()

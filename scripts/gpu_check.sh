@@ -28,7 +28,8 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # pool-probe (scripts/bench/fidelity_probe.py, pool_probe.py), warm (warm_check.py),
 # tunableop (scripts/gpu/tunableop_check.py: the TunableOp warning, warm and cold), settle
 # (scripts/gpu/settle_check.py: the settle step's trigger, time-sliced and under MPS),
-# autotune (scripts/bench/autotune_check.py; AUTOTUNE_REPEATS, AUTOTUNE_SIBLINGS, AUTOTUNE_PARTS,
+# autotune (scripts/bench/autotune_check.py; AUTOTUNE_REPEATS, AUTOTUNE_FIRST_REPEAT (a run
+# split over calls keeps its rotation), AUTOTUNE_SIBLINGS, AUTOTUNE_PARTS,
 # AUTOTUNE_SHARING=mps, AUTOTUNE_LINGER, AUTOTUNE_ALONE=1 adds krex with no siblings
 # (AUTOTUNE_ALONE_EACH=1: in every repeat),
 # AUTOTUNE_HELD=1 natively beside idle memory holders, AUTOTUNE_FROZEN=1 natively beside
@@ -125,7 +126,8 @@ fi
 if [[ " $PARTS " == *" autotune "* ]]; then
     echo "== autotuners' winners and harness timers: exclusive, unprotected and krex beside 7 siblings"
     python3 scripts/bench/autotune_check.py --json "$OUT/autotune_check.json" \
-        --repeats "${AUTOTUNE_REPEATS:-2}" --siblings "${AUTOTUNE_SIBLINGS:-steady}" \
+        --repeats "${AUTOTUNE_REPEATS:-2}" --first-repeat "${AUTOTUNE_FIRST_REPEAT:-0}" \
+        --siblings "${AUTOTUNE_SIBLINGS:-steady}" \
         ${AUTOTUNE_ALONE:+--alone} ${AUTOTUNE_ALONE_EACH:+--alone-each} \
         ${AUTOTUNE_PARTS:+--parts "$AUTOTUNE_PARTS"} \
         ${AUTOTUNE_SHARING:+--sharing "$AUTOTUNE_SHARING"} ${AUTOTUNE_HELD:+--held} \

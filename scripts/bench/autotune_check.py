@@ -940,6 +940,14 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument(
+        "--first-repeat",
+        type=int,
+        default=0,
+        metavar="N",
+        help="number the repeats from N (default 0), so a run split over several calls keeps "
+        "--rotate's order: a second call with --first-repeat 1 starts where the first left off",
+    )
     ap.add_argument("--siblings", choices=("steady", "bursty"), default="steady")
     ap.add_argument(
         "--parts",
@@ -1042,6 +1050,8 @@ def main() -> int:
         if not 0 < args.settled <= 5:
             ap.error("--settled: between 0 and 5 seconds")
         SETTLE_S = args.settled
+    if args.repeats < 1 or args.first_repeat < 0:
+        ap.error("--repeats must be 1 or more and --first-repeat 0 or more")
     bad = [p for p in args.parts.split(",") if p not in PARTS]
     if bad or not args.parts:
         ap.error(f"--parts: unknown {', '.join(bad) or '(none given)'}; known: {', '.join(PARTS)}")
@@ -1067,9 +1077,9 @@ def main() -> int:
             Telemetry(args.sample_ms / 1000) as gpu,
             _mps(tmp / "mps", args.sharing == "mps"),
         ):
-            for rep in range(args.repeats):
+            for rep in range(args.first_repeat, args.first_repeat + args.repeats):
                 modes = ["exclusive", *([] if args.no_unprotected else ["unprotected"]), "krex"]
-                if args.alone_each or (args.alone and rep == 0):
+                if args.alone_each or (args.alone and rep == args.first_repeat):
                     modes.append("krex-alone")
                 if args.held:
                     modes.append("exclusive-held")
@@ -1085,7 +1095,11 @@ def main() -> int:
                     modes = modes[rep % len(modes) :] + modes[: rep % len(modes)]
                 for mode in modes:
                     doc["runs"].append(one(tmp, mode, sock, rep, args.siblings, gpu, args.parts))
-                    if not doc["runs"][-1].get("parts") and rep == 0 and mode == "exclusive":
+                    if (
+                        not doc["runs"][-1].get("parts")
+                        and rep == args.first_repeat
+                        and mode == "exclusive"
+                    ):
                         print("the candidate produced nothing alone: stopping", flush=True)
                         out.write_text(json.dumps(doc, indent=1) + "\n")
                         return 1

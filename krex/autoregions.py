@@ -53,6 +53,7 @@ DEFAULT_AUTO_REGIONS = (
 # context managers that must allow nested entry from one thread, which regions do.
 INDUCTOR_MODULE = "torch._inductor.runtime.benchmarking"
 INDUCTOR_HOOK = "set_gpu_benchmark_lock_context"
+INDUCTOR_LABEL = f"{INDUCTOR_MODULE} (GPU benchmark)"  # its regions' name in `calls`
 # Without the hook: the benchmarkers every Inductor GPU benchmark goes through (max-autotune's
 # choices, coordinate descent, the Triton configs of its kernels), read from torch 2.11's
 # torch/_inductor/runtime/benchmarking.py; wrapped only on the releases they were read from.
@@ -207,7 +208,7 @@ def _wrap(module: ModuleType, path: str) -> None:
         factory = _registry.factories.get(full)
     if getattr(fn, WRAPPED_MARK, False):
         return
-    wrapped: Any = factory(fn, full) if factory is not None else auto_region()(fn)
+    wrapped: Any = factory(fn, full) if factory is not None else auto_region(full)(fn)
     setattr(owner, attr, kind(wrapped) if kind is not None else wrapped)
 
 
@@ -272,7 +273,7 @@ def _register_inductor(module: ModuleType) -> None:
 
     @contextlib.contextmanager
     def both() -> Iterator[None]:
-        with previous(), auto_region():
+        with previous(), auto_region(INDUCTOR_LABEL):
             yield
 
     setattr(both, WRAPPED_MARK, True)
@@ -312,7 +313,7 @@ def _on_release(releases: tuple[str, ...], what: str, why: str) -> bool:
 
 
 def _inductor_region() -> contextlib.AbstractContextManager[None]:
-    return auto_region()
+    return auto_region(INDUCTOR_LABEL)
 
 
 class _PostImportLoader(importlib.abc.Loader):

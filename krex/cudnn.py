@@ -55,6 +55,7 @@ def search_region(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     except (ImportError, AttributeError):
         return fn
     seen: set[Hashable] = set()
+    label = f"{name} (cuDNN search)"  # the region's name in its record's `calls`
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # First: under dynamo's tracing this folds to True and the trace is just fn's. Then:
@@ -65,7 +66,7 @@ def search_region(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
         key = _key(name, args, kwargs)
         if key is None or key in seen:
             return fn(*args, **kwargs)
-        with auto_region():
+        with auto_region(label):
             out = fn(*args, **kwargs)
         seen.add(key)
         return out
@@ -132,4 +133,6 @@ def wrap_inductor_conv() -> None:
     namespace: Any = getattr(sys.modules.get(INDUCTOR_NAMESPACE_MODULE), "extern_kernels", None)
     fn = getattr(namespace, "convolution", None)
     if callable(fn) and not getattr(fn, WRAPPED_MARK, False):
-        namespace.convolution = search_region(fn, "extern_kernels.convolution")
+        namespace.convolution = search_region(
+            fn, f"{INDUCTOR_NAMESPACE_MODULE}.extern_kernels.convolution"
+        )

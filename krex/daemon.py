@@ -651,7 +651,11 @@ class Daemon:
             if end is not None:
                 raise ProtocolError("expected region_end")
             return
-        record = self.regions.release(region, why="region_end")
+        calls = end.get("calls", {})
+        if problem := wire.calls_problem(calls):
+            self.regions.release(region, why="region_end")  # ended all the same: nothing held
+            raise ProtocolError(f"region_end: {problem}")
+        record = self.regions.release(region, why="region_end", calls=calls)
         await conn.send({"ok": True, "region": record})
 
     # Accounting.

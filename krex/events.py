@@ -45,6 +45,7 @@ class _Thread(threading.local):
 
 
 _thread = _Thread()
+LABEL = "torch.cuda.Event (timing)"  # its regions' name in the record's `calls`
 
 
 def install(torch: Any) -> None:
@@ -56,7 +57,7 @@ def install(torch: Any) -> None:
 
     def watched_record(self: Any, *args: Any, **kwargs: Any) -> Any:
         if region_depth() == 0 and not _capturing(torch):
-            auto_region().__enter__()
+            auto_region(LABEL).__enter__()
             _thread.since = time.monotonic()
             for ev in list(_thread.watched):  # torch's own record while the region is open
                 ev.__dict__.pop("record", None)
@@ -73,7 +74,7 @@ def install(torch: Any) -> None:
         if _thread.since is None:
             return
         _thread.since = None
-        auto_region().__exit__(None, None, None)
+        auto_region(LABEL).__exit__(None, None, None)
         for ev in list(_thread.watched):
             ev.record = types.MethodType(watched_record, ev)
 

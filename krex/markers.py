@@ -48,6 +48,7 @@ DEFAULT_LINGER_S = 0.005
 MAX_LINGER_S = 1.0
 END_REPLY_S = 60.0  # the bound on the reply to region_end (the daemon thaws and reopens)
 WRAPPED_MARK = "__krex_region__"  # set on wrappers, so nothing gets wrapped twice
+REGION_LABEL = "krex.region"  # what `calls` names a region() by (an auto-region by its target)
 
 # The daemon is not listening yet (no socket file, or nobody accepting): worth retrying.
 _RETRY_ERRNOS = {errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN}
@@ -102,7 +103,7 @@ class _Held:
     """One granted region: its connection and grant. A plain object, not thread-local, so
     that the reaper thread can end it for the thread that held it."""
 
-    __slots__ = ("conn", "ended", "grant", "t_grant", "until")
+    __slots__ = ("calls", "conn", "ended", "grant", "t_grant", "until")
 
     def __init__(self, conn: socket.socket, grant: dict[str, Any]) -> None:
         self.conn = conn
@@ -110,6 +111,14 @@ class _Held:
         self.t_grant = time.monotonic()
         self.until = 0.0  # while lingering: when the reaper ends it (time.monotonic())
         self.ended = False  # taken by the reaper or flush() (under _lock)
+        # Each marker's label, with how many times it began or continued the region (its
+        # outermost entries): the record's `calls`, which says what held the GPU.
+        self.calls: dict[str, int] = {}
+
+    def count(self, label: str) -> None:
+        if label not in self.calls and len(self.calls) >= wire.MAX_CALL_NAMES - 1:
+            label = "(others)"  # the last place, once all but one are taken
+        self.calls[label] = self.calls.get(label, 0) + 1
 
 
 class _ThreadState(threading.local):
@@ -175,10 +184,12 @@ class Region:
     It holds no state of its own (the depth and connection are per thread), so one instance
     serves every thread and every nesting level. A lingering one (auto_region()) is held
     KREX_REGION_LINGER_S after its outermost exit, for the thread's next region to continue.
+    Its label names it in the record's `calls`.
     """
 
-    def __init__(self, *, lingers: bool = False) -> None:
+    def __init__(self, *, lingers: bool = False, label: str = REGION_LABEL) -> None:
         self.lingers = lingers
+        self.label = label[: wire.MAX_CALL_NAME] or REGION_LABEL
 
     def __enter__(self) -> None:
         tenant = _environment()
@@ -193,6 +204,7 @@ class Region:
             with _lock:
                 if not held.ended:  # still lingering: continue it
                     _lingering.discard(held)
+                    held.count(self.label)
                     state.depth = 1
                     return
             state.held = None  # the reaper is ending it
@@ -200,6 +212,7 @@ class Region:
         with _lock:
             _open.add(conn)
         state.held = _Held(conn, grant)
+        state.held.count(self.label)
         state.depth = 1
 
     def __exit__(
@@ -257,7 +270,7 @@ def _take(held: _Held) -> None:
 def _finish(held: _Held) -> None:
     """End a region taken off its thread (held.ended set): region_end, and its record."""
     global _last
-    record = _end(held.conn, held.grant, time.monotonic() - held.t_grant)
+    record = _end(held.conn, held.grant, time.monotonic() - held.t_grant, held.calls)
     with _lock:
         _last = record
 
@@ -312,7 +325,7 @@ atexit.register(flush)
 
 
 _REGION = Region()
-_AUTO_REGION = Region(lingers=True)
+_AUTO_LABEL = "auto-region"
 
 
 def region() -> Region:
@@ -331,10 +344,12 @@ def region() -> Region:
     return _REGION
 
 
-def auto_region() -> Region:
+@functools.cache
+def auto_region(label: str = _AUTO_LABEL) -> Region:
     """A region for auto-regions: like region(), but held KREX_REGION_LINGER_S after its
-    outermost exit, so that the thread's next timing continues it (see the module's text)."""
-    return _AUTO_REGION
+    outermost exit, so that the thread's next timing continues it (see the module's text).
+    `label` (the wrapped target's dotted name) names it in the record's `calls`."""
+    return Region(lingers=True, label=label)
 
 
 def _connect(path: str) -> socket.socket:
@@ -416,10 +431,13 @@ def _begin(tenant: _Tenant) -> tuple[socket.socket, dict[str, Any]]:
     return conn, grant
 
 
-def _end(conn: socket.socket, grant: dict[str, Any], held_s: float) -> dict[str, Any]:
+def _end(
+    conn: socket.socket, grant: dict[str, Any], held_s: float, calls: dict[str, int]
+) -> dict[str, Any]:
     """End the region; its record, with every key of a normal one (_complete)."""
+    request: dict[str, Any] = {"op": "region_end", **({"calls": dict(calls)} if calls else {})}
     try:
-        reply = _exchange(conn, {"op": "region_end"}, END_REPLY_S)
+        reply = _exchange(conn, request, END_REPLY_S)
     except _Lost as lost:
         # The daemon died or restarted under the region, which ended it then (a dead daemon
         # ends every region: docs/architecture.md, the region protocol). The measurement is
@@ -429,7 +447,8 @@ def _end(conn: socket.socket, grant: dict[str, Any], held_s: float) -> dict[str,
         known: dict[str, Any] = {
             k: grant[k] for k in ("wait_s", "drain_s", "freeze_s") if k in grant
         }
-        return _complete({**known, "duration_s": held_s, "revoked": True, "problems": [str(lost)]})
+        lost_record = {"duration_s": held_s, "revoked": True, "problems": [str(lost)]}
+        return _complete({**known, **lost_record, **({"calls": dict(calls)} if calls else {})})
     finally:
         conn.close()
     record = reply.get("region")

@@ -86,6 +86,7 @@ class Region:
     memory: dict[int, tuple[int, int] | None] = field(default_factory=dict)  # at each grant
     holders: int = 1  # connections of the owner in it (other threads nest)
     pids: list[int] = field(default_factory=list)  # the owner's processes that asked, in order
+    calls: dict[str, int] = field(default_factory=dict)  # what its holders' markers were
     revoked: bool = False
     ended: bool = False
     record: dict[str, Any] | None = None

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from krex import fidelity
@@ -127,10 +127,17 @@ class Regions:
             mine.pids.append(pid)
         return mine
 
-    def release(self, r: Region, why: str) -> dict[str, Any]:
-        """One holder of region r is done; the region ends with its last holder."""
+    def release(
+        self, r: Region, why: str, calls: Mapping[str, int] | None = None
+    ) -> dict[str, Any]:
+        """One holder of region r is done (`calls`: its markers, from its region_end); the
+        region ends with its last holder."""
+        for name, n in (calls or {}).items():
+            r.calls[name] = r.calls.get(name, 0) + n
         if r.ended:
             # Already finished (revoked, or the tenant left): report what it was.
+            if r.record is not None and r.calls:
+                r.record["calls"] = dict(r.calls)  # the same dict as in t.regions
             return r.record or self._record(r, time.monotonic())
         r.holders -= 1
         if r.holders > 0:
@@ -424,6 +431,8 @@ class Regions:
             # autotuning) is told from the command's own.
             "pids": list(r.pids),
         }
+        if r.calls:  # what held it: each marker's name and how often it began or continued it
+            rec["calls"] = dict(r.calls)
         if len(r.tenant.gpus) > 1:
             rec["gpus"] = list(r.gpus)
         # The SM clock and throttle reasons at each GPU's grant and now: a throttled region is

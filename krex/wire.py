@@ -64,6 +64,25 @@ def is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+# region_end's `calls` (the markers that began or continued the region, with their counts):
+# at most MAX_CALL_NAMES names, each 1..MAX_CALL_NAME characters, each count 1..MAX_CALL_COUNT.
+MAX_CALL_NAMES = 32
+MAX_CALL_NAME = 200
+MAX_CALL_COUNT = 10**9
+
+
+def calls_problem(value: object) -> str | None:
+    """Why `value` is not a region_end's `calls`, or None when it is one."""
+    if not isinstance(value, dict) or len(value) > MAX_CALL_NAMES:
+        return f"calls must be an object of at most {MAX_CALL_NAMES} names"
+    for name, count in value.items():
+        if not 0 < len(name) <= MAX_CALL_NAME:
+            return f"a name in calls must be 1 to {MAX_CALL_NAME} characters"
+        if not is_int(count) or not 0 < count <= MAX_CALL_COUNT:
+            return f"calls[{name!r}] must be a count from 1 to {MAX_CALL_COUNT}"
+    return None
+
+
 async def read(reader: asyncio.StreamReader) -> dict[str, Any] | None:
     """The next request on an asyncio stream (opened with limit=MAX_LINE); None at EOF."""
     try:

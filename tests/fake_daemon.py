@@ -38,6 +38,7 @@ class FakeDaemon:
         self.grant_delay_s = grant_delay_s
         self.refuse = refuse
         self.received: list[Received] = []
+        self.calls: list[dict[str, int]] = []  # each region_end's `calls` ({} without)
         self.connections = 0
         self._changed = threading.Condition()
         self._stop = threading.Event()  # set by __exit__; shutdown() wakes the blocked calls
@@ -135,11 +136,15 @@ class FakeDaemon:
                     grant = {"epoch": self._epoch, "wait_s": self.grant_delay_s}
                     self._reply(stream, {"ok": True, **grant, **_COSTS, "clean": True})
                 elif op == "region_end" and tenant is not None:
+                    with self._changed:  # before the record: wait_for() then sees both
+                        self.calls.append(dict(request.get("calls") or {}))
                     self._record(op, tenant, pid)
                     record: dict[str, Any] = {"wait_s": self.grant_delay_s, **_COSTS}
                     record.update(
                         duration_s=time.monotonic() - began, clean=True, revoked=False, problems=[]
                     )
+                    if "calls" in request:  # the markers that held it, as the daemon records them
+                        record["calls"] = request["calls"]
                     self._reply(stream, {"ok": True, "region": record})
                     return
                 else:

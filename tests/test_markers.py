@@ -17,7 +17,7 @@ from conftest import C_DIR, compile_c
 from fake_daemon import FakeDaemon
 
 import krex
-from krex import autoregions, markers
+from krex import autoregions, markers, wire
 from krex.errors import KrexError
 from krex.markers import RegionError, last_region, region
 from krex.paths import shim_library
@@ -195,6 +195,31 @@ def test_an_auto_region_lingers_and_the_next_continues_it(
     assert (last_region() or {}).get("clean") is True
 
 
+def test_a_region_record_names_the_markers_that_held_it(
+    inside: FakeDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """region_end carries `calls`: each marker's label with how often it began or continued
+    the region (outermost entries only), so a record says what held the GPU; past
+    MAX_CALL_NAMES - 1 names the rest count as "(others)"."""
+    with region(), region():
+        pass
+    assert (last_region() or {}).get("calls") == {"krex.region": 1}
+    linger(monkeypatch, "0.3")
+    tune, timer = markers.auto_region("triton.testing.do_bench"), markers.auto_region("t.timer")
+    assert markers.auto_region("t.timer") is timer  # one marker per label
+    for auto in (tune, tune, timer, tune):
+        with auto, auto:  # nested: one count
+            pass
+    assert inside.ops() == ["region_begin", "region_end", "region_begin"]  # one lingering region
+    assert (last_region() or {}).get("calls") == {"triton.testing.do_bench": 3, "t.timer": 1}
+    for i in range(wire.MAX_CALL_NAMES + 3):
+        with markers.auto_region(f"m.f{i}"):
+            pass
+    calls = (last_region() or {}).get("calls") or {}
+    assert len(calls) == wire.MAX_CALL_NAMES and wire.calls_problem(calls) is None
+    assert calls["(others)"] == 4 and calls["m.f0"] == 1, calls
+
+
 def test_a_plain_region_ends_a_lingering_one_at_its_exit(
     inside: FakeDaemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -319,10 +344,13 @@ def test_a_daemon_lost_inside_a_region_is_a_revoked_record(
     record = last_region()
     assert record is not None
     assert (record["revoked"], record["clean"]) == (True, False)
-    # The keys of a normal record, so that a harness indexing them does not fail here.
+    # The keys of a normal record, so that a harness indexing them does not fail here, and
+    # the markers that held it (known here, not from the daemon).
     assert set(record) == {
-        "wait_s", "drain_s", "freeze_s", "duration_s", "clean", "revoked", "problems", "warnings"
+        "wait_s", "drain_s", "freeze_s", "duration_s", "clean", "revoked", "problems", "warnings",
+        "calls",
     }  # fmt: skip
+    assert record["calls"] == {"krex.region": 1}
     assert (record["drain_s"], record["freeze_s"]) == (0.001, 0.002)  # the grant's
     assert len(record["problems"]) == 1 and "the krex daemon" in record["problems"][0]
     lines = capsys.readouterr().err.splitlines()
@@ -675,6 +703,7 @@ def test_auto_regions_register_into_inductors_lock_hook(daemon: FakeDaemon, tmp_
     result = run_auto(daemon, tmp_path, script)
     assert (result.returncode, result.stdout, result.stderr) == (0, "benchmarked\n", "")
     assert daemon.ops() == ["region_begin", "region_end"]
+    assert daemon.calls == [{autoregions.INDUCTOR_LABEL: 1}]
 
 
 FAKE_BENCHMARKING = """
@@ -723,6 +752,11 @@ def test_without_the_hook_inductors_benchmarkers_are_wrapped_on_torch_2_11(
     if covered:
         assert result.stderr == ""
         assert daemon.ops() == ["region_begin", "region_end"] * 2
+        module = "torch._inductor.runtime.benchmarking"  # each record names what held it
+        assert daemon.calls == [
+            {f"{module}.InductorBenchmarker.benchmark_gpu": 1},
+            {f"{module}.TritonBenchmarker.benchmark_gpu": 1},
+        ]
     else:
         assert daemon.ops() == []
         lines = result.stderr.splitlines()
@@ -836,6 +870,9 @@ def test_cudnn_benchmark_search_runs_in_a_region_once_per_configuration(
     assert lines[-1] == "inductor again ('convolution', (1, 2))"
     # Inductor's extern kernels (internal) only on the releases they were read from.
     assert daemon.ops() == ["region_begin", "region_end"] * (6 if inductor else 5), result.stderr
+    search = {"torch.nn.functional.conv2d (cuDNN search)": 1}
+    extern = {"torch._inductor.select_algorithm.extern_kernels.convolution (cuDNN search)": 1}
+    assert daemon.calls == [search] * 4 + [{"krex.region": 1}] + [extern] * inductor
     warned = [line for line in result.stderr.splitlines() if "compile'd convolutions" in line]
     assert len(warned) == (0 if inductor else 1), result.stderr
 
@@ -941,6 +978,8 @@ def test_plain_cuda_event_timing_is_a_region(daemon: FakeDaemon, tmp_path: Path)
     result = run_auto(daemon, tmp_path, script, linger=False)  # regions counted
     assert (result.returncode, result.stdout) == (0, "done\n"), result.stderr
     assert daemon.ops() == ["region_begin", "region_end"] * 7, result.stderr
+    timing = {"torch.cuda.Event (timing)": 1}
+    assert daemon.calls == [timing] * 4 + [{"krex.region": 1}] + [timing] * 2
 
 
 @pytest.fixture

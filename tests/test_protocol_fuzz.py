@@ -25,7 +25,7 @@ from krex.workers import EXIT_WAIT_S
 OPS = ["hello", "status", "admit", "started", "lease", "finished", "region_begin",
        "region_end", "worker_ready", "done"]  # fmt: skip
 FIELDS = ["argv", "gpu", "sim", "auto_regions", "region_timeout_s", "settle_s", "tenant", "pid",
-          "worker", "secret", "exit_code", "worker_lost"]  # fmt: skip
+          "worker", "secret", "exit_code", "worker_lost", "calls"]  # fmt: skip
 
 json_values = st.recursive(
     st.none()
@@ -176,6 +176,47 @@ def test_a_tenant_beside_the_fuzzing_sees_nothing(daemon: Daemon, tmp_path: Path
     assert holder.wait(timeout=30) == 0
     r = json.loads(report.read_text())
     assert [reg["clean"] for reg in r["regions"]] == [True]
+    assert_healthy(daemon)
+
+
+BAD_CALLS = """
+import json, os, socket, sys
+import krex
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(os.environ["KREX_SOCKET"])
+f = s.makefile("rwb")
+def ask(msg):
+    f.write((json.dumps({"v": 1, **msg}) + "\\n").encode()); f.flush()
+    return json.loads(f.readline())
+tenant = int(os.environ["KREX_TENANT"])
+assert ask({"op": "region_begin", "tenant": tenant, "pid": os.getpid()})["ok"]
+print(json.dumps(ask({"op": "region_end", "calls": json.loads(sys.argv[1])})), flush=True)
+with krex.region():  # nothing was left held: the next region is granted
+    pass
+print(json.dumps(krex.last_region()["calls"]))
+"""
+
+
+@pytest.mark.parametrize(
+    "calls",
+    ["[]", '{"a": 0}', '{"a": true}', '{"": 1}', json.dumps({"x" * 201: 1}),
+     json.dumps({f"n{i}": 1 for i in range(wire.MAX_CALL_NAMES + 1)})],
+)  # fmt: skip
+def test_a_region_end_with_bad_calls_is_one_error_and_ends_the_region(
+    daemon: Daemon, tmp_path: Path, calls: str
+) -> None:
+    """region_end's `calls` that are not an object of named counts: one error reply, and the
+    region ends all the same (the next is granted; the report lists both)."""
+    report = tmp_path / "r.json"
+    p = krex_run(daemon, sys.executable, "-c", BAD_CALLS, calls, report=report,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    refused, named = (json.loads(line) for line in out.splitlines())
+    assert refused["ok"] is False and refused["error"].startswith("region_end: "), refused
+    assert "calls" in refused["error"] and named == {"krex.region": 1}
+    regions = json.loads(report.read_text())["regions"]
+    assert len(regions) == 2 and "calls" not in regions[0] and regions[1]["calls"] == named
     assert_healthy(daemon)
 
 

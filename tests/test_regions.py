@@ -267,6 +267,30 @@ def test_other_threads_of_the_owner_nest_and_the_last_holder_ends_it() -> None:
     run(main())
 
 
+def test_the_record_sums_every_holders_calls_even_after_a_revocation() -> None:
+    """Each holder's region_end brings its markers' `calls`; the record sums them, and a
+    region revoked before its owner's region_end gets them in the record it already has (the
+    one in the tenant's list). A region no marker named has no `calls`."""
+
+    async def main() -> None:
+        regions, _, gpus = make()
+        owner = tenant(gpus, 1)
+        rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
+        assert "calls" not in rec
+        r = await regions.acquire(owner, plain_wait, pid=100)
+        await regions.acquire(owner, plain_wait, pid=200)
+        assert regions.release(r, why="region_end", calls={"a.f": 2})["calls"] == {"a.f": 2}
+        rec = regions.release(r, why="region_end", calls={"a.f": 1, "b.g": 4})
+        assert rec["calls"] == {"a.f": 3, "b.g": 4} and r.ended
+        r = await regions.acquire(owner, plain_wait)
+        regions.revoke(r, "the memory arbiter's way out")
+        rec = regions.release(r, why="region_end", calls={"krex.region": 1})
+        assert rec["revoked"] and rec["calls"] == {"krex.region": 1}
+        assert owner.regions[-1] is rec
+
+    run(main())
+
+
 def test_a_region_past_its_time_out_is_revoked_and_the_next_one_granted() -> None:
     """I4: the time-out ends the region (revoked), the waiting request is then granted."""
 

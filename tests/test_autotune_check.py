@@ -62,6 +62,24 @@ def run(mode: str, winner: str, ms: float, cands: list[list[Any]] | None = None)
     return {"mode": mode, "parts": {"triton8k": part}}
 
 
+def test_what_held_the_regions_is_summed_with_the_longest_named() -> None:
+    """A command's region records' `calls`: each marker's count over them, most first, and the
+    longest region with what held it (run 26 found a 36 s Inductor region); none: {}."""
+    check = load()
+    bench = "torch._inductor.runtime.benchmarking.InductorBenchmarker.benchmark_gpu"
+    regions = [
+        {"duration_s": 0.2, "calls": {"triton.testing.do_bench": 4}},
+        {"duration_s": 35.8, "calls": {bench: 21, "triton.testing.do_bench": 1}},
+        {"duration_s": 0.1},  # a C marker's: no calls
+        {"duration_s": 0.03, "calls": {bench: 1}},
+    ]
+    assert check.region_calls(regions) == {
+        "counts": {bench: 22, "triton.testing.do_bench": 5},
+        "longest": {"duration_s": 35.8, "calls": {bench: 21, "triton.testing.do_bench": 1}},
+    }
+    assert check.region_calls([{"duration_s": 1.0}]) == {} == check.region_calls([])
+
+
 def test_the_verdict_compares_winners_and_times_with_the_exclusive_runs() -> None:
     """krex keeps the exclusive winner in every repeat; unprotected changed one; the runner-up's
     gap alone and each time against the exclusive median, in per cent."""

@@ -800,8 +800,12 @@ def one(
         row["regions_clean"] = sum(bool(r.get("clean")) for r in regions)
         row["region_problems"] = sorted({p for r in regions for p in r.get("problems", [])})[:10]
         keep = ("duration_s", "settle_s", "clean", "warnings", "power_w_before", "power_capped_ms",
-                "thermal_capped_ms", "temp_c", "mem_temp_c", "sm_clock_mhz", "pids")  # fmt: skip
+                "thermal_capped_ms", "temp_c", "mem_temp_c", "sm_clock_mhz", "pids",
+                "calls")  # fmt: skip
         row["region_records"] = [{k: r[k] for k in keep if k in r} for r in regions]
+        # What held the GPU: each marker's count over the command's regions (the records'
+        # `calls`), and the longest region with what held it.
+        row["region_calls"] = region_calls(regions)
         # Regions of the candidate's children (Inductor's subprocess autotuning), by the
         # records' pids against the candidate's own.
         own = {p["pid"] for p in row.get("parts", {}).values() if "pid" in p}
@@ -813,6 +817,8 @@ def one(
     regions += f", {row['child_regions']} of children)" if "child_regions" in row else ")"
     print(f"{tag}: rc {rc}, {row['wall_s']:.0f} s, {json.dumps(winners)}"
           + (regions if mode.startswith("krex") else ""), flush=True)  # fmt: skip
+    if row.get("region_calls"):
+        print(f"    regions held by {json.dumps(row['region_calls'])}", flush=True)
     seen = {k: v["benchmarks"] for k, v in row.get("parts", {}).items() if "benchmarks" in v}
     if seen:
         print(f"    Inductor's GPU benchmarks {json.dumps(seen)}", flush=True)
@@ -934,6 +940,22 @@ def _mps(directory: Path, on: bool) -> Iterator[None]:
     finally:
         UNPROTECTED_ENV.clear()
         mps.stop()
+
+
+def region_calls(regions: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over a command's region records: each marker's count (`calls`, summed), and the
+    longest region's duration with the markers that held it; {} when no record names any."""
+    total: dict[str, int] = {}
+    for r in regions:
+        for name, n in (r.get("calls") or {}).items():
+            total[name] = total.get(name, 0) + n
+    if not total:
+        return {}
+    longest = max(regions, key=lambda r: r.get("duration_s", 0.0))
+    return {
+        "counts": dict(sorted(total.items(), key=lambda kv: -kv[1])),
+        "longest": {"duration_s": longest.get("duration_s"), "calls": longest.get("calls", {})},
+    }
 
 
 def main() -> int:

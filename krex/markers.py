@@ -435,9 +435,9 @@ def _end(
     conn: socket.socket, grant: dict[str, Any], held_s: float, calls: dict[str, int]
 ) -> dict[str, Any]:
     """End the region; its record, with every key of a normal one (_complete)."""
-    request: dict[str, Any] = {"op": "region_end", **({"calls": dict(calls)} if calls else {})}
+    named: dict[str, Any] = {"calls": dict(calls)} if calls else {}
     try:
-        reply = _exchange(conn, request, END_REPLY_S)
+        reply = _exchange(conn, {"op": "region_end", **named}, END_REPLY_S)
     except _Lost as lost:
         # The daemon died or restarted under the region, which ended it then (a dead daemon
         # ends every region: docs/architecture.md, the region protocol). The measurement is
@@ -447,8 +447,9 @@ def _end(
         known: dict[str, Any] = {
             k: grant[k] for k in ("wait_s", "drain_s", "freeze_s") if k in grant
         }
-        lost_record = {"duration_s": held_s, "revoked": True, "problems": [str(lost)]}
-        return _complete({**known, **lost_record, **({"calls": dict(calls)} if calls else {})})
+        return _complete(
+            {**known, "duration_s": held_s, "revoked": True, "problems": [str(lost)], **named}
+        )
     finally:
         conn.close()
     record = reply.get("region")

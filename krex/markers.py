@@ -116,9 +116,7 @@ class _Held:
         self.calls: dict[str, int] = {}
 
     def count(self, label: str) -> None:
-        if label not in self.calls and len(self.calls) >= wire.MAX_CALL_NAMES - 1:
-            label = "(others)"  # the last place, once all but one are taken
-        self.calls[label] = self.calls.get(label, 0) + 1
+        wire.add_call(self.calls, label)
 
 
 class _ThreadState(threading.local):

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from krex import fidelity
+from krex import fidelity, wire
 from krex.errors import KrexError, ProtocolError
 from krex.fidelity import GIB
 from krex.gate import Hold
@@ -133,7 +133,7 @@ class Regions:
         """One holder of region r is done (`calls`: its markers, from its region_end); the
         region ends with its last holder."""
         for name, n in (calls or {}).items():
-            r.calls[name] = r.calls.get(name, 0) + n
+            wire.add_call(r.calls, name, n)  # several holders' names share the same bounds
         if r.ended:
             # Already finished (revoked, or the tenant left): report what it was.
             if r.record is not None and r.calls:

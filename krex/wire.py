@@ -69,6 +69,15 @@ def is_number(value: object) -> TypeGuard[int | float]:
 MAX_CALL_NAMES = 32
 MAX_CALL_NAME = 200
 MAX_CALL_COUNT = 10**9
+OTHER_CALLS = "(others)"  # the last name's place, once all the others are taken
+
+
+def add_call(calls: dict[str, int], name: str, n: int = 1) -> None:
+    """Count n more entries of marker `name` into `calls`, within the bounds above: past
+    MAX_CALL_NAMES - 1 names the rest share OTHER_CALLS; a count stops at MAX_CALL_COUNT."""
+    if name not in calls and len(calls) >= MAX_CALL_NAMES - 1:
+        name = OTHER_CALLS
+    calls[name] = min(calls.get(name, 0) + n, MAX_CALL_COUNT)
 
 
 def calls_problem(value: object) -> str | None:

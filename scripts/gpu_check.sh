@@ -36,7 +36,8 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # siblings stopped over each timing, AUTOTUNE_COOLED=1 the same after 3 s of cooling,
 # AUTOTUNE_SETTLED=S krex with each timing's region idle S seconds first,
 # AUTOTUNE_REGION_SETTLE=S krex run --settle S (the daemon's settle step),
-# AUTOTUNE_SAMPLE_MS, AUTOTUNE_NO_UNPROTECTED=1, AUTOTUNE_ROTATE=1, AUTOTUNE_SLICE=REGION/SHARED), launch-probe
+# AUTOTUNE_SAMPLE_MS, AUTOTUNE_NO_UNPROTECTED=1, AUTOTUNE_ROTATE=1, AUTOTUNE_SLICE=REGION/SHARED,
+# AUTOTUNE_KB_TIMING=PATH: KernelBench's own src/kernelbench/timing.py), launch-probe
 # (scripts/bench/launch_probe.py; AUTOTUNE_SLICE too), preload-probe
 # (scripts/gpu/preload_probe.py), SECURITY_CASES picks security's,
 # bench (krex bench run: BENCH_PROFILE, default quick; BENCH_CONCURRENCY, default 8;
@@ -136,7 +137,8 @@ if [[ " $PARTS " == *" autotune "* ]]; then
         ${AUTOTUNE_REGION_SETTLE:+--region-settle "$AUTOTUNE_REGION_SETTLE"} \
         ${AUTOTUNE_SAMPLE_MS:+--sample-ms "$AUTOTUNE_SAMPLE_MS"} \
         ${AUTOTUNE_NO_UNPROTECTED:+--no-unprotected} ${AUTOTUNE_ROTATE:+--rotate} \
-        ${AUTOTUNE_SLICE:+--slice "$AUTOTUNE_SLICE"} || rc=1
+        ${AUTOTUNE_SLICE:+--slice "$AUTOTUNE_SLICE"} \
+        ${AUTOTUNE_KB_TIMING:+--kernelbench-timing "$AUTOTUNE_KB_TIMING"} || rc=1
 fi
 if [[ " $PARTS " == *" warm "* ]]; then
     echo "== the fork-server pool: preloads, a compute-bound kernel warm vs exclusive, walls"

@@ -210,6 +210,30 @@ def test_a_slice_that_is_not_two_cpu_lists_is_one_clear_error(
     assert not out.exists() and not out.with_suffix(".config.toml").exists()
 
 
+def test_a_kernelbench_timing_file_without_its_timer_is_one_clear_error(
+    tmp_path: Path, monkeypatch: Any, capsys: Any
+) -> None:
+    """--kernelbench-timing PATH: a missing file, or one with no cuda_event timer, stops before
+    a daemon starts, naming the option."""
+    import sys
+
+    import pytest
+
+    check = load()
+    out = tmp_path / "out.json"
+    other = tmp_path / "timing.py"
+    other.write_text("def get_timing_function(method): ...\n")
+    for path, says in ((tmp_path / "absent.py", "No such file"), (other, "no cuda_event timer")):
+        argv = ["autotune_check.py", "--json", str(out), "--kernelbench-timing", str(path)]
+        monkeypatch.setattr(sys, "argv", argv)
+        with pytest.raises(SystemExit) as stop:
+            check.main()
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert "--kernelbench-timing:" in err and says in err
+    assert not out.exists()
+
+
 def test_the_cooled_mode_acks_a_stop_only_after_its_wait(tmp_path: Path) -> None:
     """exclusive-cooled: the timing may start only `wait_s` after the siblings stopped."""
     import subprocess

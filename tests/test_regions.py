@@ -10,6 +10,7 @@ from typing import Any, cast
 
 import pytest
 
+from krex import wire
 from krex.errors import KrexError
 from krex.fidelity import GIB
 from krex.gate import Hold
@@ -287,6 +288,28 @@ def test_the_record_sums_every_holders_calls_even_after_a_revocation() -> None:
         rec = regions.release(r, why="region_end", calls={"krex.region": 1})
         assert rec["revoked"] and rec["calls"] == {"krex.region": 1}
         assert owner.regions[-1] is rec
+
+    run(main())
+
+
+def test_holders_calls_summed_stay_within_the_bounds_of_one_region_end() -> None:
+    """Two holders with 32 names each: the record keeps 31 and counts the rest under
+    `(others)`, and a count stops at the wire's maximum, so a record's `calls` is always one
+    that region_end itself could have sent."""
+
+    async def main() -> None:
+        regions, _, gpus = make()
+        owner = tenant(gpus, 1)
+        r = await regions.acquire(owner, plain_wait, pid=100)
+        await regions.acquire(owner, plain_wait, pid=200)
+        first = {f"a.f{i}": 1 for i in range(wire.MAX_CALL_NAMES)}
+        regions.release(r, why="region_end", calls=first)
+        second = {f"b.g{i}": wire.MAX_CALL_COUNT for i in range(wire.MAX_CALL_NAMES)}
+        rec = regions.release(r, why="region_end", calls=second)
+        assert wire.calls_problem(rec["calls"]) is None
+        assert len(rec["calls"]) == wire.MAX_CALL_NAMES
+        assert rec["calls"]["a.f0"] == 1 and "b.g0" not in rec["calls"]
+        assert rec["calls"][wire.OTHER_CALLS] == wire.MAX_CALL_COUNT
 
     run(main())
 

@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -300,7 +301,12 @@ AUTOTUNE = textwrap.dedent("""
             torch.backends.cudnn.benchmark = False
 
     def kb_time(name, fn, args):  # as KernelBench's eval times a problem: 100 trials, the mean
-        from kernelbench.timing import time_execution_with_cuda_event
+        from kernelbench import timing
+        # As KernelBench's eval takes it (src/kernelbench/eval.py); the stand-in has no
+        # get_timing_function, the real module (--kernelbench-timing) has.
+        getter = getattr(timing, "get_timing_function", None)
+        time_execution_with_cuda_event = (
+            getter("cuda_event") if getter else timing.time_execution_with_cuda_event)
         launch = []
 
         def launched(*a):  # the CPU time of each launch: the GPU idles after the start event
@@ -1050,6 +1056,14 @@ def main() -> int:
         help="leave out the unprotected mode (the autotuners' control), for runs about timings",
     )
     ap.add_argument(
+        "--kernelbench-timing",
+        metavar="PATH",
+        type=Path,
+        help="KernelBench's own src/kernelbench/timing.py (its package's other modules left "
+        "out: they import LLM clients), taken by get_timing_function('cuda_event') as its eval "
+        "does; default: a stand-in of the same shape",
+    )
+    ap.add_argument(
         "--alone",
         action="store_true",
         help="also run the candidate under krex with no siblings (first repeat only): krex's "
@@ -1077,6 +1091,14 @@ def main() -> int:
     bad = [p for p in args.parts.split(",") if p not in PARTS]
     if bad or not args.parts:
         ap.error(f"--parts: unknown {', '.join(bad) or '(none given)'}; known: {', '.join(PARTS)}")
+    timing_source = KERNELBENCH_TIMING
+    if args.kernelbench_timing is not None:
+        try:
+            timing_source = args.kernelbench_timing.read_text()
+        except OSError as e:
+            ap.error(f"--kernelbench-timing: {e}")
+        if "def time_execution_with_cuda_event(" not in timing_source:
+            ap.error(f"--kernelbench-timing: {args.kernelbench_timing} has no cuda_event timer")
     out = Path(args.json)
     doc: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     if args.slice:
@@ -1086,12 +1108,18 @@ def main() -> int:
             ap.error(f"--slice: {e}")
         os.environ["KREX_CONFIG"] = str(config)  # the daemon's; commands' KREX_ are cleared
     doc["command"] = "python3 scripts/bench/autotune_check.py " + " ".join(sys.argv[1:])
+    doc["kernelbench_timing"] = (  # which timer the kernelbench parts ran
+        "stand-in"
+        if args.kernelbench_timing is None
+        else f"{args.kernelbench_timing.name} sha256 "
+        + hashlib.sha256(timing_source.encode()).hexdigest()[:16]
+    )
     doc["runs"] = []
     with tempfile.TemporaryDirectory(prefix="krex-autotune-") as d:
         tmp = Path(d)
         (tmp / "lib" / "kernelbench").mkdir(parents=True)
         (tmp / "lib" / "kernelbench" / "__init__.py").write_text("")
-        (tmp / "lib" / "kernelbench" / "timing.py").write_text(KERNELBENCH_TIMING)
+        (tmp / "lib" / "kernelbench" / "timing.py").write_text(timing_source)
         (tmp / "autotune.py").write_text(AUTOTUNE)
         (tmp / "sibling.py").write_text(SIBLING)
         with (

@@ -10,7 +10,9 @@ timing that follows within KREX_REGION_LINGER_S continues the same region, so an
 configurations and a harness's trials are timed in one region, alike. Where the installed torch
 has Inductor's `set_gpu_benchmark_lock_context` (pytorch PR #184905), every Inductor GPU
 benchmark is put in a region through it as well; on torch 2.11, which predates it, through its
-benchmarkers' `benchmark_gpu` (INDUCTOR_FALLBACK); on other releases without it, one warning.
+benchmarkers' `benchmark_gpu` (INDUCTOR_FALLBACK), each of which first compiles, outside the
+region, a Triton kernel its benchmark would compile (krex/precompile.py); on other releases
+without the hook, one warning.
 cuDNN's benchmark-mode search runs in a region too: the first call of each convolution
 configuration while `torch.backends.cudnn.benchmark` is on (krex/cudnn.py); and so does a plain
 CUDA-event timing, from a timing event's record outside any region to `elapsed_time`
@@ -31,7 +33,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from krex import cudnn, events, tunableop
+from krex import cudnn, events, precompile, tunableop
 from krex.markers import WRAPPED_MARK, auto_region
 
 ENV_VAR = "KREX_AUTO_REGIONS"
@@ -147,6 +149,8 @@ def install(
                 _registry.watched.setdefault(prefix, set()).add(".".join(parts[cut:]))
         if inductor:
             _hook(INDUCTOR_MODULE, _register_inductor)
+            for path in INDUCTOR_FALLBACK:  # a kernel's lazy compile kept out of the region
+                _registry.factories[f"{INDUCTOR_MODULE}.{path}"] = precompile.benchmark_region
         if cudnn_search:
             # Under `torch` only: wrapped once torch's own import is complete.
             _registry.watched.setdefault("torch", set()).update(cudnn.TORCH_PATHS)

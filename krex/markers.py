@@ -163,6 +163,14 @@ def last_region() -> dict[str, Any] | None:
     `problems` (every record has these), and on real GPUs the clock keys. A lingering
     auto-region of this thread is ended first: asking for its record says the timing is over.
     """
+    end_lingering()
+    with _lock:
+        return None if _last is None else dict(_last)
+
+
+def end_lingering() -> None:
+    """End this thread's lingering auto-region now, if it has one and is not inside a region:
+    what the thread does next (a compile, say) must not hold the GPU closed to the siblings."""
     held = _state.held
     if held is not None and _state.depth == 0:
         with _lock:
@@ -172,8 +180,6 @@ def last_region() -> dict[str, Any] | None:
         if mine:
             _state.held = None
             _end_quietly(held)
-    with _lock:
-        return None if _last is None else dict(_last)
 
 
 class Region:

@@ -37,7 +37,8 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # AUTOTUNE_SETTLED=S krex with each timing's region idle S seconds first,
 # AUTOTUNE_REGION_SETTLE=S krex run --settle S (the daemon's settle step),
 # AUTOTUNE_SAMPLE_MS, AUTOTUNE_NO_UNPROTECTED=1, AUTOTUNE_ROTATE=1, AUTOTUNE_SLICE=REGION/SHARED,
-# AUTOTUNE_KB_TIMING=PATH: KernelBench's own src/kernelbench/timing.py), launch-probe
+# AUTOTUNE_KB_TIMING=PATH: KernelBench's own src/kernelbench/timing.py, AUTOTUNE_POOL_READY=1:
+# inductor_kb9 compiles once Inductor's compile workers are up), launch-probe
 # (scripts/bench/launch_probe.py; AUTOTUNE_SLICE too), preload-probe
 # (scripts/gpu/preload_probe.py), SECURITY_CASES picks security's,
 # bench (krex bench run: BENCH_PROFILE, default quick; BENCH_CONCURRENCY, default 8;
@@ -138,7 +139,8 @@ if [[ " $PARTS " == *" autotune "* ]]; then
         ${AUTOTUNE_SAMPLE_MS:+--sample-ms "$AUTOTUNE_SAMPLE_MS"} \
         ${AUTOTUNE_NO_UNPROTECTED:+--no-unprotected} ${AUTOTUNE_ROTATE:+--rotate} \
         ${AUTOTUNE_SLICE:+--slice "$AUTOTUNE_SLICE"} \
-        ${AUTOTUNE_KB_TIMING:+--kernelbench-timing "$AUTOTUNE_KB_TIMING"} || rc=1
+        ${AUTOTUNE_KB_TIMING:+--kernelbench-timing "$AUTOTUNE_KB_TIMING"} \
+        ${AUTOTUNE_POOL_READY:+--pool-ready} || rc=1
 fi
 if [[ " $PARTS " == *" warm "* ]]; then
     echo "== the fork-server pool: preloads, a compute-bound kernel warm vs exclusive, walls"

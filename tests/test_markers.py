@@ -763,6 +763,74 @@ def test_without_the_hook_inductors_benchmarkers_are_wrapped_on_torch_2_11(
         assert len(lines) == 1 and "not in regions on torch 2.9.1" in lines[0], result.stderr
 
 
+FAKE_HEURISTICS = """
+# torch 2.11's triton_heuristics, its shape: a CachingAutotuner compiled in a worker has no
+# launchers, and its run() compiles (precompile()) before the launch.
+import krex.markers
+
+
+class CachingAutotuner:
+    def __init__(self, fails=False):
+        self.launchers, self.fails, self.triton_interpret = [], fails, False
+
+    def precompile(self):
+        held = krex.markers.region_depth() or krex.markers._state.held is not None
+        print("compiled", "holding a region" if held else "outside any region")
+        if self.fails:
+            raise RuntimeError("No valid triton configs. OutOfResources: shared memory")
+        self.launchers = ["launcher"]
+
+    def run(self, *args, stream, benchmark_run=False):
+        if not self.launchers:
+            self.precompile()
+        return "ran"
+"""
+
+
+def test_a_kernel_inductor_compiles_on_its_first_run_compiles_before_the_region(
+    daemon: FakeDaemon, tmp_path: Path
+) -> None:
+    """Issue #18 (run 27): a max-autotune choice compiled in a worker compiles again on its
+    first run, inside benchmark_gpu. On torch 2.11 that compile runs before the benchmark's
+    region, with the thread's lingering region ended first; its error is raised from
+    benchmark_gpu as before, with no region taken; a compiled kernel and other callables go
+    straight to the region."""
+    package = tmp_path / "torch" / "_inductor" / "runtime"
+    package.mkdir(parents=True)
+    (tmp_path / "torch" / "__init__.py").write_text("__version__ = '2.11.0+cu130'\n")
+    for directory in (package, package.parent):
+        (directory / "__init__.py").write_text("")
+    (package / "benchmarking.py").write_text(FAKE_BENCHMARKING)
+    (package / "triton_heuristics.py").write_text(FAKE_HEURISTICS)
+    script = textwrap.dedent("""
+        import functools
+        from torch._inductor.runtime.benchmarking import benchmarker
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+        kernel, bad = CachingAutotuner(), CachingAutotuner(fails=True)
+        benchmarker.benchmark_gpu(lambda: None)  # a region, lingering after it
+        print(benchmarker.benchmark_gpu(functools.partial(kernel.run, 1, stream=0)))
+        print(benchmarker.benchmark_gpu(_callable=functools.partial(kernel.run, 2, stream=0)))
+        try:
+            benchmarker.benchmark_gpu(functools.partial(bad.run, stream=0))
+        except RuntimeError as e:
+            print("raised:", e)
+        """)
+    result = run_auto(daemon, tmp_path, script, extra_env={"KREX_REGION_LINGER_S": "1"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "compiled outside any region",
+        "0.5",
+        "0.5",
+        "compiled outside any region",
+        "raised: No valid triton configs. OutOfResources: shared memory",
+    ]
+    # The first region ended for the compile; the second, begun after it, was continued by
+    # the compiled kernel's next benchmark and ended for the failing compile.
+    assert daemon.ops() == ["region_begin", "region_end"] * 2
+    label = "torch._inductor.runtime.benchmarking.InductorBenchmarker.benchmark_gpu"
+    assert daemon.calls == [{label: 1}, {label: 2}]
+
+
 # A stand-in torch of the real one's shape where cuDNN's search is concerned: conv functions on
 # torch and torch.nn.functional (the same objects, as in torch), torch.backends.cudnn's flags,
 # torch.compiler.is_compiling, autocast queries, and Inductor's extern_kernels namespace that

@@ -730,6 +730,18 @@ benchmarker = InductorBenchmarker()
 """
 
 
+def stand_in_inductor(tmp_path: Path, version: str, **modules: str) -> None:
+    """A stand-in torch of `version` under tmp_path whose torch._inductor.runtime holds
+    benchmarking.py (torch 2.11's shape) and the other `modules` (name: source)."""
+    package = tmp_path / "torch" / "_inductor" / "runtime"
+    package.mkdir(parents=True)
+    (tmp_path / "torch" / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    for directory in (package, package.parent):
+        (directory / "__init__.py").write_text("")
+    for name, source in {"benchmarking": FAKE_BENCHMARKING, **modules}.items():
+        (package / f"{name}.py").write_text(source)
+
+
 @pytest.mark.parametrize(("version", "covered"), [("2.11.0+cu130", True), ("2.9.1", False)])
 def test_without_the_hook_inductors_benchmarkers_are_wrapped_on_torch_2_11(
     daemon: FakeDaemon, tmp_path: Path, version: str, covered: bool
@@ -737,12 +749,7 @@ def test_without_the_hook_inductors_benchmarkers_are_wrapped_on_torch_2_11(
     """torch 2.11 predates the lock hook: each of its benchmarkers' benchmark_gpu calls (one
     per max-autotune choice or Triton config) is a region; on a release the fallback was not
     read from, nothing is patched and one warning says so."""
-    package = tmp_path / "torch" / "_inductor" / "runtime"
-    package.mkdir(parents=True)
-    (tmp_path / "torch" / "__init__.py").write_text(f"__version__ = {version!r}\n")
-    for directory in (package, package.parent):
-        (directory / "__init__.py").write_text("")
-    (package / "benchmarking.py").write_text(FAKE_BENCHMARKING)
+    stand_in_inductor(tmp_path, version)
     script = textwrap.dedent("""
         from torch._inductor.runtime.benchmarking import TritonBenchmarker, benchmarker
         print(benchmarker.benchmark_gpu(lambda: None), TritonBenchmarker().benchmark_gpu(int))
@@ -795,13 +802,7 @@ def test_a_kernel_inductor_compiles_on_its_first_run_compiles_before_the_region(
     region, with the thread's lingering region ended first; its error is raised from
     benchmark_gpu as before, with no region taken; a compiled kernel and other callables go
     straight to the region."""
-    package = tmp_path / "torch" / "_inductor" / "runtime"
-    package.mkdir(parents=True)
-    (tmp_path / "torch" / "__init__.py").write_text("__version__ = '2.11.0+cu130'\n")
-    for directory in (package, package.parent):
-        (directory / "__init__.py").write_text("")
-    (package / "benchmarking.py").write_text(FAKE_BENCHMARKING)
-    (package / "triton_heuristics.py").write_text(FAKE_HEURISTICS)
+    stand_in_inductor(tmp_path, "2.11.0+cu130", triton_heuristics=FAKE_HEURISTICS)
     script = textwrap.dedent("""
         import functools
         from torch._inductor.runtime.benchmarking import benchmarker
@@ -951,12 +952,7 @@ def test_inductors_subprocess_autotuning_is_in_regions_of_the_child(
     """Inductor's autotune_in_subproc times choices in a child process it starts with the
     command's environment: the child wraps its own benchmarkers, and its regions are its own
     (its pid), the command's tenant's."""
-    package = tmp_path / "torch" / "_inductor" / "runtime"
-    package.mkdir(parents=True)
-    (tmp_path / "torch" / "__init__.py").write_text('__version__ = "2.11.0"\n')
-    for directory in (package, package.parent):
-        (directory / "__init__.py").write_text("")
-    (package / "benchmarking.py").write_text(FAKE_BENCHMARKING)
+    stand_in_inductor(tmp_path, "2.11.0")
     child = (
         "from torch._inductor.runtime.benchmarking import benchmarker as b; b.benchmark_gpu(int)"
     )

@@ -17,7 +17,8 @@ So on the releases the fallback wraps (autoregions.INDUCTOR_FALLBACK_TORCH) the 
 lingering region first: the same call the first run would make, with the same errors (raised
 from `benchmark_gpu` as before, where Inductor ignores the choice). Only a callable that is a
 `CachingAutotuner.run` (bound, or in a functools.partial, as `TritonBenchmarkRequest.
-make_run_fn` builds it) is looked at; lambdas that call a kernel are left as they are.
+make_run_fn` builds it, or behind wrappers that set `__wrapped__`) is looked at; lambdas that
+call a kernel are left as they are.
 """
 
 from __future__ import annotations
@@ -35,8 +36,16 @@ HEURISTICS = "torch._inductor.runtime.triton_heuristics"  # where CachingAutotun
 
 def lazy_autotuner(fn: object) -> Any | None:
     """The CachingAutotuner whose `run` fn is, if calling fn would compile it first (it has no
-    launchers yet, as after a worker's compile), else None."""
-    target = fn.func if isinstance(fn, functools.partial) else fn
+    launchers yet, as after a worker's compile), else None. A functools.partial, and a wrapper
+    that names what it wraps in `__wrapped__` (functools.wraps does), are looked through."""
+    target = fn
+    for _ in range(8):  # a wrapper of a partial of a wrapper...: a few levels, never a cycle
+        if isinstance(target, functools.partial):
+            target = target.func
+        elif (inner := getattr(target, "__wrapped__", None)) is not None:
+            target = inner
+        else:
+            break
     if getattr(target, "__name__", None) != "run":
         return None
     owner = getattr(target, "__self__", None)

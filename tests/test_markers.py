@@ -811,8 +811,10 @@ def test_a_kernel_inductor_compiles_on_its_first_run_compiles_before_the_region(
         benchmarker.benchmark_gpu(lambda: None)  # a region, lingering after it
         print(benchmarker.benchmark_gpu(functools.partial(kernel.run, 1, stream=0)))
         print(benchmarker.benchmark_gpu(_callable=functools.partial(kernel.run, 2, stream=0)))
+        probe = lambda: bad.run(stream=0)  # a wrapper that says what it wraps is looked through
+        probe.__wrapped__ = functools.partial(bad.run, stream=0)
         try:
-            benchmarker.benchmark_gpu(functools.partial(bad.run, stream=0))
+            benchmarker.benchmark_gpu(probe)
         except RuntimeError as e:
             print("raised:", e)
         """)

@@ -12,7 +12,8 @@ has Inductor's `set_gpu_benchmark_lock_context` (pytorch PR #184905), every Indu
 benchmark is put in a region through it as well; on torch 2.11, which predates it, through its
 benchmarkers' `benchmark_gpu` (INDUCTOR_FALLBACK), each of which first compiles, outside the
 region, a Triton kernel its benchmark would compile (krex/precompile.py); on other releases
-without the hook, one warning.
+without the hook, one warning. Triton's `@triton.autotune` compiles each configuration before
+its do_bench region too, on triton 3.6 (krex/precompile.py).
 cuDNN's benchmark-mode search runs in a region too: the first call of each convolution
 configuration while `torch.backends.cudnn.benchmark` is on (krex/cudnn.py); and so does a plain
 CUDA-event timing, from a timing event's record outside any region to `elapsed_time`
@@ -125,6 +126,7 @@ def install(
     cudnn_search: bool = True,
     cuda_events: bool = True,
     tunable_op: bool = True,
+    triton_compile: bool = True,
 ) -> None:
     """Wrap each named callable in a region, now or when its module is imported.
 
@@ -135,6 +137,8 @@ def install(
     `cuda_events`, a plain CUDA-event timing (a timing event recorded outside any region, until
     `elapsed_time` is read) is a region (krex/events.py). With `tunable_op`, a process whose
     PyTorch TunableOp tunes (its GEMM timings cannot be regions) says so once (krex/tunableop.py).
+    With `triton_compile`, where a name under `triton.` is wrapped, Triton's autotuner compiles
+    each configuration before its timing's region (krex/precompile.py).
 
     Raises:
         ValueError: a name is not a dotted path (see parse()).
@@ -162,6 +166,9 @@ def install(
         if tunable_op:
             _hook("torch", tunableop.on_torch)
             _hook(tunableop.MODULE, tunableop.install)
+        if triton_compile and any(name.startswith("triton.") for name in _registry.requested):
+            _hook(precompile.TRITON_JIT, precompile.install_triton_jit)
+            _hook(precompile.TRITON_AUTOTUNER, precompile.install_triton_autotuner)
         if _FINDER not in sys.meta_path:
             sys.meta_path.insert(0, _FINDER)
         # Longest module names first: a.b.c's own attribute is the one to wrap, before a.b's

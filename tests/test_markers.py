@@ -9,7 +9,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -671,11 +671,12 @@ def run_auto(
     *args: str,
     linger: bool = True,
     extra_env: dict[str, str] | None = None,
+    names: Sequence[str] = ("nomodule.f",),
 ) -> subprocess.CompletedProcess[str]:
-    """`python -c script args` with auto-regions installed (the stand-in packages under
-    tmp_path first on its path), as a tenant of `daemon`; without `linger`, one region per
-    call, so that they can be counted."""
-    env = clean_env(**autoregions.env_for(["nomodule.f"], {"PYTHONPATH": str(tmp_path)}))
+    """`python -c script args` with auto-regions of `names` installed (the stand-in packages
+    under tmp_path first on its path), as a tenant of `daemon`; without `linger`, one region
+    per call, so that they can be counted."""
+    env = clean_env(**autoregions.env_for(names, {"PYTHONPATH": str(tmp_path)}))
     env.update(daemon.env(TENANT))
     env.update(extra_env or {})
     if not linger:
@@ -832,6 +833,152 @@ def test_a_kernel_inductor_compiles_on_its_first_run_compiles_before_the_region(
     assert daemon.ops() == ["region_begin", "region_end"] * 2
     label = "torch._inductor.runtime.benchmarking.InductorBenchmarker.benchmark_gpu"
     assert daemon.calls == [{label: 1}, {label: 2}]
+
+
+# triton 3.6's shape where its autotuner compiles: JITFunction.run(*args, grid, warmup, **kw)
+# compiles through _do_compile what it has not compiled (warmup: no launch), and
+# Autotuner._bench hands do_bench a call of the kernel, answering a rejected compile with inf.
+FAKE_TRITON = {
+    "__init__.py": "__version__ = '3.6.0'\nfrom triton import runtime, testing  # noqa: F401\n",
+    "runtime/__init__.py": "from triton.runtime import autotuner, jit  # noqa: F401\n",
+    "runtime/errors.py": "class PTXASError(Exception):\n    pass\n",
+    "runtime/jit.py": """
+import krex.markers
+from triton.runtime.errors import PTXASError
+
+
+def where():
+    held = krex.markers.region_depth() or krex.markers._state.held is not None
+    return "holding a region" if held else "outside any region"
+
+
+class JITFunction:
+    def __init__(self):
+        self.cache = {}
+
+    def run(self, *args, grid, warmup, **kwargs):
+        key = kwargs["BLOCK"]
+        kernel = self.cache.get(key)
+        if kernel is None:
+            kernel = self._do_compile(key, warmup)
+        return kernel
+
+    def _do_compile(self, key, warmup):
+        print("compiled", key, where())
+        if key > 256:
+            raise PTXASError("ptxas: too many resources")
+        self.cache[key] = f"kernel {key}"
+        return self.cache[key]
+""",
+    "runtime/autotuner.py": """
+from triton.runtime.errors import PTXASError
+
+
+class OutOfResources(Exception):
+    pass
+
+
+class Config:
+    def __init__(self, kwargs, pre_hook=None):
+        self.kwargs, self.pre_hook = kwargs, pre_hook
+
+    def all_kwargs(self):
+        return dict(self.kwargs)
+
+
+class Autotuner:
+    def __init__(self, fn, configs):
+        self.fn, self.configs, self.nargs = fn, configs, None
+
+    @property
+    def do_bench(self):
+        from triton.testing import do_bench
+        return do_bench
+
+    def _bench(self, *args, config, **meta):
+        current = dict(meta, **config.all_kwargs())
+
+        def kernel_call():
+            if config.pre_hook:
+                config.pre_hook({**self.nargs, **current})
+            self.fn.run(*args, **current)
+
+        try:
+            return self.do_bench(kernel_call, quantiles=(0.5, 0.2, 0.8))
+        except (OutOfResources, PTXASError):
+            return [float("inf")] * 3
+
+    def run(self, *args, **kwargs):
+        self.nargs = dict(enumerate(args))
+        timings = {c: self._bench(*args, config=c, **kwargs) for c in self.configs}
+        best = min(timings, key=lambda c: timings[c])
+        print("best", best.kwargs["BLOCK"])
+        return self.fn.run(*args, **kwargs, **best.all_kwargs())
+""",
+    "testing.py": """
+from triton.runtime.jit import where
+
+
+def do_bench(fn, quantiles=None):
+    fn()
+    print("timed", where())
+    return [1.0, 1.0, 1.0]
+""",
+}
+
+
+@pytest.mark.parametrize("version", ["3.6.0", "3.5.1"])
+def test_tritons_autotuner_compiles_each_config_before_its_timings_region(
+    daemon: FakeDaemon, tmp_path: Path, version: str
+) -> None:
+    """Issue #18 (run 27: a 4-config autotune held its region 3.2-3.8 s, JIT-compiling): on
+    triton 3.6 each configuration is compiled before do_bench's region, the thread's lingering
+    region ended first, so the siblings run meanwhile; a config the compiler rejects gets
+    _bench's infinite time with no region; compiled configs continue one region. Elsewhere one
+    warning, and the compiles stay in the regions."""
+    for name, text in FAKE_TRITON.items():
+        (tmp_path / "triton" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "triton" / name).write_text(text.replace("3.6.0", version))
+    script = textwrap.dedent("""
+        from triton.runtime.autotuner import Autotuner, Config
+        from triton.runtime.jit import JITFunction
+        shapes = []
+        configs = [Config({"BLOCK": b}, pre_hook=lambda n: shapes.append(n["BLOCK"]))
+                   for b in (64, 128, 512)]
+        tuner = Autotuner(JITFunction(), configs)
+        tuner.run("x", grid=(1,), warmup=False)
+        tuner.run("y", grid=(1,), warmup=False)  # a new key: compiled configs timed again
+        print("pre_hook", shapes[:2])
+        """)
+    names = ["triton.testing.do_bench"]
+    linger = {"KREX_REGION_LINGER_S": "1"}
+    result = run_auto(daemon, tmp_path, script, names=names, extra_env=linger)
+    assert result.returncode == 0, result.stderr
+    if version == "3.5.1":
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and "compiling first is for triton 3.6" in lines[0], lines
+        assert result.stdout.splitlines()[:2] == [
+            "compiled 64 holding a region",
+            "timed " + "holding a region",
+        ]
+        return
+    assert result.stderr == ""
+    assert result.stdout.splitlines() == [
+        "compiled 64 outside any region",
+        "timed holding a region",
+        "compiled 128 outside any region",  # the 64's lingering region ended for it
+        "timed holding a region",
+        "compiled 512 outside any region",  # rejected: inf, no region
+        "best 64",
+        "timed holding a region",
+        "timed holding a region",  # compiled already: the same region continued
+        "compiled 512 outside any region",
+        "best 64",
+        "pre_hook [64, 64]",  # the config's pre_hook ran before its compile, as before its call
+    ]
+    assert daemon.ops() == ["region_begin", "region_end"] * 3
+    label = "triton.testing.do_bench"
+    assert daemon.calls == [{label: 1}, {label: 1}, {label: 2}]
 
 
 # A stand-in torch of the real one's shape where cuDNN's search is concerned: conv functions on

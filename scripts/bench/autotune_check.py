@@ -714,6 +714,21 @@ temperature to fall back from the siblings' work (the region records' temp_c fel
 within a second of the freeze on the H200)."""
 
 
+def _wait_stopped(pids: list[int], limit_s: float = 1.0) -> None:
+    """Wait, at most limit_s in all, until each of pids shows as stopped (or is gone): SIGSTOP
+    is delivered when the process is next scheduled, not by kill() itself."""
+    end = time.monotonic() + limit_s
+    for pid in pids:
+        while time.monotonic() < end:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                break  # gone
+            if stat[stat.rindex(")") + 2] in "tTZX":
+                break
+            time.sleep(0.001)
+
+
 @contextlib.contextmanager
 def _handoff(
     directory: Path, sibs: list[subprocess.Popen[str]], wait_s: float = DRAIN_S
@@ -737,6 +752,7 @@ def _handoff(
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(s.pid, signal.SIGSTOP if stop else signal.SIGCONT)
             if stop:
+                _wait_stopped([s.pid for s in sibs])
                 time.sleep(wait_s)
             (directory / f"ack-{n}").touch()
             n += 1

@@ -167,8 +167,9 @@ def install(
             _hook("torch", tunableop.on_torch)
             _hook(tunableop.MODULE, tunableop.install)
         if triton_compile and any(name.startswith("triton.") for name in _registry.requested):
-            _hook(precompile.TRITON_JIT, precompile.install_triton_jit)
-            _hook(precompile.TRITON_AUTOTUNER, precompile.install_triton_autotuner)
+            for module_name, path, factory in precompile.TRITON_PATCHES:
+                _registry.factories[f"{module_name}.{path}"] = factory
+                _hook(module_name, _triton_fallback)
         if _FINDER not in sys.meta_path:
             sys.meta_path.insert(0, _FINDER)
         # Longest module names first: a.b.c's own attribute is the one to wrap, before a.b's
@@ -299,6 +300,15 @@ def _inductor_fallback(module: ModuleType) -> None:
     if _on_release(INDUCTOR_FALLBACK_TORCH, "Inductor's GPU benchmarks are", why):
         for path in INDUCTOR_FALLBACK:
             _wrap(module, path)
+
+
+def _triton_fallback(module: ModuleType) -> None:
+    """A Triton module of precompile.TRITON_PATCHES imported: its compile moved out of the
+    timing's region, on the triton releases that was read from (else one warning)."""
+    if precompile.triton_release_ok():
+        for module_name, path, _factory in precompile.TRITON_PATCHES:
+            if module_name == module.__name__:
+                _wrap(module, path)
 
 
 def _inductor_conv(_module: ModuleType) -> None:

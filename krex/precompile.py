@@ -38,7 +38,6 @@ import functools
 import sys
 import time
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 from krex.markers import WRAPPED_MARK, auto_region, end_lingering
@@ -121,41 +120,36 @@ def triton_release_ok() -> bool:
     return False
 
 
-def install_triton_jit(module: ModuleType) -> None:
-    """triton.runtime.jit imported: each JIT compile first ends the thread's lingering region."""
-    jit = getattr(module, "JITFunction", None)
-    do_compile = getattr(jit, "_do_compile", None)
-    if not callable(do_compile) or getattr(do_compile, WRAPPED_MARK, False):
-        return
-    if not triton_release_ok():
-        return
+def ending_lingering(fn: Callable[..., Any], _label: str) -> Callable[..., Any]:
+    """`JITFunction._do_compile` that first ends the thread's lingering region."""
 
-    @functools.wraps(do_compile)
+    @functools.wraps(fn)
     def _do_compile(*args: Any, **kwargs: Any) -> Any:
         end_lingering()  # a no-op inside a region: only a lingering one is not a timing's
-        return do_compile(*args, **kwargs)
+        return fn(*args, **kwargs)
 
     setattr(_do_compile, WRAPPED_MARK, True)
-    jit._do_compile = _do_compile  # type: ignore[union-attr]
+    return _do_compile
 
 
-def install_triton_autotuner(module: ModuleType) -> None:
-    """triton.runtime.autotuner imported: `Autotuner._bench` compiles its config first."""
-    autotuner = getattr(module, "Autotuner", None)
-    bench = getattr(autotuner, "_bench", None)
-    if not callable(bench) or getattr(bench, WRAPPED_MARK, False):
-        return
-    if not triton_release_ok():
-        return
+def compiling_first(fn: Callable[..., Any], _label: str) -> Callable[..., Any]:
+    """`Autotuner._bench(self, *args, config, **meta)` that compiles its config first."""
 
-    @functools.wraps(bench)
+    @functools.wraps(fn)
     def _bench(self: Any, *args: Any, config: Any, **meta: Any) -> Any:
         if compile_config(self, args, config, meta) is _REJECTED:
             return [float("inf")] * 3  # _bench's own answer to these errors (triton 3.6)
-        return bench(self, *args, config=config, **meta)
+        return fn(self, *args, config=config, **meta)
 
     setattr(_bench, WRAPPED_MARK, True)
-    autotuner._bench = _bench  # type: ignore[union-attr]
+    return _bench
+
+
+# What autoregions wraps on TRITON_RELEASES (module, attribute path, factory): its `_wrap`.
+TRITON_PATCHES: tuple[tuple[str, str, Callable[[Callable[..., Any], str], Any]], ...] = (
+    (TRITON_JIT, "JITFunction._do_compile", ending_lingering),
+    (TRITON_AUTOTUNER, "Autotuner._bench", compiling_first),
+)
 
 
 def compile_config(

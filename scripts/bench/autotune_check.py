@@ -97,6 +97,7 @@ from typing import Any
 
 from krex.bench.runner import fresh_caches, not_ready, slice_config
 from krex.client import private_daemon
+from krex.tenants import _fully_stopped
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import launch_fit  # a script beside this one
@@ -715,18 +716,11 @@ within a second of the freeze on the H200)."""
 
 
 def _wait_stopped(pids: list[int], limit_s: float = 1.0) -> None:
-    """Wait, at most limit_s in all, until each of pids shows as stopped (or is gone): SIGSTOP
-    is delivered when the process is next scheduled, not by kill() itself."""
+    """Wait, at most limit_s, until every thread of each of pids is stopped (or gone): SIGSTOP
+    is delivered when a thread is next scheduled, not by kill() itself."""
     end = time.monotonic() + limit_s
-    for pid in pids:
-        while time.monotonic() < end:
-            try:
-                stat = Path(f"/proc/{pid}/stat").read_text()
-            except OSError:
-                break  # gone
-            if stat[stat.rindex(")") + 2] in "tTZX":
-                break
-            time.sleep(0.001)
+    while not all(_fully_stopped(pid) for pid in pids) and time.monotonic() < end:
+        time.sleep(0.001)
 
 
 @contextlib.contextmanager

@@ -664,6 +664,13 @@ def maybe_gpu_benchmark_lock():
 '''
 
 
+def write_files(root: Path, files: dict[str, str]) -> None:
+    """A stand-in package's files (path relative to root: text) written under root."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
 def run_auto(
     daemon: FakeDaemon,
     tmp_path: Path,
@@ -936,9 +943,9 @@ def test_tritons_autotuner_compiles_each_config_before_its_timings_region(
     region ended first, so the siblings run meanwhile; a config the compiler rejects gets
     _bench's infinite time with no region; compiled configs continue one region. Elsewhere one
     warning, and the compiles stay in the regions."""
-    for name, text in FAKE_TRITON.items():
-        (tmp_path / "triton" / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "triton" / name).write_text(text.replace("3.6.0", version))
+    write_files(
+        tmp_path / "triton", {n: t.replace("3.6.0", version) for n, t in FAKE_TRITON.items()}
+    )
     script = textwrap.dedent("""
         from triton.runtime.autotuner import Autotuner, Config
         from triton.runtime.jit import JITFunction
@@ -1042,9 +1049,9 @@ def test_cudnn_benchmark_search_runs_in_a_region_once_per_configuration(
     loop: no key built there) and dynamo's tracing are not; Inductor's (internal) only on the
     torch releases it was read from, else one warning; and
     torch.conv2d itself is left alone (dynamo knows torch's builtins by those attributes)."""
-    for name, text in FAKE_TORCH.items():
-        (tmp_path / "torch" / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "torch" / name).write_text(text.replace('"2.11.0"', repr(version)))
+    write_files(
+        tmp_path / "torch", {n: t.replace('"2.11.0"', repr(version)) for n, t in FAKE_TORCH.items()}
+    )
     script = textwrap.dedent("""
         import sys, torch
         import torch.nn.functional as F
@@ -1317,9 +1324,7 @@ def test_a_tuning_tunableop_is_said_once_and_left_alone(
     auto-regions whose TunableOp tunes (by its environment or by torch.cuda.tunable's switches)
     gets one line on stderr saying so and how to tune alone; the switches still work, and
     nothing else is touched."""
-    for rel, text in FAKE_TUNABLE.items():
-        (tmp_path / "torch" / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "torch" / rel).write_text(text)
+    write_files(tmp_path / "torch", FAKE_TUNABLE)
     script += "\nimport torch\nprint(torch.cuda.tunable.is_enabled())"
     result = run_auto(daemon, tmp_path, script, extra_env=env)
     assert result.returncode == 0, result.stderr

@@ -203,6 +203,14 @@ def bench_report(out_dir: Path) -> None:
     "it would alone (0..5; default: the daemon's regions.settle_s).",
 )
 @click.option(
+    "--capped-settle",
+    type=Seconds(most=MAX_SETTLE_S, zero=True),
+    metavar="S",
+    help="The same idle, only once one of CMD's regions ran into the GPU's power or thermal "
+    "limit (its power-limited kernels read the others' heat; 0..5, 0: off; default: the "
+    "daemon's regions.capped_settle_s, 2 s).",
+)
+@click.option(
     "--mem",
     "mem_text",
     metavar="SIZE",
@@ -236,6 +244,7 @@ def run(
     auto_regions: str | None,
     region_timeout: float | None,
     settle: float | None,
+    capped_settle: float | None,
     mem_text: str | None,
     no_memory_retry: bool,
     no_pool: bool,
@@ -293,6 +302,7 @@ def run(
                 auto_regions=auto_regions,
                 region_timeout_s=region_timeout,
                 settle_s=settle,
+                capped_settle_s=capped_settle,
                 mem_bytes=mem,
                 no_memory_retry=no_memory_retry,
                 sim=sim,

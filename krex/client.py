@@ -174,6 +174,7 @@ class RunOptions:
     auto_regions: str | None = None
     region_timeout_s: float | None = None
     settle_s: float | None = None  # its regions' settle (None: the daemon's regions.settle_s)
+    capped_settle_s: float | None = None  # once power-capped (None: regions.capped_settle_s)
     mem_bytes: int = 0  # declared device memory (krex run --mem), 0: none
     mem_alone: bool = False  # admitted only with the GPU's memory to itself (a memory retry)
     mem_rerun: int = 0  # a first memory rerun: its failed run's peak (bytes)
@@ -508,6 +509,11 @@ def _run_once(opts: RunOptions) -> tuple[int, dict[str, Any]]:
                 "auto_regions": opts.auto_regions,
                 "region_timeout_s": opts.region_timeout_s,
                 **({"settle_s": opts.settle_s} if opts.settle_s is not None else {}),
+                **(
+                    {"capped_settle_s": opts.capped_settle_s}
+                    if opts.capped_settle_s is not None
+                    else {}
+                ),
                 **({"mem_bytes": opts.mem_bytes} if opts.mem_bytes else {}),
                 **({"mem_alone": True} if opts.mem_alone else {}),
                 **({"mem_rerun": opts.mem_rerun} if opts.mem_rerun else {}),

@@ -28,6 +28,10 @@ settle_s = 0.0     # after the freeze, idle this long before the grant when the 
                    # samples, or the shim's count of their driver calls): a
                    # power-limited kernel then starts as it would alone (0: off; at most 5;
                    # krex run --settle overrides per command; docs/user-guide.md)
+capped_settle_s = 2.0  # the same idle, only for a command that already ran into the GPU's
+                   # power (or thermal) limit in one of its regions (its record's
+                   # gpu_capped warning): its kernels are the power-limited ones (0: off;
+                   # at most 5; krex run --capped-settle overrides per command)
 
 [freezer]
 backend = "auto"   # auto | cgroup-v2 | cgroup-v1 | signal
@@ -158,6 +162,7 @@ class Config:
     freeze_timeout_s: float = 5.0
     region_timeout_s: float = 600.0
     region_settle_s: float = 0.0
+    region_capped_settle_s: float = 2.0
     freezer: str = "auto"
     slices: dict[int, SliceConfig] = field(default_factory=dict)
     mps: bool = False
@@ -226,7 +231,7 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "freeze_s": (int, float),
         "region_s": (int, float),
     },
-    "regions": {"settle_s": (int, float)},
+    "regions": {"settle_s": (int, float), "capped_settle_s": (int, float)},
     "freezer": {"backend": str},
     "mps": {"enabled": bool},
     "pool": {"workers": int, "preload": list, "max_uses": int},
@@ -253,6 +258,7 @@ _FIELDS: dict[tuple[str, str], str] = {
     ("timeouts", "freeze_s"): "freeze_timeout_s",
     ("timeouts", "region_s"): "region_timeout_s",
     ("regions", "settle_s"): "region_settle_s",
+    ("regions", "capped_settle_s"): "region_capped_settle_s",
     ("freezer", "backend"): "freezer",
     ("mps", "enabled"): "mps",
     ("pool", "workers"): "pool_workers",
@@ -383,11 +389,12 @@ def validate(cfg: Config) -> None:
             raise ConfigError(
                 f"{cfg.source}: timeouts.{key} must be > 0 and finite (seconds), got {value!r}"
             )
-    if not (math.isfinite(cfg.region_settle_s) and 0 <= cfg.region_settle_s <= MAX_SETTLE_S):
-        raise ConfigError(
-            f"{cfg.source}: regions.settle_s must be 0..{MAX_SETTLE_S:g} (seconds), "
-            f"got {cfg.region_settle_s!r}"
-        )
+    for key in ("settle_s", "capped_settle_s"):
+        value = getattr(cfg, _FIELDS["regions", key])
+        if not (math.isfinite(value) and 0 <= value <= MAX_SETTLE_S):
+            raise ConfigError(
+                f"{cfg.source}: regions.{key} must be 0..{MAX_SETTLE_S:g} (seconds), got {value!r}"
+            )
     for key in ("wait_s", "deadlock_s", "room_wait_s"):
         value = getattr(cfg, _FIELDS["memory", key])
         if not (math.isfinite(value) and value > 0):

@@ -423,13 +423,19 @@ class Daemon:
         rerun = msg.get("mem_rerun", 0)
         if not wire.is_int(rerun) or rerun < 0:
             raise ProtocolError("mem_rerun must be a non-negative integer (bytes)")
-        settle = msg.get("settle_s")
-        if settle is None:
-            settle = self.cfg.region_settle_s
-        if not wire.is_number(settle) or not 0 <= settle <= MAX_SETTLE_S:
-            raise ProtocolError(f"settle_s must be a number of seconds, 0..{MAX_SETTLE_S:g}")
+        settles = []
+        for key, default in (
+            ("settle_s", self.cfg.region_settle_s),
+            ("capped_settle_s", self.cfg.region_capped_settle_s),
+        ):
+            value = msg.get(key)
+            if value is None:
+                value = default
+            if not wire.is_number(value) or not 0 <= value <= MAX_SETTLE_S:
+                raise ProtocolError(f"{key} must be a number of seconds, 0..{MAX_SETTLE_S:g}")
+            settles.append(float(value))
         return AdmitRequest(
-            argv, float(timeout), auto, mem, alone, rerun > 0, self._rerun(rerun), float(settle)
+            argv, float(timeout), auto, mem, alone, rerun > 0, self._rerun(rerun), *settles
         )
 
     def _rerun(self, peak: int) -> int:
@@ -498,6 +504,7 @@ class Daemon:
             group=group,
             region_timeout_s=req.timeout,
             region_settle_s=req.settle,
+            region_capped_settle_s=req.capped_settle,
             t_admit=time.monotonic(),
             mem_declared=req.mem,
             mem_alone=req.alone,

@@ -31,6 +31,10 @@ class Tenant:
     t_admit: float
     # Idle this long after the freeze when siblings worked on the GPU just before (0: never).
     region_settle_s: float = 0.0
+    # The same idle once one of its regions ran into the GPU's power or thermal limit
+    # (`power_capped`): its kernels are power-limited ones, which read the siblings' heat.
+    region_capped_settle_s: float = 0.0
+    power_capped: bool = False
     gpus: list[int] = field(default_factory=list)  # all of them, ascending ([gpu] if unset)
     region: Region | None = None  # its region, being taken or held
     pids: list[int] = field(default_factory=list)
@@ -76,6 +80,7 @@ class Region:
     drain_s: float = 0.0  # measured: quiesce and drain, over its GPUs
     freeze_s: float = 0.0  # measured
     settle_s: float = 0.0  # waited after the freeze for the GPU to settle (region_settle_s)
+    settle_capped: bool = False  # that settle was the power-capped command's (capped_settle_s)
     frozen: list[Tenant] = field(default_factory=list)  # siblings on any of its GPUs
     # While a GPU's siblings drain, a process that joins them (a leased or returned pool
     # worker) is listed but frozen only at the freeze step: frozen earlier, its drain thread
@@ -142,6 +147,7 @@ class AdmitRequest:
     rerun: bool = False  # a first memory rerun (released last)
     rerun_need: int = 0  # what that rerun is expected to need (bytes)
     settle: float = 0.0  # its regions' settle (krex run --settle, else regions.settle_s)
+    capped_settle: float = 0.0  # once power-capped (--capped-settle, else regions.capped_settle_s)
 
 
 @dataclass(eq=False)

@@ -130,7 +130,10 @@ def effective_config(cfg: Config) -> dict[str, Any]:
             "freeze_s": cfg.freeze_timeout_s,
             "region_s": cfg.region_timeout_s,
         },
-        "regions": {"settle_s": cfg.region_settle_s},
+        "regions": {
+            "settle_s": cfg.region_settle_s,
+            "capped_settle_s": cfg.region_capped_settle_s,
+        },
         "freezer": {"backend": cfg.freezer, "in_use": freezer},
         "slices": {
             str(s.gpu): {

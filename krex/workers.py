@@ -79,6 +79,7 @@ class Pool:
                 group=group,
                 region_timeout_s=self.d.cfg.region_timeout_s,
                 region_settle_s=self.d.cfg.region_settle_s,
+                region_capped_settle_s=self.d.cfg.region_capped_settle_s,
                 t_admit=time.monotonic(),
             )
             for _ in range(n):

@@ -53,9 +53,13 @@ def test_non_finite_time_outs_are_one_error_naming_the_key(key: str, value: str)
         from_toml(f"[timeouts]\n{key} = {value}\n", "t.toml")
 
 
+@pytest.mark.parametrize("key", ["settle_s", "capped_settle_s"])
 @pytest.mark.parametrize("value", ["nan", "inf", "-0.1", "5.5"])
-def test_a_settle_outside_0_to_5_seconds_is_one_error(value: str) -> None:
-    with pytest.raises(ConfigError, match=r"regions\.settle_s must be 0\.\.5 \(seconds\)"):
-        from_toml(f"[regions]\nsettle_s = {value}\n", "t.toml")
+def test_a_settle_outside_0_to_5_seconds_is_one_error(key: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=rf"regions\.{key} must be 0\.\.5 \(seconds\)"):
+        from_toml(f"[regions]\n{key} = {value}\n", "t.toml")
     assert from_toml("[regions]\nsettle_s = 0.4\n", "t.toml").region_settle_s == 0.4
     assert from_toml("", "t.toml").region_settle_s == 0.0
+    cfg = from_toml("[regions]\ncapped_settle_s = 0\n", "t.toml")
+    assert cfg.region_capped_settle_s == 0.0
+    assert from_toml("", "t.toml").region_capped_settle_s == 2.0

@@ -101,11 +101,14 @@ def test_a_time_out_that_is_not_a_positive_finite_number_is_a_usage_error(
     assert "Invalid value for" in p.stderr and value in p.stderr, p.stderr
 
 
+@pytest.mark.parametrize("flag", ["--settle", "--capped-settle"])
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "5.5", "x"])
-def test_a_settle_that_is_not_0_to_5_seconds_is_a_usage_error(value: str, nowhere: str) -> None:
-    p = krex("run", "--settle", value, "--socket", nowhere, "--", "true")
+def test_a_settle_that_is_not_0_to_5_seconds_is_a_usage_error(
+    flag: str, value: str, nowhere: str
+) -> None:
+    p = krex("run", flag, value, "--socket", nowhere, "--", "true")
     assert p.returncode == 2, p.stderr
-    assert "Invalid value for '--settle'" in p.stderr and value in p.stderr, p.stderr
+    assert f"Invalid value for '{flag}'" in p.stderr and value in p.stderr, p.stderr
     if value != "x":
         assert "seconds must be from 0 to 5" in p.stderr, p.stderr
 

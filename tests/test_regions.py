@@ -224,6 +224,49 @@ def test_a_region_settles_after_the_freeze_only_when_asked_and_siblings_worked()
     run(main())
 
 
+def test_a_command_whose_region_ran_into_the_power_limit_settles_its_later_regions() -> None:
+    """region_capped_settle_s: nothing until one of the command's regions is gpu_capped; then
+    each later region settles that long where the siblings worked, and its record says the
+    capped rule chose it. The command's own larger --settle wins; 0 turns the rule off; another
+    command's capped region does not make this one settle."""
+
+    async def main() -> None:
+        regions, node, gpus = make()
+        owner, sib = tenant(gpus, 1), tenant(gpus, 2)
+        owner.region_capped_settle_s = sib.region_capped_settle_s = 2.0
+        grant = {"sm_clock_mhz": 1980, "throttle_reasons": 0, "power_capped_ns": 0}
+        # The sibling runs into the limit first: only its own later regions would settle.
+        node.samples = [grant, grant | {"power_capped_ns": 40_000_000}]
+        rec = regions.release(await regions.acquire(sib, plain_wait), why="region_end")
+        assert [w["name"] for w in rec["warnings"]] == ["gpu_capped"] and sib.power_capped
+        node.events.clear()
+        rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
+        assert "settle" not in node.names() and rec["settle_s"] == 0.0
+        assert "settle_capped" not in rec and [owner.power_capped] == [False]
+        # The owner's region ran into the limit (its clock samples say so): from the next on.
+        node.samples = [grant, grant | {"throttle_reasons": 0x4}]
+        rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
+        assert rec["settle_s"] == 0.0 and owner.power_capped
+        node.events.clear()
+        rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
+        assert ("settle", 0, (2,), 2.0) in node.events
+        assert rec["settle_s"] == 2.0 and rec["settle_capped"] is True
+        node.siblings_worked = False  # the siblings sat idle: no wait, not the rule's
+        rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
+        assert rec["settle_s"] == 0.0 and "settle_capped" not in rec
+        node.siblings_worked = True
+        owner.region_settle_s = 3.0  # its own --settle is longer: that one, not the rule's
+        node.events.clear()
+        rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
+        assert ("settle", 0, (2,), 3.0) in node.events and "settle_capped" not in rec
+        owner.region_settle_s = owner.region_capped_settle_s = 0.0  # --capped-settle 0: off
+        node.events.clear()
+        rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
+        assert "settle" not in node.names() and rec["settle_s"] == 0.0
+
+    run(main())
+
+
 def test_requests_on_one_gpu_are_granted_in_request_order() -> None:
     """FIFO: the second and third requesters wait for the regions ahead of them."""
 

@@ -37,7 +37,9 @@ def test_summary_needs_a_rested_timing() -> None:
         settle_sweep.summary([{"settle_s": 1.0, "ms": 2.0}])
 
 
-@pytest.mark.parametrize("args", [["--settles", "a,b"], ["--settles", "-1"], ["--heat", "0"]])
+@pytest.mark.parametrize(
+    "args", [["--settles", "a,b"], ["--settles", "-1"], ["--heat", "0"], ["--trace", "9"]]
+)
 def test_bad_arguments_get_one_clear_error(tmp_path: Path, args: list[str]) -> None:
     result = subprocess.run(
         [

@@ -9,7 +9,9 @@ settle between: heat the GPU as busy siblings do (fp32 8192^2 matmuls back to ba
 on) with NVML's power, temperature, SM clock and power-capped time over the timing; each S of
 `--settles`, shuffled, `--rounds` times, against the rested GPU (before any heat, and after
 `--rest` seconds idle at the end). One JSON line per timing, written as it is taken, then the
-summary: per settle, the median reading against the rested ones.
+summary: per settle, the median reading against the rested ones. With `--trace S`, the first S
+of that rest after one more heat are sampled every 0.1 s (temperatures, SM clock, power): what a
+settle that waits on the GPU, not on a clock, could watch.
 
     python3 scripts/bench/settle_sweep.py --out OUT.jsonl [--heat 4] [--settles 0,0.5,1,2,3]
 """
@@ -57,6 +59,25 @@ def summary(points: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def idle_trace(nvml: Any, seconds: float, every: float = 0.1) -> list[dict[str, Any]]:
+    """NVML samples of GPU 0 every `every` s for `seconds` of idle: t (s), temperatures, SM
+    clock, and the mean power (W) since the sample before, from the energy counter."""
+    samples: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    last: tuple[float, int] | None = None
+    while (now := time.monotonic()) - t0 <= seconds:
+        s = nvml.sample(0) or {}
+        row: dict[str, Any] = {"t": round(now - t0, 3)}
+        row.update({k: s.get(k) for k in ("temp_c", "mem_temp_c", "sm_clock_mhz")})
+        if "energy_mj" in s:
+            if last is not None and now > last[0]:
+                row["power_w"] = round((s["energy_mj"] - last[1]) / 1000 / (now - last[0]), 1)
+            last = (now, s["energy_mj"])
+        samples.append(row)
+        time.sleep(max(0.0, every - (time.monotonic() - now)))
+    return samples
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="JSON lines: each timing, then the summary")
@@ -65,6 +86,7 @@ def main() -> int:
     ap.add_argument("--settles", default="0,0.25,0.5,1,2,3", help="idle seconds, comma-separated")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--rest", type=float, default=8.0, help="idle seconds before the last rested")
+    ap.add_argument("--trace", type=float, default=0.0, help="seconds of that rest sampled")
     args = ap.parse_args()
     try:
         settles = [float(s) for s in args.settles.split(",") if s.strip()]
@@ -73,6 +95,9 @@ def main() -> int:
         return 2
     if not settles or min(settles) < 0 or args.heat <= 0 or args.rounds < 1:
         print("settle_sweep: need settles >= 0, --heat > 0 and --rounds >= 1", file=sys.stderr)
+        return 2
+    if not 0 <= args.trace <= args.rest:
+        print("settle_sweep: need 0 <= --trace <= --rest", file=sys.stderr)
         return 2
 
     import torch
@@ -136,7 +161,14 @@ def main() -> int:
         heat(args.heat)
         time.sleep(settle)
         timing(settle, f"{args.heat:g} s of matmuls, then {settle:g} s idle")
-    time.sleep(args.rest)
+    if args.trace > 0 and nvml:
+        heat(args.heat)
+        trace = idle_trace(nvml, args.trace)
+        with out.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"trace": trace}) + "\n")
+        time.sleep(max(0.0, args.rest - args.trace))
+    else:
+        time.sleep(args.rest)
     timing(None, f"rested ({args.rest:g} s idle after the sweep)")
     result = summary(points)
     with out.open("a", encoding="utf-8") as f:

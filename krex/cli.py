@@ -102,11 +102,12 @@ def bench() -> None:
 @click.option(
     "--settle",
     "settle_s",
-    type=Seconds(most=MAX_SETTLE_S),
+    type=Seconds(most=MAX_SETTLE_S, zero=True),
     default=BENCH_SETTLE_S,
     show_default=True,
-    help="The krex-settle mode's `krex run --settle`: seconds each region idles after the "
-    "freeze where the other commands worked on the GPU lately.",
+    help="The krex-settle mode's `krex run --settle S --capped-settle S`: seconds each region "
+    "idles after the freeze where the other commands worked on the GPU lately (0: never, "
+    "krex without the power-capped rule's settle).",
 )
 def bench_run(
     modes: str,

@@ -354,7 +354,13 @@ def _batch(
                         *(["--sim"] if cmd.simulated else []),
                         *(["--no-pool"] if no_pool else []),
                         *(["--gpu", str(gpu)] if gpu is not None else []),
-                        *(["--settle", f"{settle_s:g}"] if settle_s is not None else []),
+                        # krex-settle: every region's settle is S, the power-capped rule's too
+                        # (0: krex with no settle at all, as before regions.capped_settle_s).
+                        *(
+                            ["--settle", f"{settle_s:g}", "--capped-settle", f"{settle_s:g}"]
+                            if settle_s is not None
+                            else []
+                        ),
                         # Autotuners' and harness timers' timings in regions too, as a user
                         # who wants them protected runs (docs/bench.md); the simulated
                         # commands have none.

@@ -47,6 +47,10 @@ class Seconds(click.ParamType):  # type: ignore[type-arg]  # generic from click 
         return seconds
 
 
+# A region's settle (--settle, --capped-settle, krex bench's --settle): 0 (off) to 5 s.
+SETTLE_SECONDS = Seconds(most=MAX_SETTLE_S, zero=True)
+
+
 @click.group(name="krex", context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="krex")
 def main() -> None:
@@ -102,7 +106,7 @@ def bench() -> None:
 @click.option(
     "--settle",
     "settle_s",
-    type=Seconds(most=MAX_SETTLE_S, zero=True),
+    type=SETTLE_SECONDS,
     default=BENCH_SETTLE_S,
     show_default=True,
     help="The krex-settle mode's `krex run --settle S --capped-settle S`: seconds each region "
@@ -197,7 +201,7 @@ def bench_report(out_dir: Path) -> None:
 )
 @click.option(
     "--settle",
-    type=Seconds(most=MAX_SETTLE_S, zero=True),
+    type=SETTLE_SECONDS,
     metavar="S",
     help="In each region, when other commands worked on the GPU in the last second or two, idle S "
     "seconds after freezing them, before the grant, so that a power-limited kernel starts as "
@@ -205,7 +209,7 @@ def bench_report(out_dir: Path) -> None:
 )
 @click.option(
     "--capped-settle",
-    type=Seconds(most=MAX_SETTLE_S, zero=True),
+    type=SETTLE_SECONDS,
     metavar="S",
     help="The same idle, only once one of CMD's regions ran into the GPU's power or thermal "
     "limit (its power-limited kernels read the others' heat; 0..5, 0: off; default: the "

@@ -423,19 +423,19 @@ class Daemon:
         rerun = msg.get("mem_rerun", 0)
         if not wire.is_int(rerun) or rerun < 0:
             raise ProtocolError("mem_rerun must be a non-negative integer (bytes)")
-        settles = []
-        for key, default in (
-            ("settle_s", self.cfg.region_settle_s),
-            ("capped_settle_s", self.cfg.region_capped_settle_s),
+        settles: dict[str, float] = {}
+        for key, field_name, default in (
+            ("settle_s", "settle", self.cfg.region_settle_s),
+            ("capped_settle_s", "capped_settle", self.cfg.region_capped_settle_s),
         ):
             value = msg.get(key)
             if value is None:
                 value = default
             if not wire.is_number(value) or not 0 <= value <= MAX_SETTLE_S:
                 raise ProtocolError(f"{key} must be a number of seconds, 0..{MAX_SETTLE_S:g}")
-            settles.append(float(value))
+            settles[field_name] = float(value)
         return AdmitRequest(
-            argv, float(timeout), auto, mem, alone, rerun > 0, self._rerun(rerun), *settles
+            argv, float(timeout), auto, mem, alone, rerun > 0, self._rerun(rerun), **settles
         )
 
     def _rerun(self, peak: int) -> int:

@@ -320,9 +320,9 @@ class Regions:
         limit, at least its region_capped_settle_s; 0: none): where the GPU's siblings worked
         on it in the last second or two, idle before the grant. On the H200 the suite's
         power-limited conv timed 0.25-0.5 s after 4 s of matmuls read 0.65 % slower than on the
-        rested GPU, after 1 s 0.49 %, after 2 or 3 s 0.24-0.29 %
-        (docs/results/h200-capped-settle/);
-        kernels that stay below the limit do not read the heat, so only such a command waits."""
+        rested GPU, after 1 s 0.49 %, after 2 or 3 s 0.24-0.29 % (docs/results/
+        h200-capped-settle/); kernels that stay below the limit do not read the heat, so only
+        such a command waits."""
         t = r.tenant
         settle = t.region_settle_s
         capped = t.power_capped and t.region_capped_settle_s > settle

@@ -132,6 +132,11 @@ def main() -> int:
     out = Path(args.out)
     points: list[dict[str, Any]] = []
 
+    def emit(line: dict[str, Any]) -> None:
+        """One JSON line of --out, written as it is taken."""
+        with out.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(line) + "\n")
+
     def timing(settle_s: float | None, label: str) -> None:
         before = nvml.sample(0) if nvml else None
         t0 = time.monotonic()
@@ -149,8 +154,7 @@ def main() -> int:
                 capped = after["power_capped_ns"] - before["power_capped_ns"]
                 point["power_capped_ms"] = round(capped / 1e6, 1)
         points.append(point)
-        with out.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(point) + "\n")
+        emit(point)
         print(json.dumps(point), flush=True)
 
     timing(None, "rested (before any heat)")
@@ -163,16 +167,13 @@ def main() -> int:
         timing(settle, f"{args.heat:g} s of matmuls, then {settle:g} s idle")
     if args.trace > 0 and nvml:
         heat(args.heat)
-        trace = idle_trace(nvml, args.trace)
-        with out.open("a", encoding="utf-8") as f:
-            f.write(json.dumps({"trace": trace}) + "\n")
+        emit({"trace": idle_trace(nvml, args.trace)})
         time.sleep(max(0.0, args.rest - args.trace))
     else:
         time.sleep(args.rest)
     timing(None, f"rested ({args.rest:g} s idle after the sweep)")
     result = summary(points)
-    with out.open("a", encoding="utf-8") as f:
-        f.write(json.dumps({"summary": result}) + "\n")
+    emit({"summary": result})
     print(json.dumps(result, indent=1))
     return 0
 

@@ -285,7 +285,7 @@ def _register_inductor(module: ModuleType) -> None:
 
     @contextlib.contextmanager
     def both() -> Iterator[None]:
-        with previous(), auto_region(INDUCTOR_LABEL):
+        with previous(), auto_region(INDUCTOR_LABEL, candidate=True):
             yield
 
     setattr(both, WRAPPED_MARK, True)
@@ -334,7 +334,7 @@ def _on_release(releases: tuple[str, ...], what: str, why: str) -> bool:
 
 
 def _inductor_region() -> contextlib.AbstractContextManager[None]:
-    return auto_region(INDUCTOR_LABEL)
+    return auto_region(INDUCTOR_LABEL, candidate=True)
 
 
 class _PostImportLoader(importlib.abc.Loader):

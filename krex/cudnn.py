@@ -66,7 +66,7 @@ def search_region(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
         key = _key(name, args, kwargs)
         if key is None or key in seen:
             return fn(*args, **kwargs)
-        with auto_region(label):
+        with auto_region(label, candidate=True):
             out = fn(*args, **kwargs)
         seen.add(key)
         return out

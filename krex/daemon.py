@@ -640,12 +640,17 @@ class Daemon:
         t = self.tenants.get(tid) if wire.is_int(tid) else None
         if t is None:
             raise ProtocolError(f"tenant {tid!r} is not admitted here")
+        candidate = msg.get("candidate", False)
+        if not isinstance(candidate, bool):
+            raise ProtocolError("candidate must be true or false")
         loop = asyncio.get_running_loop()
         if conn.peer.pid not in await loop.run_in_executor(None, t.group.pids):
             # A region freezes the tenant's siblings: only the tenant's own processes ask.
             raise ProtocolError(f"process {conn.peer.pid} is not one of tenant {t.id}'s")
         t_request = time.monotonic()
-        region: Region = await self.regions.acquire(t, conn.until, pid=conn.peer.pid)
+        region: Region = await self.regions.acquire(
+            t, conn.until, pid=conn.peer.pid, candidate=candidate
+        )
         try:
             await conn.send({"ok": True, **_grant_reply(region, t_request)})
             end = await conn.read()

@@ -16,6 +16,7 @@ reaper thread, by flush(), or at exit.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import functools
 import os
@@ -26,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -123,6 +124,7 @@ class _ThreadState(threading.local):
     def __init__(self) -> None:
         self.depth = 0
         self.held: _Held | None = None  # this thread's region, inside it or lingering
+        self.candidates = 0  # inside candidates(): the regions it begins are candidates'
 
 
 _state = _ThreadState()
@@ -191,9 +193,12 @@ class Region:
     Its label names it in the record's `calls`.
     """
 
-    def __init__(self, *, lingers: bool = False, label: str = REGION_LABEL) -> None:
+    def __init__(
+        self, *, lingers: bool = False, label: str = REGION_LABEL, candidate: bool = False
+    ) -> None:
         self.lingers = lingers
         self.label = label[: wire.MAX_CALL_NAME] or REGION_LABEL
+        self.candidate = candidate  # an autotuner's candidate benchmark (candidates())
 
     def __enter__(self) -> None:
         tenant = _environment()
@@ -212,7 +217,7 @@ class Region:
                     state.depth = 1
                     return
             state.held = None  # the reaper is ending it
-        conn, grant = _begin(tenant)
+        conn, grant = _begin(tenant, self.candidate or state.candidates > 0)
         with _lock:
             _open.add(conn)
         state.held = _Held(conn, grant)
@@ -349,11 +354,25 @@ def region() -> Region:
 
 
 @functools.cache
-def auto_region(label: str = _AUTO_LABEL) -> Region:
+def auto_region(label: str = _AUTO_LABEL, candidate: bool = False) -> Region:
     """A region for auto-regions: like region(), but held KREX_REGION_LINGER_S after its
     outermost exit, so that the thread's next timing continues it (see the module's text).
-    `label` (the wrapped target's dotted name) names it in the record's `calls`."""
-    return Region(lingers=True, label=label)
+    `label` (the wrapped target's dotted name) names it in the record's `calls`; `candidate`:
+    the target is an autotuner's candidate benchmark (candidates())."""
+    return Region(lingers=True, label=label, candidate=candidate)
+
+
+@contextlib.contextmanager
+def candidates() -> Iterator[None]:
+    """Inside it, a region this thread begins is an autotuner's candidate benchmark: the
+    daemon spends no power-capped settle on it (regions.capped_settle_s; a comparison of
+    candidates timed alike, not a time the command reports). For an autotuner whose timing
+    calls a marker shared with user timings (Triton's `Autotuner._bench` calls `do_bench`)."""
+    _state.candidates += 1
+    try:
+        yield
+    finally:
+        _state.candidates = max(0, _state.candidates - 1)  # a forked child's state starts at 0
 
 
 def _connect(path: str) -> socket.socket:
@@ -423,10 +442,12 @@ def _exchange(conn: socket.socket, request: dict[str, Any], limit_s: float) -> d
     return reply
 
 
-def _begin(tenant: _Tenant) -> tuple[socket.socket, dict[str, Any]]:
+def _begin(tenant: _Tenant, candidate: bool = False) -> tuple[socket.socket, dict[str, Any]]:
     """The region's own connection, and the grant."""
     conn = _connect(tenant.path)
-    request = {"op": "region_begin", "tenant": tenant.tenant, "pid": os.getpid()}
+    request: dict[str, Any] = {"op": "region_begin", "tenant": tenant.tenant, "pid": os.getpid()}
+    if candidate:
+        request["candidate"] = True
     try:
         grant = _exchange(conn, request, tenant.wait_s)
     except BaseException:

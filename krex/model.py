@@ -81,6 +81,9 @@ class Region:
     freeze_s: float = 0.0  # measured
     settle_s: float = 0.0  # waited after the freeze for the GPU to settle (region_settle_s)
     settle_capped: bool = False  # that settle was the power-capped command's (capped_settle_s)
+    # Begun by an autotuner's candidate benchmark (region_begin's `candidate`): its choice is a
+    # comparison, not a reported time, so the power-capped settle is not spent on it.
+    candidate: bool = False
     frozen: list[Tenant] = field(default_factory=list)  # siblings on any of its GPUs
     # While a GPU's siblings drain, a process that joins them (a leased or returned pool
     # worker) is listed but frozen only at the freeze step: frozen earlier, its drain thread
@@ -114,6 +117,7 @@ class RegionRequest:
     tenant: Tenant
     t_request: float
     granted: asyncio.Future[Region]  # the region, once it holds this request's GPU
+    candidate: bool = False  # an autotuner's candidate benchmark asks (Region.candidate)
 
 
 @dataclass(eq=False)

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from krex.markers import WRAPPED_MARK, auto_region, end_lingering
+from krex.markers import WRAPPED_MARK, auto_region, candidates, end_lingering
 
 HEURISTICS = "torch._inductor.runtime.triton_heuristics"  # where CachingAutotuner lives
 TRITON_AUTOTUNER = "triton.runtime.autotuner"  # Autotuner._bench
@@ -92,7 +92,7 @@ def compile_first(fn: object) -> None:
 def benchmark_region(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
     """A benchmarker's `benchmark_gpu(self, _callable, ...)` as a region (labelled `label`),
     with what `_callable` compiles on its first run compiled before the region."""
-    in_region = auto_region(label)(fn)
+    in_region = auto_region(label, candidate=True)(fn)
 
     @functools.wraps(fn)
     def benchmark_gpu(*args: Any, **kwargs: Any) -> Any:
@@ -139,7 +139,8 @@ def compiling_first(fn: Callable[..., Any], _label: str) -> Callable[..., Any]:
     def _bench(self: Any, *args: Any, config: Any, **meta: Any) -> Any:
         if compile_config(self, args, config, meta) is _REJECTED:
             return [float("inf")] * 3  # _bench's own answer to these errors (triton 3.6)
-        return fn(self, *args, config=config, **meta)
+        with candidates():  # its do_bench times a candidate configuration
+            return fn(self, *args, config=config, **meta)
 
     setattr(_bench, WRAPPED_MARK, True)
     return _bench

@@ -93,17 +93,21 @@ class Regions:
         t: Tenant,
         wait: Callable[[asyncio.Future[Region]], Awaitable[None]],
         pid: int | None = None,
+        candidate: bool = False,
     ) -> Region:
         """t's region, granted on all of t's GPUs; `wait` waits for one GPU's grant and raises
         when the requester goes away (then everything this request holds is let go). `pid`,
-        the asking process, goes into the record's `pids`."""
+        the asking process, goes into the record's `pids`; `candidate`: an autotuner's
+        candidate benchmark asks (a region it begins gets no power-capped settle)."""
         loop = asyncio.get_running_loop()
         t_request = time.monotonic()
         mine: Region | None = None  # the region this request is a holder of
         # Its GPUs in index order: every command takes them in the same order, so no two wait
         # for each other (a request waits only for GPUs above those it holds).
         for i in t.gpus:
-            req = RegionRequest(tenant=t, t_request=t_request, granted=loop.create_future())
+            req = RegionRequest(
+                tenant=t, t_request=t_request, granted=loop.create_future(), candidate=candidate
+            )
             q = self._q[i]
             q.requests.append(req)
             self._schedule(i)
@@ -216,7 +220,7 @@ class Regions:
                     # Its region ended (revoked, or its holders left) while this request waited.
                     _fail(req, "the region ended while waiting")
                     continue
-                t.region = Region(tenant=t, t_request=req.t_request)
+                t.region = Region(tenant=t, t_request=req.t_request, candidate=req.candidate)
             # Pending from the start: a tenant that joins while it is set up is frozen into
             # it (tenant_joined), never left running beside it.
             q.pending = t.region
@@ -317,15 +321,17 @@ class Regions:
 
     async def _settle(self, gpu: int, r: Region, siblings: list[Tenant]) -> None:
         """Step 5b (the tenant's region_settle_s; once one of its regions ran into the power
-        limit, at least its region_capped_settle_s; 0: none): where the GPU's siblings worked
-        on it in the last second or two, idle before the grant. On the H200 the suite's
-        power-limited conv timed 0.25-0.5 s after 4 s of matmuls read 0.65 % slower than on the
-        rested GPU, after 1 s 0.49 %, after 2 or 3 s 0.24-0.29 % (docs/results/
-        h200-capped-settle/); kernels that stay below the limit do not read the heat, so only
-        such a command waits."""
+        limit, at least its region_capped_settle_s, unless an autotuner's candidate benchmark
+        began this one; 0: none): where the GPU's siblings worked on it in the last second or
+        two, idle before the grant. On the H200 the suite's power-limited conv timed 0.25-0.5 s
+        after 4 s of matmuls read 0.65 % slower than on the rested GPU, after 1 s 0.49 %, after
+        2 or 3 s 0.24-0.29 % (docs/results/h200-capped-settle/); kernels that stay below the
+        limit do not read the heat, so only such a command waits. Candidates are left out: the
+        winners were the exclusive ones without a settle (runs 30-32 of docs/results/
+        h200-autotune/), and with it every Inductor choice cost 2 s, 74 s a command (run 32)."""
         t = r.tenant
         settle = t.region_settle_s
-        capped = t.power_capped and t.region_capped_settle_s > settle
+        capped = t.power_capped and not r.candidate and t.region_capped_settle_s > settle
         if capped:
             settle = t.region_capped_settle_s
         if settle <= 0 or not siblings:
@@ -435,6 +441,7 @@ class Regions:
             "settle_s": r.settle_s,
             # Whose settle it was: the command's own (--settle), or the power-capped rule's.
             **({"settle_capped": True} if r.settle_capped else {}),
+            **({"candidate": True} if r.candidate else {}),  # an autotuner's candidate began it
             "duration_s": t_end - r.t_grant if r.granted else 0.0,
             "clean": r.clean,
             "revoked": r.revoked,

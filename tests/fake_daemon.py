@@ -39,6 +39,7 @@ class FakeDaemon:
         self.refuse = refuse
         self.received: list[Received] = []
         self.calls: list[dict[str, int]] = []  # each region_end's `calls` ({} without)
+        self.candidate: list[bool] = []  # each region_begin's `candidate` (False without)
         self.connections = 0
         self._changed = threading.Condition()
         self._stop = threading.Event()  # set by __exit__; shutdown() wakes the blocked calls
@@ -124,6 +125,8 @@ class FakeDaemon:
                     self._reply(stream, {"ok": True, "version": "0.1.0", "pid": os.getpid()})
                 elif op == "region_begin":
                     tenant, pid = request.get("tenant"), request.get("pid")
+                    with self._changed:
+                        self.candidate.append(request.get("candidate", False))
                     self._record(op, tenant, pid)
                     if self.refuse is not None:
                         self._reply(stream, {"ok": False, "error": self.refuse})

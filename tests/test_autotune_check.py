@@ -234,6 +234,52 @@ def test_a_kernelbench_timing_file_without_its_timer_is_one_clear_error(
     assert not out.exists()
 
 
+def test_judge_gives_the_verdict_over_several_calls_files(
+    tmp_path: Path, monkeypatch: Any, capsys: Any
+) -> None:
+    """--judge A B: the verdict over both files' runs (a run split over calls), each source
+    named; a file that is not the check's own is one clear error and writes nothing."""
+    import json
+    import sys
+
+    import pytest
+
+    check = load()
+    a, b, out = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "verdict.json"
+    a.write_text(
+        json.dumps({"date": "d1", "runs": [run("exclusive", "A", 1.0), run("krex", "A", 1.0)]})
+    )
+    b.write_text(
+        json.dumps(
+            {"date": "d2", "runs": [run("exclusive", "A", 1.02), run("unprotected", "B", 3.0)]}
+        )
+    )
+    monkeypatch.setattr(
+        sys, "argv", ["autotune_check.py", "--json", str(out), "--judge", str(a), str(b)]
+    )
+    assert check.main() == 0
+    doc = json.loads(out.read_text())
+    assert [s["date"] for s in doc["sources"]] == ["d1", "d2"] and doc["runs"] == 4
+    v = doc["verdict"]["triton8k"]
+    assert v["krex_equals_exclusive"] and v["unprotected_changed"]
+    assert v["native_repeat_spread_pct"] == 1.98  # both files' exclusive runs, 1.0 and 1.02
+    out.unlink()
+    (tmp_path / "other.json").write_text("[1, 2]")
+    argv = [
+        "autotune_check.py",
+        "--json",
+        str(out),
+        "--judge",
+        str(a),
+        str(tmp_path / "other.json"),
+    ]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as stop:
+        check.main()
+    assert stop.value.code == 2 and "has no runs" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_the_cooled_mode_acks_a_stop_only_after_its_wait(tmp_path: Path) -> None:
     """exclusive-cooled: the timing may start only `wait_s` after the siblings stopped."""
     import subprocess

@@ -220,6 +220,28 @@ def test_a_region_record_names_the_markers_that_held_it(
     assert calls["(others)"] == 4 and calls["m.f0"] == 1, calls
 
 
+def test_an_autotuners_candidate_benchmark_says_so_in_its_region_begin(
+    inside: FakeDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """region_begin carries `candidate: true` for a region an autotuner's candidate begins:
+    a candidate marker's (Inductor's, cuDNN's search), or any marker inside candidates()
+    (Triton's Autotuner._bench calls the user's do_bench); a timing of the user's does not."""
+    linger(monkeypatch, "0")
+    timer = markers.auto_region("triton.testing.do_bench")
+    search = markers.auto_region("torch.nn.functional.conv2d (cuDNN search)", candidate=True)
+    assert search is not markers.auto_region("torch.nn.functional.conv2d (cuDNN search)")
+    with timer:
+        pass
+    with search:
+        pass
+    with markers.candidates(), timer:
+        pass
+    with region():  # after candidates(): a timing again
+        pass
+    inside.wait_for(8)
+    assert inside.candidate == [False, True, True, False]
+
+
 def test_a_plain_region_ends_a_lingering_one_at_its_exit(
     inside: FakeDaemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -840,6 +862,7 @@ def test_a_kernel_inductor_compiles_on_its_first_run_compiles_before_the_region(
     assert daemon.ops() == ["region_begin", "region_end"] * 2
     label = "torch._inductor.runtime.benchmarking.InductorBenchmarker.benchmark_gpu"
     assert daemon.calls == [{label: 1}, {label: 2}]
+    assert daemon.candidate == [True, True]  # Inductor's GPU benchmarks time its choices
 
 
 # triton 3.6's shape where its autotuner compiles: JITFunction.run(*args, grid, warmup, **kw)
@@ -968,6 +991,7 @@ def test_tritons_autotuner_compiles_each_config_before_its_timings_region(
             "compiled 64 holding a region",
             "timed " + "holding a region",
         ]
+        assert daemon.candidate and not any(daemon.candidate)  # not patched: timings' regions
         return
     assert result.stderr == ""
     assert result.stdout.splitlines() == [
@@ -986,6 +1010,7 @@ def test_tritons_autotuner_compiles_each_config_before_its_timings_region(
     assert daemon.ops() == ["region_begin", "region_end"] * 3
     label = "triton.testing.do_bench"
     assert daemon.calls == [{label: 1}, {label: 1}, {label: 2}]
+    assert daemon.candidate == [True] * 3  # each begun by _bench: a candidate's timing
 
 
 # A stand-in torch of the real one's shape where cuDNN's search is concerned: conv functions on
@@ -1098,6 +1123,7 @@ def test_cudnn_benchmark_search_runs_in_a_region_once_per_configuration(
     search = {"torch.nn.functional.conv2d (cuDNN search)": 1}
     extern = {"torch._inductor.select_algorithm.extern_kernels.convolution (cuDNN search)": 1}
     assert daemon.calls == [search] * 4 + [{"krex.region": 1}] + [extern] * inductor
+    assert daemon.candidate == [True] * 4 + [False] + [True] * inductor  # krex.region: a timing
     warned = [line for line in result.stderr.splitlines() if "compile'd convolutions" in line]
     assert len(warned) == (0 if inductor else 1), result.stderr
 

@@ -25,7 +25,8 @@ from krex.workers import EXIT_WAIT_S
 OPS = ["hello", "status", "admit", "started", "lease", "finished", "region_begin",
        "region_end", "worker_ready", "done"]  # fmt: skip
 FIELDS = ["argv", "gpu", "sim", "auto_regions", "region_timeout_s", "settle_s", "capped_settle_s",
-          "tenant", "pid", "worker", "secret", "exit_code", "worker_lost", "calls"]  # fmt: skip
+          "tenant", "pid", "worker", "secret", "exit_code", "worker_lost", "calls",
+          "candidate"]  # fmt: skip
 
 json_values = st.recursive(
     st.none()
@@ -179,15 +180,24 @@ def test_a_tenant_beside_the_fuzzing_sees_nothing(daemon: Daemon, tmp_path: Path
     assert_healthy(daemon)
 
 
-BAD_CALLS = """
+# A tenant's process speaking the region protocol by hand: ask() on a connection of its own
+# (connect() opens another, as the daemon closes one after an error reply).
+CLIENT = """
 import json, os, socket, sys
 import krex
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.connect(os.environ["KREX_SOCKET"])
-f = s.makefile("rwb")
+def connect():
+    global f
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(os.environ["KREX_SOCKET"])
+    f = s.makefile("rwb")
 def ask(msg):
     f.write((json.dumps({"v": 1, **msg}) + "\\n").encode()); f.flush()
     return json.loads(f.readline())
+connect()
+"""
+BAD_CALLS = (
+    CLIENT
+    + """
 tenant = int(os.environ["KREX_TENANT"])
 assert ask({"op": "region_begin", "tenant": tenant, "pid": os.getpid()})["ok"]
 print(json.dumps(ask({"op": "region_end", "calls": json.loads(sys.argv[1])})), flush=True)
@@ -195,6 +205,7 @@ with krex.region():  # nothing was left held: the next region is granted
     pass
 print(json.dumps(krex.last_region()["calls"]))
 """
+)
 
 
 @pytest.mark.parametrize(
@@ -217,6 +228,35 @@ def test_a_region_end_with_bad_calls_is_one_error_and_ends_the_region(
     assert "calls" in refused["error"] and named == {"krex.region": 1}
     regions = json.loads(report.read_text())["regions"]
     assert len(regions) == 2 and "calls" not in regions[0] and regions[1]["calls"] == named
+    assert_healthy(daemon)
+
+
+CANDIDATE = (
+    CLIENT
+    + """
+begin = {"op": "region_begin", "tenant": int(os.environ["KREX_TENANT"]), "pid": os.getpid()}
+print(json.dumps(ask({**begin, "candidate": "yes"})), flush=True)
+connect()
+assert ask({**begin, "candidate": True})["ok"]
+print(json.dumps(ask({"op": "region_end"})["region"]))
+"""
+)
+
+
+def test_region_begin_says_whether_an_autotuners_candidate_asks(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    """region_begin's `candidate`: true or false, else one error and nothing held; a
+    candidate's region record says so."""
+    report = tmp_path / "r.json"
+    p = krex_run(daemon, sys.executable, "-c", CANDIDATE, report=report,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    refused, record = (json.loads(line) for line in out.splitlines())
+    assert refused == {"ok": False, "error": "candidate must be true or false"}, refused
+    assert record["candidate"] is True and record["clean"] is True
+    assert [r.get("candidate") for r in json.loads(report.read_text())["regions"]] == [True]
     assert_healthy(daemon)
 
 

@@ -227,8 +227,9 @@ def test_a_region_settles_after_the_freeze_only_when_asked_and_siblings_worked()
 def test_a_command_whose_region_ran_into_the_power_limit_settles_its_later_regions() -> None:
     """region_capped_settle_s: nothing until one of the command's regions is gpu_capped; then
     each later region settles that long where the siblings worked, and its record says the
-    capped rule chose it. The command's own larger --settle wins; 0 turns the rule off; another
-    command's capped region does not make this one settle."""
+    capped rule chose it; not a region an autotuner's candidate benchmark began. The command's
+    own larger --settle wins (a candidate's too); 0 turns the rule off; another command's capped
+    region does not make this one settle."""
 
     async def main() -> None:
         regions, node, gpus = make()
@@ -251,6 +252,14 @@ def test_a_command_whose_region_ran_into_the_power_limit_settles_its_later_regio
         rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
         assert ("settle", 0, (2,), 2.0) in node.events
         assert rec["settle_s"] == 2.0 and rec["settle_capped"] is True
+        assert "candidate" not in rec
+        # An autotuner's candidate benchmark: no capped settle (a comparison, not a reported
+        # time); its record says whose region it was.
+        node.events.clear()
+        r = await regions.acquire(owner, plain_wait, candidate=True)
+        rec = regions.release(r, why="region_end")
+        assert "settle" not in node.names() and rec["settle_s"] == 0.0
+        assert rec["candidate"] is True and "settle_capped" not in rec
         node.siblings_worked = False  # the siblings sat idle: no wait, not the rule's
         rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
         assert rec["settle_s"] == 0.0 and "settle_capped" not in rec
@@ -259,6 +268,10 @@ def test_a_command_whose_region_ran_into_the_power_limit_settles_its_later_regio
         node.events.clear()
         rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
         assert ("settle", 0, (2,), 3.0) in node.events and "settle_capped" not in rec
+        node.events.clear()  # --settle is every region's, a candidate's too
+        r = await regions.acquire(owner, plain_wait, candidate=True)
+        rec = regions.release(r, why="region_end")
+        assert ("settle", 0, (2,), 3.0) in node.events and rec["settle_s"] == 3.0
         owner.region_settle_s = owner.region_capped_settle_s = 0.0  # --capped-settle 0: off
         node.events.clear()
         rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")

@@ -982,6 +982,25 @@ def region_calls(regions: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def judge(files: list[Path], out: Path, ap: argparse.ArgumentParser) -> int:
+    """--judge: the verdict over the runs of several calls' files, with where each came from."""
+    runs: list[dict[str, Any]] = []
+    sources = []
+    for f in files:
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, ValueError) as e:
+            ap.error(f"--judge: {f}: {e}")
+        if not isinstance(doc, dict) or not isinstance(doc.get("runs"), list):
+            ap.error(f"--judge: {f} has no runs (not an autotune_check.py --json file)")
+        runs += doc["runs"]
+        sources.append({"file": f.name, "date": doc.get("date"), "command": doc.get("command")})
+    v = {"sources": sources, "runs": len(runs), "verdict": verdict(runs)}
+    out.write_text(json.dumps(v, indent=1) + "\n")
+    print(json.dumps(v["verdict"], indent=1), flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
@@ -993,6 +1012,14 @@ def main() -> int:
         metavar="N",
         help="number the repeats from N (default 0), so a run split over several calls keeps "
         "--rotate's order: a second call with --first-repeat 1 starts where the first left off",
+    )
+    ap.add_argument(
+        "--judge",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="run nothing: the verdict over the runs of these files (a run split over several "
+        "calls, --first-repeat), written to --json",
     )
     ap.add_argument("--siblings", choices=("steady", "bursty"), default="steady")
     ap.add_argument(
@@ -1101,6 +1128,8 @@ def main() -> int:
         "exclusive runs' spread)",
     )
     args = ap.parse_args()
+    if args.judge:
+        return judge(args.judge, Path(args.json), ap)
     global LINGER_S, SETTLE_S, REGION_SETTLE_S
     LINGER_S = args.linger
     if args.region_settle is not None:

@@ -823,9 +823,9 @@ def one(
         row["regions"] = len(regions)
         row["regions_clean"] = sum(bool(r.get("clean")) for r in regions)
         row["region_problems"] = sorted({p for r in regions for p in r.get("problems", [])})[:10]
-        keep = ("duration_s", "settle_s", "settle_capped", "candidate", "clean", "warnings", "power_w_before",
-                "power_capped_ms", "thermal_capped_ms", "temp_c", "mem_temp_c", "sm_clock_mhz",
-                "pids", "calls")  # fmt: skip
+        keep = ("duration_s", "settle_s", "settle_capped", "candidate", "clean", "warnings",
+                "power_w_before", "power_capped_ms", "thermal_capped_ms", "temp_c", "mem_temp_c",
+                "sm_clock_mhz", "pids", "calls")  # fmt: skip
         row["region_records"] = [{k: r[k] for k in keep if k in r} for r in regions]
         # What held the GPU: each marker's count over the command's regions (the records'
         # `calls`), and the longest region with what held it.

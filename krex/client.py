@@ -40,6 +40,7 @@ from krex.watch import DaemonWatch
 
 EXIT_KREX = 125
 EXIT_NOT_STARTED = 127
+GONE_WAIT_S = 0.5  # how long a command the daemon could not place may take to be reaped
 _PR_SET_PDEATHSIG = 1
 _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -587,10 +588,7 @@ def _run_once(opts: RunOptions) -> tuple[int, dict[str, Any]]:
         conn.send({"op": "started", "pid": pid})
         conn.recv(conn.step_s)
     except (ClientError, OSError) as e:
-        os.kill(pid, signal.SIGKILL)
-        _wait(pid)
-        print(f"krex run: the daemon could not take the command in: {e}", file=sys.stderr)
-        return EXIT_KREX, {}
+        return _not_taken_in(pid, e), {}
     with contextlib.suppress(BrokenPipeError):  # it died before its exec: its status says how
         os.write(go, b"g")
     os.close(go)
@@ -600,6 +598,25 @@ def _run_once(opts: RunOptions) -> tuple[int, dict[str, Any]]:
         print(f"krex run: cannot start {opts.argv[0]}: {why}", file=sys.stderr)
     code = _supervise(pid)
     return _finish(opts, conn, reply, t0, code, False, how.reason, warm=False)
+
+
+def _not_taken_in(pid: int, e: Exception) -> int:
+    """krex run's status when the daemon did not take the held command `pid` in (`e`): the
+    command's own where it is dead already (killed before the daemon could place it: a kill
+    aimed at it, or a signal forwarded before `started`; the daemon then finds no such
+    process), else the command is killed and it is krex's failure."""
+    code = _wait(pid, os.WNOHANG)
+    until = time.monotonic() + GONE_WAIT_S  # one that is exiting is not a zombie yet
+    while code is None and time.monotonic() < until:
+        time.sleep(0.01)
+        code = _wait(pid, os.WNOHANG)
+    if code is not None:
+        print(f"krex run: the command ended before it started ({e})", file=sys.stderr)
+        return code
+    os.kill(pid, signal.SIGKILL)
+    _wait(pid)
+    print(f"krex run: the daemon could not take the command in: {e}", file=sys.stderr)
+    return EXIT_KREX
 
 
 def _finish(

@@ -229,3 +229,23 @@ def test_ctrl_c_while_queued_ends_krex_run_in_one_line(tmp_path: Path) -> None:
     assert p.returncode == 128 + signal.SIGINT, err
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines == ["krex run: interrupted before the command started"], err
+
+
+def test_a_command_killed_before_the_daemon_placed_it_ends_with_its_own_status(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`started` refused because the held command is gone (a kill aimed at it before the
+    daemon placed it, as `make stress`'s killer does): krex run ends with the command's status
+    (128 + 9), not krex's 125; a command still alive is killed and krex's 125 it is."""
+    from krex import client
+
+    dead = subprocess.Popen(["sleep", "60"])
+    dead.send_signal(signal.SIGKILL)
+    refused = client.ClientError("cannot place process: Process does not exist")
+    assert client._not_taken_in(dead.pid, refused) == 128 + signal.SIGKILL
+    assert "the command ended before it started" in capsys.readouterr().err
+    alive = subprocess.Popen(["sleep", "60"])
+    assert client._not_taken_in(alive.pid, refused) == client.EXIT_KREX
+    assert "could not take the command in" in capsys.readouterr().err
+    with pytest.raises(ProcessLookupError):
+        os.kill(alive.pid, 0)  # killed and reaped

@@ -141,6 +141,11 @@ def test_krex_settle_side_by_side_idles_its_regions_and_only_its_own(tmp_path: P
                for m in ("krex", "krex-settle")}  # fmt: skip
     assert settled["krex"] and all(x == 0.0 for x in settled["krex"]), settled
     assert any(x >= 0.2 for x in settled["krex-settle"]), settled
+    for c in r["commands"]:  # each region's settle and warnings, summing to the command's
+        if c["mode"] in ("krex", "krex-settle") and c["regions"]:
+            recs = c["region_records"]
+            assert len(recs) == c["regions"] and all(isinstance(x["warnings"], list) for x in recs)
+            assert abs(sum(x["settle_s"] for x in recs) - c["settle_s"]) < 1e-9, c
     assert r["settle_s"] == 0.2 and "krex-settle" in r["throughput_ratio_vs_exclusive"]
     for mode in ("krex", "krex-settle"):
         assert r["inflation_p95"][mode][">0.1ms"] <= 0.02, r["inflation_p95"]

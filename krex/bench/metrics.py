@@ -19,7 +19,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import Any, TypedDict
 
 MODES = (
     "exclusive",
@@ -84,7 +84,9 @@ class RegionTimes:
 
     `wait_s` is the time spent waiting to enter, `drain_s` and `freeze_s` the time spent draining
     and freezing the siblings on entry, and `duration_s` the time inside the region;
-    `settle_s` the time it idled after the freeze (`krex run --settle`, the krex-settle mode).
+    `settle_s` the time it idled after the freeze (`krex run --settle`, the krex-settle mode;
+    `settle_capped` where the power-capped rule chose it); `candidate` where an autotuner's
+    candidate benchmark began it.
     """
 
     wait_s: float
@@ -94,6 +96,18 @@ class RegionTimes:
     clean: bool
     warnings: tuple[str, ...] = ()
     settle_s: float = 0.0
+    settle_capped: bool = False
+    candidate: bool = False
+
+    def record(self) -> dict[str, Any]:
+        """What results.json keeps of it (`region_records`): why a timing moved or waited."""
+        return {
+            "duration_s": self.duration_s,
+            "settle_s": self.settle_s,
+            "warnings": list(self.warnings),
+            **({"settle_capped": True} if self.settle_capped else {}),
+            **({"candidate": True} if self.candidate else {}),
+        }
 
     def __post_init__(self) -> None:
         """Reject negative, infinite or NaN times and a non-bool `clean`."""

@@ -423,6 +423,8 @@ def _batch(
                             clean=r["clean"],
                             warnings=tuple(w["name"] for w in r.get("warnings", [])),
                             settle_s=r.get("settle_s", 0.0),
+                            settle_capped=r.get("settle_capped") is True,
+                            candidate=r.get("candidate") is True,
                         )
                         for r in region_docs
                     ]
@@ -581,6 +583,9 @@ def run(
                         "region_s": sum(r.duration_s for r in o.regions),
                         "regions": len(o.regions),
                         "settle_s": sum(r.settle_s for r in o.regions),
+                        **(
+                            {"region_records": [r.record() for r in o.regions]} if o.regions else {}
+                        ),
                         "output": o.output,
                         **({"pool": o.pool} if o.pool else {}),
                         **({"region_sm_clock_mhz": o.region_clocks} if o.region_clocks else {}),

@@ -104,11 +104,12 @@ class _Held:
     """One granted region: its connection and grant. A plain object, not thread-local, so
     that the reaper thread can end it for the thread that held it."""
 
-    __slots__ = ("calls", "conn", "ended", "grant", "t_grant", "until")
+    __slots__ = ("calls", "candidate", "conn", "ended", "grant", "t_grant", "until")
 
-    def __init__(self, conn: socket.socket, grant: dict[str, Any]) -> None:
+    def __init__(self, conn: socket.socket, grant: dict[str, Any], candidate: bool) -> None:
         self.conn = conn
         self.grant = grant  # the region_begin reply: its wait, drain, freeze times
+        self.candidate = candidate  # an autotuner's candidate benchmark began it
         self.t_grant = time.monotonic()
         self.until = 0.0  # while lingering: when the reaper ends it (time.monotonic())
         self.ended = False  # taken by the reaper or flush() (under _lock)
@@ -189,8 +190,9 @@ class Region:
 
     It holds no state of its own (the depth and connection are per thread), so one instance
     serves every thread and every nesting level. A lingering one (auto_region()) is held
-    KREX_REGION_LINGER_S after its outermost exit, for the thread's next region to continue.
-    Its label names it in the record's `calls`.
+    KREX_REGION_LINGER_S after its outermost exit, for the thread's next region to continue
+    (a timing does not continue an autotuner's candidate region). Its label names it in the
+    record's `calls`.
     """
 
     def __init__(
@@ -208,19 +210,28 @@ class Region:
         if state.depth:
             state.depth += 1
             return
+        candidate = self.candidate or state.candidates > 0
         held = state.held
         if held is not None:
             with _lock:
-                if not held.ended:  # still lingering: continue it
+                take = not held.ended and held.candidate and not candidate
+                if not held.ended and not take:  # still lingering: continue it
                     _lingering.discard(held)
                     held.count(self.label)
                     state.depth = 1
                     return
-            state.held = None  # the reaper is ending it
-        conn, grant = _begin(tenant, self.candidate or state.candidates > 0)
+                if take:
+                    _take(held)
+            state.held = None  # the reaper is ending it, or we do
+            if take:
+                # A timing right after an autotuner's candidates (a Triton kernel's first call,
+                # then do_bench): its own region, so that the daemon's settle rules, which leave
+                # candidates out, see the number the command reports (docs/user-guide.md).
+                _end_quietly(held)
+        conn, grant = _begin(tenant, candidate)
         with _lock:
             _open.add(conn)
-        state.held = _Held(conn, grant)
+        state.held = _Held(conn, grant, candidate)
         state.held.count(self.label)
         state.depth = 1
 

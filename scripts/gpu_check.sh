@@ -26,7 +26,8 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # real-GPU block as written), security (scripts/gpu/security_check.py), fidelity
 # (scripts/bench/fidelity_check.py; FIDELITY_PHASES), fidelity-probe (PROBE_PARTS) and
 # pool-probe (scripts/bench/fidelity_probe.py, pool_probe.py), warm (warm_check.py),
-# tunableop (scripts/gpu/tunableop_check.py: the TunableOp warning, warm and cold), settle
+# tunableop (scripts/gpu/tunableop_check.py: the TunableOp warning, warm and cold), linger
+# (scripts/gpu/linger_check.py: a timing right after Triton's autotune gets its own region), settle
 # (scripts/gpu/settle_check.py: the settle step's trigger, time-sliced and under MPS),
 # autotune (scripts/bench/autotune_check.py; AUTOTUNE_REPEATS, AUTOTUNE_FIRST_REPEAT (a run
 # split over calls keeps its rotation), AUTOTUNE_SIBLINGS, AUTOTUNE_PARTS,
@@ -73,6 +74,10 @@ fi
 if [[ " $PARTS " == *" settle "* ]]; then
     echo "== the settle step's trigger, time-sliced and under MPS (scripts/gpu/settle_check.py)"
     python3 scripts/gpu/settle_check.py --out "$OUT" || rc=1
+fi
+if [[ " $PARTS " == *" linger "* ]]; then
+    echo "== a timing right after Triton's autotune: its own region (scripts/gpu/linger_check.py)"
+    python3 scripts/gpu/linger_check.py --out "$OUT" || rc=1
 fi
 if [[ " $PARTS " == *" tunableop "* ]]; then
     echo "== PyTorch TunableOp under auto-regions: its one warning, warm and cold"

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from conftest import C_DIR, compile_c
+from conftest import C_DIR, compile_c, load_script
 from fake_daemon import FakeDaemon
 
 import krex
@@ -240,6 +240,34 @@ def test_an_autotuners_candidate_benchmark_says_so_in_its_region_begin(
         pass
     inside.wait_for(8)
     assert inside.candidate == [False, True, True, False]
+
+
+def test_a_timing_does_not_continue_a_candidates_lingering_region(
+    inside: FakeDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A timing that begins while an autotuner's candidate region lingers (a Triton kernel's
+    first call autotunes, then do_bench times it at once) ends that region and begins its own,
+    not a candidate's, so the daemon's settle rules see it; candidates continue a candidate's
+    region, and a candidate continues a timing's."""
+    linger(monkeypatch, "1")
+    timer = markers.auto_region("triton.testing.do_bench")
+    search = markers.auto_region("torch.nn.functional.conv2d (cuDNN search)", candidate=True)
+    with search:
+        pass
+    with markers.candidates(), timer:  # Autotuner._bench: another candidate, the same region
+        pass
+    assert inside.ops() == ["region_begin"]
+    with timer:  # the reported timing: its own region
+        pass
+    assert inside.ops() == ["region_begin", "region_end", "region_begin"]
+    assert inside.candidate == [True, False]
+    with search:  # a candidate after a timing continues the timing's region
+        pass
+    assert (last_region() or {}).get("calls") == {
+        "triton.testing.do_bench": 1,
+        "torch.nn.functional.conv2d (cuDNN search)": 1,
+    }
+    assert inside.ops() == ["region_begin", "region_end"] * 2
 
 
 def test_a_plain_region_ends_a_lingering_one_at_its_exit(
@@ -1361,3 +1389,18 @@ def test_a_tuning_tunableop_is_said_once_and_left_alone(
     else:
         assert lines == [], result.stderr
     assert daemon.ops() == []
+
+
+def test_the_gpu_linger_check_tells_a_timing_in_a_candidates_region() -> None:
+    """scripts/gpu/linger_check.py (run on the H200): its program compiles, and its verdict
+    fails the records of a timing that continued the last configuration's candidate region
+    and passes those where the timings had a region of their own."""
+    check = load_script("scripts/gpu/linger_check.py")
+    compile(check.PROG, "linger_check.PROG", "exec")
+    bench = check.DO_BENCH
+    configs = [{"candidate": True, "clean": True, "calls": {bench: 1}} for _ in range(3)]
+    before = [*configs, {"candidate": True, "clean": True, "calls": {bench: 3}}]
+    after = [*configs, configs[0], {"clean": True, "calls": {bench: 2}}]
+    assert not all(check.judge(0, "ok 1.0", before).values())
+    assert all(check.judge(0, "ok 1.0", after).values())
+    assert not check.judge(1, "", after)["ran"]

@@ -68,7 +68,9 @@ def main() -> int:
     res: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     with private_daemon(tmp / "d", sim=False, slots=2, pool=0) as sock:
         cmd = [*KREX, "run", "--socket", str(sock), "--auto-regions", "--no-pool"]
-        cmd += ["--report", str(report), "--", sys.executable, "-c", PROG]
+        prog = tmp / "autotune_then_time.py"  # triton's @jit reads its source from a file
+        prog.write_text(PROG)
+        cmd += ["--report", str(report), "--", sys.executable, str(prog)]
         try:
             p = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=300)
             rc, out, err = p.returncode, p.stdout, p.stderr

@@ -27,7 +27,8 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # (scripts/bench/fidelity_check.py; FIDELITY_PHASES), fidelity-probe (PROBE_PARTS) and
 # pool-probe (scripts/bench/fidelity_probe.py, pool_probe.py), warm (warm_check.py),
 # tunableop (scripts/gpu/tunableop_check.py: the TunableOp warning, warm and cold), linger
-# (scripts/gpu/linger_check.py: a timing right after Triton's autotune gets its own region), settle
+# (scripts/gpu/linger_check.py: a timing right after Triton's autotune gets its own region;
+# LINGER_SIBLINGS=N: the suite's 8192^3 matmul beside N bursty siblings), settle
 # (scripts/gpu/settle_check.py: the settle step's trigger, time-sliced and under MPS),
 # autotune (scripts/bench/autotune_check.py; AUTOTUNE_REPEATS, AUTOTUNE_FIRST_REPEAT (a run
 # split over calls keeps its rotation), AUTOTUNE_SIBLINGS, AUTOTUNE_PARTS,
@@ -77,7 +78,7 @@ if [[ " $PARTS " == *" settle "* ]]; then
 fi
 if [[ " $PARTS " == *" linger "* ]]; then
     echo "== a timing right after Triton's autotune: its own region (scripts/gpu/linger_check.py)"
-    python3 scripts/gpu/linger_check.py --out "$OUT" || rc=1
+    python3 scripts/gpu/linger_check.py --out "$OUT" --siblings "${LINGER_SIBLINGS:-0}" || rc=1
 fi
 if [[ " $PARTS " == *" tunableop "* ]]; then
     echo "== PyTorch TunableOp under auto-regions: its one warning, warm and cold"

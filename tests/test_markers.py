@@ -1397,6 +1397,8 @@ def test_the_gpu_linger_check_tells_a_timing_in_a_candidates_region() -> None:
     and passes those where the timings had a region of their own."""
     check = load_script("scripts/gpu/linger_check.py")
     compile(check.PROG, "linger_check.PROG", "exec")
+    compile(check.PROG_MATMUL, "linger_check.PROG_MATMUL", "exec")
+    assert "bursty" in check.sibling_program()  # autotune_check.py's siblings
     bench = check.DO_BENCH
     configs = [{"candidate": True, "clean": True, "calls": {bench: 1}} for _ in range(3)]
     before = [*configs, {"candidate": True, "clean": True, "calls": {bench: 3}}]

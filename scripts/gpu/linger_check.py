@@ -3,13 +3,18 @@
 `do_bench` times the winner at once, within KREX_REGION_LINGER_S. The timing must get a region
 of its own, not a candidate's, so that the daemon's settle rules (which leave candidates out)
 apply to the number the command reports; two timings back to back still share one region.
+With --siblings N the kernel is the bench suite's power-limited fp16 8192^3 matmul (its four
+Triton configurations) beside N bursty sibling commands under the same daemon, where the
+power-capped settle can fire on the timings' region (its `settle_s` is reported, not required:
+it needs the GPU to have hit its power limit in an earlier region).
 
-    python3 scripts/gpu/linger_check.py --out DIR    (writes DIR/linger_check.json)
+    python3 scripts/gpu/linger_check.py --out DIR [--siblings 7]   (DIR/linger_check.json)
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import subprocess
 import sys
@@ -18,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from krex.bench.runner import not_ready
 from krex.client import private_daemon
 
 PROG = """
@@ -40,6 +46,26 @@ ms2 = triton.testing.do_bench(fn, return_mode="median")  # and another, back to 
 torch.testing.assert_close(o, x + y)
 print("ok", ms, ms2, add.best_config)
 """
+# The bench suite's matmul task at its size, its four Triton configurations autotuned (as
+# scripts/bench/autotune_check.py's triton8k part), then timed at once.
+PROG_MATMUL = r"""
+import re, torch, triton
+from krex.bench.tasks import autotune as at, matmul as mm
+configs = [at._config(*map(int, m.groups())) for m in
+           (re.fullmatch(r"triton-(\d+)x(\d+)x(\d+)-s(\d+)w(\d+)", v) for v in mm.VARIANTS) if m]
+tuned = triton.autotune(configs=configs, key=["M", "N", "K"])(mm._matmul)
+a, b = mm.make_inputs(torch.Generator(device="cuda").manual_seed(0))
+M, K = a.shape
+N = b.shape[1]
+c = torch.empty(M, N, device="cuda", dtype=a.dtype)
+grid = lambda meta: (triton.cdiv(M, meta["BM"]) * triton.cdiv(N, meta["BN"]),)
+fn = lambda: tuned[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                         c.stride(0), c.stride(1))
+fn()  # autotunes: each configuration timed through do_bench, a candidate's region
+ms = triton.testing.do_bench(fn, return_mode="median")  # the reported timing, at once
+ms2 = triton.testing.do_bench(fn, return_mode="median")
+print("ok", ms, ms2, len(configs), tuned.best_config)
+"""
 KREX = [sys.executable, "-m", "krex.cli"]
 DO_BENCH = "triton.testing.do_bench"
 
@@ -59,26 +85,65 @@ def judge(rc: int | None, out: str, regions: list[dict[str, Any]]) -> dict[str, 
     }
 
 
+def sibling_program() -> str:
+    """autotune_check.py's sibling program (bursty: 0.05-0.5 s of 8192^2 matmuls, then idle)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / "autotune_check.py"
+    spec = importlib.util.spec_from_file_location("autotune_check", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return str(module.SIBLING)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--siblings", type=int, default=0, help="bursty sibling commands (0-15)")
     args = ap.parse_args()
+    if not 0 <= args.siblings <= 15:
+        ap.error("--siblings must be between 0 and 15")
     tmp = Path(tempfile.mkdtemp(prefix="krex-linger-"))
     report = tmp / "report.json"
     res: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
-    with private_daemon(tmp / "d", sim=False, slots=2, pool=0) as sock:
-        cmd = [*KREX, "run", "--socket", str(sock), "--auto-regions", "--no-pool"]
-        prog = tmp / "autotune_then_time.py"  # triton's @jit reads its source from a file
-        prog.write_text(PROG)
-        cmd += ["--report", str(report), "--", sys.executable, str(prog)]
+    res["siblings"] = args.siblings
+    sibs: list[subprocess.Popen[str]] = []
+    with private_daemon(tmp / "d", sim=False, slots=args.siblings + 1, pool=0) as sock:
+        run = [*KREX, "run", "--socket", str(sock), "--no-pool"]
         try:
-            p = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=300)
-            rc, out, err = p.returncode, p.stdout, p.stderr
-        except subprocess.TimeoutExpired as e:
-            rc, out, err = None, str(e.stdout or ""), str(e.stderr or "") + "\n(timed out)"
+            if args.siblings:
+                (tmp / "sibling.py").write_text(sibling_program())
+                sibs = [
+                    subprocess.Popen(
+                        [*run, "--", sys.executable, str(tmp / "sibling.py"), "bursty"],
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.DEVNULL,
+                        text=True,
+                    )
+                    for _ in range(args.siblings)
+                ]
+                if late := not_ready(sibs):
+                    raise SystemExit(f"{len(late)} of {args.siblings} siblings did not start")
+            prog = tmp / "autotune_then_time.py"  # triton's @jit reads its source from a file
+            prog.write_text(PROG_MATMUL if args.siblings else PROG)
+            cmd = [*run, "--auto-regions", "--report", str(report), "--", sys.executable]
+            try:
+                p = subprocess.run(
+                    [*cmd, str(prog)], cwd=tmp, capture_output=True, text=True, timeout=300
+                )
+                rc, out, err = p.returncode, p.stdout, p.stderr
+            except subprocess.TimeoutExpired as e:
+                rc, out, err = None, str(e.stdout or ""), str(e.stderr or "") + "\n(timed out)"
+        finally:
+            for sib in sibs:
+                sib.kill()
+                sib.wait()
     regions = json.loads(report.read_text()).get("regions", []) if report.exists() else []
-    kept = ("candidate", "calls", "clean", "duration_s", "settle_s")
+    kept = ("candidate", "calls", "clean", "duration_s", "settle_s", "settle_capped", "warnings")
     res["regions"] = [{k: r[k] for k in kept if k in r} for r in regions]
+    for r in res["regions"]:  # the warnings' names (their details are in the report)
+        r["warnings"] = [w.get("name") for w in r.get("warnings", [])]
+    timings = [r for r in res["regions"] if not r.get("candidate")]
+    res["timings_settle_s"] = [r.get("settle_s") for r in timings]
     res.update(rc=rc, stdout=out[-400:], stderr_tail=err[-1500:])
     res["checks"] = checks = judge(rc, out, regions)
     res["pass"] = all(checks.values())

@@ -212,16 +212,17 @@ class Region:
             return
         candidate = self.candidate or state.candidates > 0
         held = state.held
+        take = False
         if held is not None:
             with _lock:
-                take = not held.ended and held.candidate and not candidate
-                if not held.ended and not take:  # still lingering: continue it
-                    _lingering.discard(held)
-                    held.count(self.label)
-                    state.depth = 1
-                    return
-                if take:
+                if not held.ended:
+                    if candidate or not held.candidate:  # still lingering: continue it
+                        _lingering.discard(held)
+                        held.count(self.label)
+                        state.depth = 1
+                        return
                     _take(held)
+                    take = True
             state.held = None  # the reaper is ending it, or we do
             if take:
                 # A timing right after an autotuner's candidates (a Triton kernel's first call,

@@ -38,6 +38,7 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # siblings stopped over each timing, AUTOTUNE_COOLED=1 the same after 3 s of cooling,
 # AUTOTUNE_SETTLED=S krex with each timing's region idle S seconds first,
 # AUTOTUNE_REGION_SETTLE=S krex run --settle S (the daemon's settle step),
+# AUTOTUNE_PINNED=CPUS natively alone on those CPUs (a region's cores),
 # AUTOTUNE_SAMPLE_MS, AUTOTUNE_NO_UNPROTECTED=1, AUTOTUNE_ROTATE=1, AUTOTUNE_SLICE=REGION/SHARED,
 # AUTOTUNE_KB_TIMING=PATH: KernelBench's own src/kernelbench/timing.py, AUTOTUNE_POOL_READY=1:
 # inductor_kb9 compiles once Inductor's compile workers are up), launch-probe
@@ -145,6 +146,7 @@ if [[ " $PARTS " == *" autotune "* ]]; then
         ${AUTOTUNE_SAMPLE_MS:+--sample-ms "$AUTOTUNE_SAMPLE_MS"} \
         ${AUTOTUNE_NO_UNPROTECTED:+--no-unprotected} ${AUTOTUNE_ROTATE:+--rotate} \
         ${AUTOTUNE_SLICE:+--slice "$AUTOTUNE_SLICE"} \
+        ${AUTOTUNE_PINNED:+--pinned "$AUTOTUNE_PINNED"} \
         ${AUTOTUNE_KB_TIMING:+--kernelbench-timing "$AUTOTUNE_KB_TIMING"} \
         ${AUTOTUNE_POOL_READY:+--pool-ready} || rc=1
 fi

@@ -382,3 +382,61 @@ def test_the_candidate_and_sibling_programs_compile_and_find_krexs_helpers() -> 
         mod = importlib.import_module(module)
         for n in names.split(","):
             assert hasattr(mod, n.strip()), f"{module}.{n.strip()}"
+
+
+def test_a_pinned_candidate_runs_on_those_cpus_only_from_its_start() -> None:
+    """exclusive-pinned's command: its affinity is the given CPUs before its first line runs,
+    and its threads inherit it; without CPUs it keeps this process's."""
+    import os
+    import sys
+
+    check = load()
+    mine = sorted(os.sched_getaffinity(0))
+    probe = (
+        "import os, threading; seen = []; "
+        "t = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0)))); "
+        "t.start(); t.join(); print(sorted(os.sched_getaffinity(0)), seen[0])"
+    )
+    got = check.run_on([sys.executable, "-c", probe], dict(os.environ), {mine[-1]}, timeout=30)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split("\n")[0] == f"[{mine[-1]}] [{mine[-1]}]"
+    free = check.run_on([sys.executable, "-c", probe], dict(os.environ), None, timeout=30)
+    assert free.stdout.split("\n")[0] == f"{mine} {mine}"
+
+
+def test_pinned_cpus_that_are_no_cpu_list_or_not_ours_are_one_clear_error(
+    tmp_path: Path, monkeypatch: Any, capsys: Any
+) -> None:
+    """--pinned CPUS: text that is no CPU list, an empty list or CPUs this process may not use
+    stop before a daemon starts, naming the option."""
+    import os
+    import sys
+
+    import pytest
+
+    check = load()
+    out = tmp_path / "out.json"
+    beyond = str(max(os.sched_getaffinity(0)) + 1)
+    for cpus, says in (("0-x", "is not a CPU list"), (",", "names no CPU"), (beyond, "may use")):
+        argv = ["autotune_check.py", "--json", str(out), "--pinned", cpus]
+        monkeypatch.setattr(sys, "argv", argv)
+        with pytest.raises(SystemExit) as stop:
+            check.main()
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert "--pinned:" in err and says in err, err
+    assert not out.exists()
+
+
+def test_the_pinned_mode_is_judged_beside_exclusive() -> None:
+    """exclusive-pinned's timings are set against the exclusive median like every mode's."""
+    check = load()
+    runs = [
+        {"mode": "exclusive", "repeat": 0, "parts": {"kernelbench": {"ms": 2.70}}},
+        {"mode": "exclusive", "repeat": 1, "parts": {"kernelbench": {"ms": 2.80}}},
+        {"mode": "exclusive-pinned", "repeat": 0, "parts": {"kernelbench": {"ms": 2.73}}},
+        {"mode": "krex", "repeat": 0, "parts": {"kernelbench": {"ms": 2.72}}},
+    ]
+    v = check.verdict(runs)["kernelbench"]
+    assert v["vs_exclusive_pct"]["exclusive-pinned"] == [-0.73]
+    assert v["within"]["exclusive-pinned"] == {"native_spread": "1 of 1", "one_pct": "1 of 1"}

@@ -64,7 +64,9 @@ siblings, each final timing in a region (krex.region(), so krex code in the comm
 S seconds before it times, as exclusive-frozen's stop waits DRAIN_S; with --region-settle S,
 krex-settle: krex beside the siblings with `krex run --settle S` (the daemon idles S seconds
 after each region's freeze where NVML saw the siblings work in the last second; no krex code in
-the command).
+the command); with --pinned CPUS, exclusive-pinned: the command alone, natively, its CPU affinity
+set to CPUS from its start (the cores a krex region pins its owner to), which tells what the
+region's cores do to a timing that reads the host's launch time from krex's other effects.
 
 Each part records its candidates' times where the autotuner exposes them (Triton's
 `configs_timings`, Inductor's printed table), so a changed winner can be read against how close
@@ -79,6 +81,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -97,6 +100,7 @@ from typing import Any
 
 from krex.bench.runner import fresh_caches, not_ready, slice_config
 from krex.client import private_daemon
+from krex.slices import SliceError, format_cpu_list, parse_cpu_list
 from krex.tenants import _fully_stopped
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -114,6 +118,7 @@ MODES = (
     "exclusive-held",
     "exclusive-frozen",
     "exclusive-cooled",
+    "exclusive-pinned",
 )
 STOPPED = ("exclusive-frozen", "exclusive-cooled")  # siblings stopped over each timing
 UNDER_KREX = ("krex", "krex-settled", "krex-settle")  # beside 7 siblings under krex run
@@ -674,6 +679,7 @@ UNPROTECTED_ENV: dict[str, str] = {}
 LINGER_S: str | None = None  # --linger: KREX_REGION_LINGER_S for the krex modes' command
 SETTLE_S = 0.4  # --settled: krex-settled's idle wait inside each timing's region
 REGION_SETTLE_S = 0.4  # --region-settle: krex-settle's `krex run --settle` (the daemon's step)
+PINNED: set[int] = set()  # --pinned: exclusive-pinned's CPUs
 
 
 def _env(tmp: Path, tag: str, unprotected: bool = False) -> dict[str, str]:
@@ -792,8 +798,9 @@ def one(
         if mode == "krex-settled":
             env["AUTOTUNE_SETTLE_S"] = str(SETTLE_S)
         wait_s = COOL_S if mode == "exclusive-cooled" else DRAIN_S
+        cpus = PINNED if mode == "exclusive-pinned" else None
         with _handoff(handoff, sibs, wait_s) if mode in STOPPED else contextlib.nullcontext():
-            p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
+            p = run_on(argv, env, cpus, timeout=240)
         rc, out, err = p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired as e:
         rc, out, err = 124, str(e.stdout or ""), str(e.stderr or "")
@@ -853,6 +860,19 @@ def one(
     if row.get("errors") or "parts" not in row:
         print(f"    errors {json.dumps(row.get('errors'))}\n{err[-2500:]}", flush=True)
     return row
+
+
+def run_on(
+    argv: list[str], env: dict[str, str], cpus: set[int] | None, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Run a candidate to its end, its output captured; with `cpus`, on those CPUs only, from
+    before it starts (its threads inherit the affinity)."""
+    # The affinity is set in the child between fork and exec: sched_setaffinity takes no lock
+    # that another thread of this script could hold.
+    pin = functools.partial(os.sched_setaffinity, 0, cpus) if cpus else None
+    return subprocess.run(
+        argv, env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=pin
+    )
 
 
 def verdict(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -1116,6 +1136,12 @@ def main() -> int:
         "does; default: a stand-in of the same shape",
     )
     ap.add_argument(
+        "--pinned",
+        metavar="CPUS",
+        help="also run exclusive-pinned (every repeat): the candidate alone, natively, on CPUS "
+        "only (a CPU list such as 0-3, e.g. the region cores krex pins an owner to)",
+    )
+    ap.add_argument(
         "--alone",
         action="store_true",
         help="also run the candidate under krex with no siblings (first repeat only): krex's "
@@ -1130,8 +1156,18 @@ def main() -> int:
     args = ap.parse_args()
     if args.judge:
         return judge(args.judge, Path(args.json), ap)
-    global LINGER_S, SETTLE_S, REGION_SETTLE_S
+    global LINGER_S, SETTLE_S, REGION_SETTLE_S, PINNED
     LINGER_S = args.linger
+    if args.pinned is not None:
+        try:
+            PINNED = parse_cpu_list(args.pinned)
+        except SliceError as e:
+            ap.error(f"--pinned: {e}")
+        if not PINNED or PINNED - os.sched_getaffinity(0):
+            ap.error(
+                f"--pinned: {args.pinned!r} names no CPU or one this script may not use "
+                f"(it may use {format_cpu_list(os.sched_getaffinity(0))})"
+            )
     if args.region_settle is not None:
         if not 0 < args.region_settle <= 5:
             ap.error("--region-settle: between 0 and 5 seconds")
@@ -1197,6 +1233,8 @@ def main() -> int:
                     modes.append("exclusive-frozen")
                 if args.cooled:
                     modes.append("exclusive-cooled")
+                if args.pinned is not None:
+                    modes.append("exclusive-pinned")
                 if args.rotate:
                     modes = modes[rep % len(modes) :] + modes[: rep % len(modes)]
                 for mode in modes:

@@ -46,8 +46,8 @@ One candidate command (AUTOTUNE below) autotunes and times, in order, into fresh
 Each part's timing is triton.testing.do_bench's median (a region under --auto-regions).
 
 Modes, interleaved (exclusive, unprotected, krex; then again): exclusive: the command alone,
-natively; unprotected: natively beside 7 busy siblings (torch matmuls, steady or bursty: see
-SIBLING; no krex);
+natively; unprotected: natively beside 7 busy siblings (torch matmuls, steady or bursty:
+sibling_matmul.py; no krex);
 krex: `krex run --auto-regions` beside the same 7 siblings under `krex run` (8 slots). With
 --sharing mps the unprotected mode's processes are clients of an MPS daemon (kernels of all of
 them on the SMs at once), the other way GPUs are shared without krex;
@@ -550,29 +550,8 @@ AUTOTUNE = textwrap.dedent("""
     print(json.dumps(res), flush=True)
 """)
 
-# steady: a 4096^2 fp32 matmul, a sync and 10 ms of sleep, over and over; bursty: as agents'
-# siblings alternate compiling and timing, 0.05-0.5 s of 8192^2 matmuls back to back, then
-# 0-0.3 s idle, at random (seeded per sibling).
-SIBLING = textwrap.dedent("""
-    import os, random, sys, time, torch
-    rng = random.Random(os.getpid())
-    bursty = sys.argv[1] == "bursty"
-    a = torch.randn(8192 if bursty else 4096, 8192 if bursty else 4096, device="cuda")
-    if len(sys.argv) > 2 and sys.argv[2] == "hold":  # its device memory, and no work
-        (a @ a).sum().item()
-        print("ready", flush=True)
-        time.sleep(1e6)
-    print("ready", flush=True)
-    while True:
-        if not bursty:
-            (a @ a).sum().item()
-            time.sleep(0.01)
-            continue
-        end = time.monotonic() + rng.uniform(0.05, 0.5)
-        while time.monotonic() < end:
-            (a @ a).sum().item()
-        time.sleep(rng.uniform(0.0, 0.3))
-""")
+# The siblings' program (steady or bursty matmuls), a file of its own that other checks run too.
+SIBLING = (Path(__file__).resolve().parent / "sibling_matmul.py").read_text()
 
 
 class Telemetry:

@@ -14,7 +14,6 @@ it needs the GPU to have hit its power limit in an earlier region).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
@@ -86,13 +85,8 @@ def judge(rc: int | None, out: str, regions: list[dict[str, Any]]) -> dict[str, 
 
 
 def sibling_program() -> str:
-    """autotune_check.py's sibling program (bursty: 0.05-0.5 s of 8192^2 matmuls, then idle)."""
-    path = Path(__file__).resolve().parents[1] / "bench" / "autotune_check.py"
-    spec = importlib.util.spec_from_file_location("autotune_check", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return str(module.SIBLING)
+    """The autotune check's sibling program (bursty: 0.05-0.5 s of 8192^2 matmuls, then idle)."""
+    return (Path(__file__).resolve().parents[1] / "bench" / "sibling_matmul.py").read_text()
 
 
 def main() -> int:

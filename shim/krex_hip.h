@@ -240,11 +240,6 @@ typedef struct hipKernelNodeParams {
 
 /* ---- Initialisation, versions, devices, errors. ---- */
 
-hipError_t hipInit(unsigned int flags);
-hipError_t hipDriverGetVersion(int *driverVersion);
-hipError_t hipRuntimeGetVersion(int *runtimeVersion);
-hipError_t hipGetDeviceCount(int *count);
-hipError_t hipGetDevice(int *deviceId);
 hipError_t hipDeviceReset(void);
 hipError_t hipGetLastError(void);
 hipError_t hipPeekAtLastError(void);
@@ -253,13 +248,9 @@ const char *hipGetErrorString(hipError_t hipError);
 
 /* ---- Streams and events. ---- */
 
-hipError_t hipStreamCreate(hipStream_t *stream);
-hipError_t hipStreamCreateWithFlags(hipStream_t *stream, unsigned int flags);
 hipError_t hipStreamDestroy(hipStream_t stream);
 hipError_t hipStreamSynchronize(hipStream_t stream);
 hipError_t hipStreamQuery(hipStream_t stream);
-hipError_t hipEventCreate(hipEvent_t *event);
-hipError_t hipEventCreateWithFlags(hipEvent_t *event, unsigned flags);
 hipError_t hipEventDestroy(hipEvent_t event);
 hipError_t hipEventSynchronize(hipEvent_t event);
 hipError_t hipEventQuery(hipEvent_t event);
@@ -267,14 +258,11 @@ hipError_t hipEventElapsedTime(float *ms, hipEvent_t start, hipEvent_t stop);
 
 /* ---- Memory. ---- */
 
-hipError_t hipMalloc(void **ptr, size_t size);
 hipError_t hipFree(void *ptr);
-hipError_t hipHostMalloc(void **ptr, size_t size, unsigned int flags);
 hipError_t hipHostFree(void *ptr);
 
 /* ---- Modules. ---- */
 
-hipError_t hipModuleLoadData(hipModule_t *module, const void *image);
 hipError_t hipModuleUnload(hipModule_t module);
 hipError_t hipModuleGetFunction(hipFunction_t *function, hipModule_t module, const char *kname);
 
@@ -290,17 +278,20 @@ hipError_t hipGraphInstantiate(hipGraphExec_t *pGraphExec, hipGraph_t graph,
 hipError_t hipGraphExecDestroy(hipGraphExec_t graphExec);
 
 /* ---- The hooked entry points, declared from their one list: the hook table
- * shim/hip/hip_hooks.def (every work-submitting function, gated; hipSetDevice, tracked;
- * hipGetProcAddress; hipDeviceSynchronize, for the drain). ---- */
+ * shim/hip/hip_hooks.def (every work-submitting function, gated; hipSetDevice, tracked; the
+ * calls that may start HIP on a device; hipGetProcAddress; hipDeviceSynchronize, for the
+ * drain). ---- */
 
 #define KREX_HIP_DECL_(name, params, args) hipError_t name params;
 #define KREX_HIP_GATE(name, ...) KREX_HIP_DECL_(name, __VA_ARGS__)
 #define KREX_HIP_TRACK(name, ...) KREX_HIP_DECL_(name, __VA_ARGS__)
+#define KREX_HIP_OPEN(name, ...) KREX_HIP_DECL_(name, __VA_ARGS__)
 #define KREX_HIP_REAL(name, ...) KREX_HIP_DECL_(name, __VA_ARGS__)
 #define KREX_HIP_LOOKUP(name, ...) KREX_HIP_DECL_(name, __VA_ARGS__)
 #include "hip/hip_hooks.def"
 #undef KREX_HIP_GATE
 #undef KREX_HIP_TRACK
+#undef KREX_HIP_OPEN
 #undef KREX_HIP_REAL
 #undef KREX_HIP_LOOKUP
 #undef KREX_HIP_DECL_

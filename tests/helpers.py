@@ -21,6 +21,7 @@ from typing import Any
 
 from conftest import Node, unique
 
+from krex import simnode
 from krex.gate import exclusive
 from krex.shm import Segment
 from krex.tenants import _stat
@@ -350,3 +351,19 @@ def cycle_gate(
         assert not stuck, f"processes {stuck} did not move after the gate opened"
         time.sleep(gap_ms / 1000)
     return i
+
+
+def assert_slotted_once_listed(node: Node, argv: list[str], env: dict[str, str]) -> None:
+    """Start a tenant's program; once simulated GPU 0 of `node` lists it (from its context's
+    creation, as NVML does), it must hold a slot: a region's audit flags a tenant's process on
+    the GPU with none. The program is killed after."""
+    p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while p.pid not in (simnode.users(node.sim_shm, 0) or set()):
+            assert time.monotonic() < deadline and p.poll() is None, "never listed"
+            time.sleep(0.002)
+        assert node.seg.slots_of(p.pid), "listed on the GPU with no slot"
+    finally:
+        p.kill()
+        p.wait(timeout=30)

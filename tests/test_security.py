@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 from conftest import Node, remove_shm, unique
-from helpers import HOLDER, KREX, Counter, Daemon, krex_run
+from helpers import HOLDER, KREX, Counter, Daemon, assert_slotted_once_listed, krex_run
 
-from krex import simnode
 from krex.autoregions import AUTO_DIR
 from krex.paths import shim_library
 from krex.trust import TrustError, _private_group, check_env, private_dir, runtime_dir
@@ -423,20 +422,8 @@ def test_a_process_holds_its_slot_before_the_gpu_lists_it(node: Node) -> None:
     shim takes its slot before that begins, so a region's audit never sees a tenant's process
     on the GPU with no slot (on the H200, three of four commands started together were
     flagged unclean so before this)."""
-    p = subprocess.Popen(
-        [node.native.program("workload"), "hammer", "1000000", "1"],
-        env=node.env(tenant=1),
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while p.pid not in (simnode.users(node.sim_shm, 0) or set()):
-            assert time.monotonic() < deadline and p.poll() is None, "never listed"
-            time.sleep(0.002)
-        assert node.seg.slots_of(p.pid), "listed on the GPU with no slot"
-    finally:
-        p.kill()
-        p.wait(timeout=30)
+    argv = [node.native.program("workload"), "hammer", "1000000", "1"]
+    assert_slotted_once_listed(node, argv, node.env(tenant=1))
 
 
 def test_a_foreign_process_that_starts_during_the_region_makes_it_unclean(

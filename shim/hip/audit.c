@@ -28,11 +28,13 @@
 static const char *const names[] = {
 #define KREX_HIP_GATE(name, ...) #name,
 #define KREX_HIP_TRACK(name, ...) #name,
+#define KREX_HIP_OPEN(name, ...) #name,
 #define KREX_HIP_REAL(name, ...)
 #define KREX_HIP_LOOKUP(name, ...) #name,
 #include "hip_hooks.def"
 #undef KREX_HIP_GATE
 #undef KREX_HIP_TRACK
+#undef KREX_HIP_OPEN
 #undef KREX_HIP_REAL
 #undef KREX_HIP_LOOKUP
 };

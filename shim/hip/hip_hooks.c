@@ -58,19 +58,41 @@ static hipError_t missing(enum krex_hip_hook_id id)
     KREX_EXPORT hipError_t krex_hip_##name params KREX_GATED_BODY(                               \
         hipError_t, krex_pfn_##name, krex_hip_real_get(KREX_HIP_##name),                         \
         missing(KREX_HIP_##name), args)
+/* A process that started HIP on a device has a slot, one that did not is not ours: ROCm lists a
+ * process from its runtime's start (a program's first HIP call, whichever it is), the simulated
+ * driver from its context's creation. The slot is taken before such a call goes on, as the CUDA
+ * shim takes it before a context (drain.c), so that a region's audit never sees a tenant's
+ * process on the GPU with no slot. */
+static inline void take_slot(void)
+{
+    if (KREX_UNLIKELY(!__atomic_load_n(&krex_self, __ATOMIC_ACQUIRE)))
+        krex_register();
+}
+
+/* Calls that may start HIP on a device: the slot first, then the call. */
+#define KREX_HIP_OPEN_(name, params, args)                                                       \
+    KREX_EXPORT hipError_t krex_hip_##name params                                                \
+    {                                                                                            \
+        take_slot();                                                                             \
+        krex_pfn_##name real = (krex_pfn_##name)krex_hip_real_get(KREX_HIP_##name);              \
+        return real ? real args : missing(KREX_HIP_##name);                                      \
+    }
 #define KREX_HIP_GATE(name, ...) KREX_HIP_GATE_(name, __VA_ARGS__)
 #define KREX_HIP_TRACK(name, ...)
+#define KREX_HIP_OPEN(name, ...) KREX_HIP_OPEN_(name, __VA_ARGS__)
 #define KREX_HIP_REAL(name, ...)
 #define KREX_HIP_LOOKUP(name, ...)
 #include "hip_hooks.def"
 #undef KREX_HIP_GATE
 #undef KREX_HIP_TRACK
+#undef KREX_HIP_OPEN
 #undef KREX_HIP_REAL
 #undef KREX_HIP_LOOKUP
 
-/* Tracked: the devices the drain must synchronise. */
+/* Tracked: the devices the drain must synchronise. It may start HIP too: the slot first. */
 KREX_EXPORT hipError_t krex_hip_hipSetDevice(int device)
 {
+    take_slot();
     krex_pfn_hipSetDevice real = (krex_pfn_hipSetDevice)krex_hip_real_get(KREX_HIP_hipSetDevice);
     if (!real)
         return missing(KREX_HIP_hipSetDevice);
@@ -90,12 +112,14 @@ static const struct krex_hook hip_hooks[KREX_HIP_COUNT] = {
     [KREX_HIP_##name] = {#name, KREX_KIND_GATE, (void *)krex_hip_##name},
 #define KREX_HIP_TRACK(name, ...)                                                                \
     [KREX_HIP_##name] = {#name, KREX_KIND_TRACK, (void *)krex_hip_##name},
+#define KREX_HIP_OPEN(name, ...) KREX_HIP_TRACK(name, __VA_ARGS__)
 #define KREX_HIP_REAL(name, ...) [KREX_HIP_##name] = {#name, KREX_KIND_REAL, NULL},
 #define KREX_HIP_LOOKUP(name, ...)                                                               \
     [KREX_HIP_##name] = {#name, KREX_KIND_LOOKUP, (void *)krex_hip_##name},
 #include "hip_hooks.def"
 #undef KREX_HIP_GATE
 #undef KREX_HIP_TRACK
+#undef KREX_HIP_OPEN
 #undef KREX_HIP_REAL
 #undef KREX_HIP_LOOKUP
 };

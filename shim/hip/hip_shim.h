@@ -12,11 +12,13 @@
 enum krex_hip_hook_id {
 #define KREX_HIP_GATE(name, ...) KREX_HIP_##name,
 #define KREX_HIP_TRACK(name, ...) KREX_HIP_##name,
+#define KREX_HIP_OPEN(name, ...) KREX_HIP_##name,
 #define KREX_HIP_REAL(name, ...) KREX_HIP_##name,
 #define KREX_HIP_LOOKUP(name, ...) KREX_HIP_##name,
 #include "hip_hooks.def"
 #undef KREX_HIP_GATE
 #undef KREX_HIP_TRACK
+#undef KREX_HIP_OPEN
 #undef KREX_HIP_REAL
 #undef KREX_HIP_LOOKUP
     KREX_HIP_COUNT
@@ -26,11 +28,13 @@ enum krex_hip_hook_id {
 #define KREX_HIP_PFN_(name, params, args) typedef hipError_t(*krex_pfn_##name) params;
 #define KREX_HIP_GATE(name, ...) KREX_HIP_PFN_(name, __VA_ARGS__)
 #define KREX_HIP_TRACK(name, ...) KREX_HIP_PFN_(name, __VA_ARGS__)
+#define KREX_HIP_OPEN(name, ...) KREX_HIP_PFN_(name, __VA_ARGS__)
 #define KREX_HIP_REAL(name, ...) KREX_HIP_PFN_(name, __VA_ARGS__)
 #define KREX_HIP_LOOKUP(name, ...) KREX_HIP_PFN_(name, __VA_ARGS__)
 #include "hip_hooks.def"
 #undef KREX_HIP_GATE
 #undef KREX_HIP_TRACK
+#undef KREX_HIP_OPEN
 #undef KREX_HIP_REAL
 #undef KREX_HIP_LOOKUP
 

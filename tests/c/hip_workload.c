@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "krex_hip.h"
 
@@ -477,14 +478,39 @@ static int every(void)
     return 0;
 }
 
+/* first CALL: CALL is the program's first HIP call (each starts HIP on device 0), then it waits
+ * to be killed: whether its slot was taken before the GPU listed it. */
+static int first(const char *call)
+{
+    hipError_t e;
+    if (!strcmp(call, "hipSetDevice")) {
+        e = hipSetDevice(0);
+    } else if (!strcmp(call, "hipMalloc")) {
+        void *p;
+        e = hipMalloc(&p, 64);
+    } else if (!strcmp(call, "hipStreamCreate")) {
+        hipStream_t s;
+        e = hipStreamCreate(&s);
+    } else {
+        fprintf(stderr, "hip_workload: first: unknown call %s\n", call);
+        return 2;
+    }
+    if (e != hipSuccess)
+        return 1;
+    sleep(60);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 2) {
         fprintf(stderr, "usage: hip_workload measure|hammer|submit|bench|direct|dlsym|procaddr|"
-                        "spt|internal|every ...\n");
+                        "spt|internal|every|first ...\n");
         return 2;
     }
+    if (!strcmp(argv[1], "first") && argc == 3)
+        return first(argv[2]); /* before setup(): its call is the first */
     setup();
     const char *mode = argv[1];
     if (!strcmp(mode, "measure") && argc == 4)

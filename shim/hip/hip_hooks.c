@@ -58,22 +58,17 @@ static hipError_t missing(enum krex_hip_hook_id id)
     KREX_EXPORT hipError_t krex_hip_##name params KREX_GATED_BODY(                               \
         hipError_t, krex_pfn_##name, krex_hip_real_get(KREX_HIP_##name),                         \
         missing(KREX_HIP_##name), args)
-/* A process that started HIP on a device has a slot, one that did not is not ours: ROCm lists a
- * process from its runtime's start (a program's first HIP call, whichever it is), the simulated
- * driver from its context's creation. The slot is taken before such a call goes on, as the CUDA
- * shim takes it before a context (drain.c), so that a region's audit never sees a tenant's
- * process on the GPU with no slot. */
-static inline void take_slot(void)
-{
-    if (KREX_UNLIKELY(!__atomic_load_n(&krex_self, __ATOMIC_ACQUIRE)))
-        krex_register();
-}
 
-/* Calls that may start HIP on a device: the slot first, then the call. */
+/* Calls that may start HIP on a device: the slot first, then the call. A process that started
+ * HIP on a device has a slot, one that did not is not ours: ROCm lists a process from its
+ * runtime's start (a program's first HIP call, whichever it is), the simulated driver from its
+ * context's creation. The slot is taken before such a call goes on, as the CUDA shim takes it
+ * before a context (drain.c), so that a region's audit never sees a tenant's process on the GPU
+ * with no slot. */
 #define KREX_HIP_OPEN_(name, params, args)                                                       \
     KREX_EXPORT hipError_t krex_hip_##name params                                                \
     {                                                                                            \
-        take_slot();                                                                             \
+        krex_slot_self();                                                                        \
         krex_pfn_##name real = (krex_pfn_##name)krex_hip_real_get(KREX_HIP_##name);              \
         return real ? real args : missing(KREX_HIP_##name);                                      \
     }
@@ -92,7 +87,7 @@ static inline void take_slot(void)
 /* Tracked: the devices the drain must synchronise. It may start HIP too: the slot first. */
 KREX_EXPORT hipError_t krex_hip_hipSetDevice(int device)
 {
-    take_slot();
+    krex_slot_self();
     krex_pfn_hipSetDevice real = (krex_pfn_hipSetDevice)krex_hip_real_get(KREX_HIP_hipSetDevice);
     if (!real)
         return missing(KREX_HIP_hipSetDevice);

@@ -66,9 +66,7 @@ static void mem_init(void)
  * not under KREX, everything passes through. */
 static struct krex_slot *mem_slot(void)
 {
-    struct krex_slot *s = __atomic_load_n(&krex_self, __ATOMIC_ACQUIRE);
-    if (KREX_UNLIKELY(!s))
-        s = krex_register();
+    struct krex_slot *s = krex_slot_self();
     if (s)
         pthread_once(&init_once, mem_init);
     return s;

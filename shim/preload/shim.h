@@ -112,16 +112,20 @@ static inline int krex_shut_out(const struct krex_slot *s)
     return 0;
 }
 
+/* Our slot, registering at the first call; NULL in pass-through. */
+static inline struct krex_slot *krex_slot_self(void)
+{
+    struct krex_slot *s = __atomic_load_n(&krex_self, __ATOMIC_ACQUIRE);
+    return KREX_LIKELY(s) ? s : krex_register();
+}
+
 /* Announce, then check (docs/shim.md, region protocol step 2: why in this order). Returns our
  * slot, or NULL in pass-through. */
 static inline struct krex_slot *krex_enter(void)
 {
-    struct krex_slot *s = __atomic_load_n(&krex_self, __ATOMIC_ACQUIRE);
-    if (KREX_UNLIKELY(!s)) {
-        s = krex_register();
-        if (!s)
-            return NULL;
-    }
+    struct krex_slot *s = krex_slot_self();
+    if (KREX_UNLIKELY(!s))
+        return NULL;
     KREX_ADD(&s->in_flight, 1);
     if (KREX_UNLIKELY(krex_shut_out(s)))
         krex_gate_block(s);

@@ -69,10 +69,15 @@ KREX = [sys.executable, "-m", "krex.cli"]
 DO_BENCH = "triton.testing.do_bench"
 
 
+def timing_regions(regions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The regions that were not an autotuner's candidates': the reported timings'."""
+    return [r for r in regions if not r.get("candidate")]
+
+
 def judge(rc: int | None, out: str, regions: list[dict[str, Any]]) -> dict[str, bool]:
     """The check's verdicts on the command's status, output and report regions."""
     cands = [r for r in regions if r.get("candidate")]
-    timings = [r for r in regions if not r.get("candidate")]
+    timings = timing_regions(regions)
     return {
         "ran": rc == 0 and "ok " in out,
         "clean": bool(regions) and all(r.get("clean") for r in regions),
@@ -136,8 +141,7 @@ def main() -> int:
     res["regions"] = [{k: r[k] for k in kept if k in r} for r in regions]
     for r in res["regions"]:  # the warnings' names (their details are in the report)
         r["warnings"] = [w.get("name") for w in r.get("warnings", [])]
-    timings = [r for r in res["regions"] if not r.get("candidate")]
-    res["timings_settle_s"] = [r.get("settle_s") for r in timings]
+    res["timings_settle_s"] = [r.get("settle_s") for r in timing_regions(res["regions"])]
     res.update(rc=rc, stdout=out[-400:], stderr_tail=err[-1500:])
     res["checks"] = checks = judge(rc, out, regions)
     res["pass"] = all(checks.values())

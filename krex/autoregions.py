@@ -54,7 +54,7 @@ DEFAULT_AUTO_REGIONS = (
 )
 # Inductor's hook for an external benchmark lock (pytorch PR #184905): it takes a factory of
 # context managers that must allow nested entry from one thread, which regions do.
-INDUCTOR_MODULE = "torch._inductor.runtime.benchmarking"
+INDUCTOR_MODULE = precompile.BENCHMARKING
 INDUCTOR_HOOK = "set_gpu_benchmark_lock_context"
 INDUCTOR_LABEL = f"{INDUCTOR_MODULE} (GPU benchmark)"  # its regions' name in `calls`
 # Without the hook: the benchmarkers every Inductor GPU benchmark goes through (max-autotune's
@@ -285,7 +285,7 @@ def _register_inductor(module: ModuleType) -> None:
 
     @contextlib.contextmanager
     def both() -> Iterator[None]:
-        with previous(), auto_region(INDUCTOR_LABEL, candidate=True):
+        with previous(), precompile.inductor_region(INDUCTOR_LABEL, sys._getframe(1)):
             yield
 
     setattr(both, WRAPPED_MARK, True)
@@ -334,7 +334,8 @@ def _on_release(releases: tuple[str, ...], what: str, why: str) -> bool:
 
 
 def _inductor_region() -> contextlib.AbstractContextManager[None]:
-    return auto_region(INDUCTOR_LABEL, candidate=True)
+    # Called by the benchmarker inside benchmark_gpu: whoever called that is up the stack.
+    return precompile.inductor_region(INDUCTOR_LABEL, sys._getframe(1))
 
 
 class _PostImportLoader(importlib.abc.Loader):

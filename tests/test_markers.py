@@ -788,14 +788,27 @@ benchmarker = InductorBenchmarker()
 """
 
 
+FAKE_SELECT_ALGORITHM = """
+# Where max-autotune times its choices, as its caller of the benchmarker (torch 2.11's
+# AlgorithmSelectorCache benchmarks each choice through benchmarker.benchmark_gpu).
+from torch._inductor.runtime.benchmarking import benchmarker
+
+
+def benchmark_choice(*args, **kwargs):
+    return benchmarker.benchmark_gpu(*args, **kwargs)
+"""
+
+
 def stand_in_inductor(tmp_path: Path, version: str, **modules: str) -> None:
     """A stand-in torch of `version` under tmp_path whose torch._inductor.runtime holds
-    benchmarking.py (torch 2.11's shape) and the other `modules` (name: source)."""
+    benchmarking.py (torch 2.11's shape) and the other `modules` (name: source), and whose
+    torch._inductor.select_algorithm calls the benchmarker as max-autotune does."""
     package = tmp_path / "torch" / "_inductor" / "runtime"
     package.mkdir(parents=True)
     (tmp_path / "torch" / "__init__.py").write_text(f"__version__ = {version!r}\n")
     for directory in (package, package.parent):
         (directory / "__init__.py").write_text("")
+    (package.parent / "select_algorithm.py").write_text(FAKE_SELECT_ALGORITHM)
     for name, source in {"benchmarking": FAKE_BENCHMARKING, **modules}.items():
         (package / f"{name}.py").write_text(source)
 
@@ -863,16 +876,16 @@ def test_a_kernel_inductor_compiles_on_its_first_run_compiles_before_the_region(
     stand_in_inductor(tmp_path, "2.11.0+cu130", triton_heuristics=FAKE_HEURISTICS)
     script = textwrap.dedent("""
         import functools
-        from torch._inductor.runtime.benchmarking import benchmarker
+        from torch._inductor.select_algorithm import benchmark_choice
         from torch._inductor.runtime.triton_heuristics import CachingAutotuner
         kernel, bad = CachingAutotuner(), CachingAutotuner(fails=True)
-        benchmarker.benchmark_gpu(lambda: None)  # a region, lingering after it
-        print(benchmarker.benchmark_gpu(functools.partial(kernel.run, 1, stream=0)))
-        print(benchmarker.benchmark_gpu(_callable=functools.partial(kernel.run, 2, stream=0)))
+        benchmark_choice(lambda: None)  # a region, lingering after it
+        print(benchmark_choice(functools.partial(kernel.run, 1, stream=0)))
+        print(benchmark_choice(_callable=functools.partial(kernel.run, 2, stream=0)))
         probe = lambda: bad.run(stream=0)  # a wrapper that says what it wraps is looked through
         probe.__wrapped__ = functools.partial(bad.run, stream=0)
         try:
-            benchmarker.benchmark_gpu(probe)
+            benchmark_choice(probe)
         except RuntimeError as e:
             print("raised:", e)
         """)
@@ -890,7 +903,48 @@ def test_a_kernel_inductor_compiles_on_its_first_run_compiles_before_the_region(
     assert daemon.ops() == ["region_begin", "region_end"] * 2
     label = "torch._inductor.runtime.benchmarking.InductorBenchmarker.benchmark_gpu"
     assert daemon.calls == [{label: 1}, {label: 2}]
-    assert daemon.candidate == [True, True]  # Inductor's GPU benchmarks time its choices
+    assert daemon.candidate == [True, True]  # max-autotune's benchmarks time its choices
+
+
+FAKE_HOOKED_BENCHMARKER = """
+class InductorBenchmarker:
+    def benchmark_gpu(self, _callable, **kwargs):
+        with maybe_gpu_benchmark_lock():
+            _callable()
+        return 0.5
+
+
+benchmarker = InductorBenchmarker()
+"""
+
+
+@pytest.mark.parametrize("hook", [False, True], ids=["torch 2.11's benchmarkers", "lock hook"])
+def test_a_harness_timing_through_inductors_benchmarker_is_a_timing_not_a_candidate(
+    daemon: FakeDaemon, tmp_path: Path, hook: bool
+) -> None:
+    """Inductor's GPU benchmarks are an autotuner's candidates where Inductor's tuning calls
+    them, with a wrapper of the benchmarker between or not; a harness that calls
+    `benchmarker.benchmark_gpu` itself to time the number it reports gets a timing's region,
+    which the daemon's settle rules see. Without the hook (torch 2.11) and through it."""
+    hooked = {"benchmarking": FAKE_INDUCTOR + FAKE_HOOKED_BENCHMARKER} if hook else {}
+    stand_in_inductor(tmp_path, "2.11.0+cu130", **hooked)
+    script = textwrap.dedent("""
+        from torch._inductor.runtime.benchmarking import benchmarker
+        from torch._inductor.select_algorithm import benchmark_choice
+        benchmark_choice(lambda: None)  # max-autotune's: a candidate
+        benchmarker.benchmark_gpu(lambda: None)  # the harness's own timing
+        cls = type(benchmarker)
+        orig = cls.benchmark_gpu
+        def counted(self, fn, **kwargs):  # the harness's wrapper, as autotune_check's counter
+            return orig(self, fn, **kwargs)
+        cls.benchmark_gpu = counted
+        benchmark_choice(lambda: None)
+        print(benchmarker.benchmark_gpu(lambda: None))
+        """)
+    result = run_auto(daemon, tmp_path, script, linger=False)  # regions counted
+    assert (result.returncode, result.stdout, result.stderr) == (0, "0.5\n", "")
+    assert daemon.ops() == ["region_begin", "region_end"] * 4
+    assert daemon.candidate == [True, False, True, False]
 
 
 # triton 3.6's shape where its autotuner compiles: JITFunction.run(*args, grid, warmup, **kw)

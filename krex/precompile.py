@@ -30,6 +30,10 @@ compile (`JITFunction._do_compile`) first ends the thread's lingering region, so
 configuration already compiled still continues the autotuning's region. A configuration the
 compiler rejects gets `_bench`'s own answer for it (infinite time); any other error is left for
 the timing's own call to meet, as before. Other releases: one warning, nothing patched.
+
+Both paths of Inductor's benchmarks (the wrapped benchmarkers here, the lock hook in
+krex/autoregions.py) ask for a candidate's region only where Inductor's own tuning called the
+benchmarker (`inductor_tuning`); a harness's own call of it is a timing.
 """
 
 from __future__ import annotations

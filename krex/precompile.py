@@ -47,6 +47,8 @@ from typing import Any
 
 from krex.markers import WRAPPED_MARK, Region, auto_region, candidates, end_lingering
 
+INDUCTOR = "torch._inductor."  # Inductor's modules
+BENCHMARKING = "torch._inductor.runtime.benchmarking"  # Inductor's benchmarkers
 HEURISTICS = "torch._inductor.runtime.triton_heuristics"  # where CachingAutotuner lives
 TRITON_AUTOTUNER = "triton.runtime.autotuner"  # Autotuner._bench
 TRITON_JIT = "triton.runtime.jit"  # JITFunction._do_compile
@@ -92,10 +94,6 @@ def compile_first(fn: object) -> None:
     start = time.time_ns()
     autotuner.precompile()  # as CachingAutotuner.run does when it finds no launchers
     autotuner.precompile_time_taken_ns = time.time_ns() - start
-
-
-BENCHMARKING = "torch._inductor.runtime.benchmarking"  # Inductor's benchmarkers
-INDUCTOR = "torch._inductor."
 
 
 def inductor_tuning(frame: FrameType | None) -> bool:

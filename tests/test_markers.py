@@ -1452,7 +1452,7 @@ def test_the_gpu_linger_check_tells_a_timing_in_a_candidates_region() -> None:
     check = load_script("scripts/gpu/linger_check.py")
     compile(check.PROG, "linger_check.PROG", "exec")
     compile(check.PROG_MATMUL, "linger_check.PROG_MATMUL", "exec")
-    sibling = check.sibling_program()  # the autotune check's siblings
+    sibling = check.SIBLING.read_text()  # the autotune check's siblings
     compile(sibling, "sibling_matmul.py", "exec")
     assert "bursty" in sibling
     bench = check.DO_BENCH

@@ -252,10 +252,12 @@ AUTOTUNE = textwrap.dedent("""
             if settle_s:
                 self.region.__exit__(*exc)
 
-    def timed(fn):  # the final timing, and its wall-clock window (for the GPU's telemetry)
+    # The final timing (do_bench's median, or `timer`'s) and its wall-clock window (for the
+    # GPU's telemetry).
+    def timed(fn, timer=None):
         with frozen(), settled():
             w0 = time.time()
-            ms = triton.testing.do_bench(fn, return_mode="median")
+            ms = timer(fn) if timer else triton.testing.do_bench(fn, return_mode="median")
             return {"ms": ms, "window": [w0, time.time()]}
 
     def candidates(tuner):  # an autotuner's configs, fastest first: its median per config
@@ -367,10 +369,8 @@ AUTOTUNE = textwrap.dedent("""
         # And through Inductor's benchmarker called by the harness itself, as some harnesses
         # time: under krex a timing's region (its record not `candidate`), not a tuner's.
         from torch._inductor.runtime.benchmarking import benchmarker
-        with frozen(), settled():
-            w0 = time.time()
-            ms = benchmarker.benchmark_gpu(lambda: torch.matmul(A, B))
-        done("kernelbench_inductor", ms=ms, window=[w0, time.time()])
+        done("kernelbench_inductor",
+             **timed(lambda: torch.matmul(A, B), timer=benchmarker.benchmark_gpu))
 
     def kernelbench_more_part():  # more of KernelBench's level 1, at their published sizes
         x = torch.randn(4096, 393216, device="cuda", generator=gen)  # 6 GiB
@@ -568,7 +568,7 @@ AUTOTUNE = textwrap.dedent("""
 """)
 
 # The siblings' program (steady or bursty matmuls), a file of its own that other checks run too.
-SIBLING = (Path(__file__).resolve().parent / "sibling_matmul.py").read_text()
+SIBLING = Path(__file__).resolve().parent / "sibling_matmul.py"
 
 
 class Telemetry:
@@ -692,7 +692,7 @@ def _siblings(
     pre = [*KREX, "run", "--socket", str(sock), "--no-pool", "--"] if sock else []
     sibs = [
         subprocess.Popen(
-            [*pre, sys.executable, str(tmp / "sibling.py"), load, *(["hold"] if hold else [])],
+            [*pre, sys.executable, str(SIBLING), load, *(["hold"] if hold else [])],
             env=_env(tmp, "sib", unprotected=sock is None),
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -1209,7 +1209,6 @@ def main() -> int:
         (tmp / "lib" / "kernelbench" / "__init__.py").write_text("")
         (tmp / "lib" / "kernelbench" / "timing.py").write_text(timing_source)
         (tmp / "autotune.py").write_text(AUTOTUNE)
-        (tmp / "sibling.py").write_text(SIBLING)
         with (
             private_daemon(tmp / "d", sim=False, slots=8, pool=0, gpus=1) as sock,
             Telemetry(args.sample_ms / 1000) as gpu,

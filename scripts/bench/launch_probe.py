@@ -35,7 +35,7 @@ from krex.bench.runner import not_ready, slice_config
 from krex.client import private_daemon
 
 # The siblings are autotune_check's ("bursty": 8192^2 matmuls in bursts of 0.05-0.5 s).
-SIBLING = (Path(__file__).resolve().parent / "sibling_matmul.py").read_text()
+SIBLING = Path(__file__).resolve().parent / "sibling_matmul.py"
 
 KREX = [sys.executable, "-m", "krex.cli"]
 TRIALS = 200
@@ -136,9 +136,9 @@ def inner() -> None:
     print(json.dumps(res), flush=True)
 
 
-def under_krex(sock: Path, tmp: Path, siblings: int) -> dict[str, Any]:
+def under_krex(sock: Path, siblings: int) -> dict[str, Any]:
     pre = [*KREX, "run", "--socket", str(sock), "--no-pool", "--"]
-    sibs = [subprocess.Popen([*pre, sys.executable, str(tmp / "sibling.py"), "bursty"],
+    sibs = [subprocess.Popen([*pre, sys.executable, str(SIBLING), "bursty"],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             for _ in range(siblings)]  # fmt: skip
     try:
@@ -188,10 +188,9 @@ def main() -> int:
     doc["steal_ms_total"] = steal_ms(mine)  # since boot, on every core this probe may use
     with tempfile.TemporaryDirectory(prefix="krex-launch-") as d:
         tmp = Path(d)
-        (tmp / "sibling.py").write_text(SIBLING)
         with private_daemon(tmp / "d", sim=False, slots=8, pool=0, gpus=1) as sock:
             for name, n in (("krex_alone", 0), ("krex_7_siblings", 7), ("krex_alone_again", 0)):
-                doc[name] = under_krex(sock, tmp, n)
+                doc[name] = under_krex(sock, n)
                 print(name, json.dumps(doc[name]), flush=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0

@@ -67,6 +67,8 @@ print("ok", ms, ms2, len(configs), tuned.best_config)
 """
 KREX = [sys.executable, "-m", "krex.cli"]
 DO_BENCH = "triton.testing.do_bench"
+# The autotune check's sibling program (bursty: 0.05-0.5 s of 8192^2 matmuls, then idle).
+SIBLING = Path(__file__).resolve().parents[1] / "bench" / "sibling_matmul.py"
 
 
 def timing_regions(regions: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -89,11 +91,6 @@ def judge(rc: int | None, out: str, regions: list[dict[str, Any]]) -> dict[str, 
     }
 
 
-def sibling_program() -> str:
-    """The autotune check's sibling program (bursty: 0.05-0.5 s of 8192^2 matmuls, then idle)."""
-    return (Path(__file__).resolve().parents[1] / "bench" / "sibling_matmul.py").read_text()
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -110,10 +107,9 @@ def main() -> int:
         run = [*KREX, "run", "--socket", str(sock), "--no-pool"]
         try:
             if args.siblings:
-                (tmp / "sibling.py").write_text(sibling_program())
                 sibs = [
                     subprocess.Popen(
-                        [*run, "--", sys.executable, str(tmp / "sibling.py"), "bursty"],
+                        [*run, "--", sys.executable, str(SIBLING), "bursty"],
                         stdout=subprocess.PIPE,
                         stderr=subprocess.DEVNULL,
                         text=True,

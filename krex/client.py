@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import dataclasses
 import fcntl
+import hashlib
 import json
 import os
 import select
@@ -443,16 +444,35 @@ def _write_report(path: Path, report: dict[str, Any]) -> None:
                 os.unlink(tmp)
 
 
-MEMORY_RETRIES = 2  # reruns of a command that failed only because others held the memory
+MEMORY_RETRIES = 3  # reruns of a command that sharing the GPU's memory ended or may have bent
+KEY_FILE_MAX = 16 << 20  # files named on the command line hashed into its key (bytes at most)
+
+
+def command_key(argv: list[str], cwd: str) -> str:
+    """What identifies a command for the peak the daemon learns (docs/memory.md): its argv
+    and the contents of the files it names (a script's text is what it runs: an agent's
+    `python bench.py` is another command each time bench.py changes)."""
+    h = hashlib.sha256()
+    for arg in argv:
+        raw = arg.encode("utf-8", "surrogateescape")
+        h.update(len(raw).to_bytes(8, "little") + raw)
+        path = Path(cwd, arg)
+        with contextlib.suppress(OSError, ValueError):
+            st = os.stat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_size <= KEY_FILE_MAX:
+                h.update(b"file" + hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()[:32]
 
 
 def run(opts: RunOptions) -> int:
     """`krex run`: the command's exit status, or 125/127 (module docstring).
 
-    A command that failed only because other commands held the GPU's memory (its report's
-    `memory.oom_shared`, docs/memory.md) runs again, at most MEMORY_RETRIES times: first
-    admitted once what it showed it needs fits, then with the GPU's memory to itself; the
-    report lists the earlier attempts."""
+    A command that sharing the GPU's memory ended or may have bent runs again from the start
+    (docs/memory.md), at most MEMORY_RETRIES times, each attempt's report kept under the last
+    one's `attempts`: one the daemon preempted to break a memory deadlock, once its memory fits
+    (a second preemption: with the GPU's memory to itself); one that an out-of-memory error
+    only sharing caused reached (its report's `memory.oom_shared`: it may have gone down a
+    slower path, whatever its exit status), with the GPU's memory to itself."""
     if opts.report is not None:
         try:
             _report_target(opts.report)
@@ -465,27 +485,38 @@ def run(opts: RunOptions) -> int:
         _release_signals()
 
 
+def _again(report: dict[str, Any], attempts: list[dict[str, Any]]) -> tuple[str, bool] | None:
+    """Why this attempt runs again and whether alone, or None."""
+    preempted = report.get("preempted")
+    shared = (report.get("memory") or {}).get("oom_shared", 0)
+    if isinstance(preempted, dict):
+        twice = any(isinstance(a.get("preempted"), dict) for a in attempts)
+        return f"was preempted to break a memory deadlock ({preempted.get('why', '')})", twice
+    if shared:
+        return f"got {shared} out-of-memory error(s) only sharing caused", True
+    return None
+
+
 def _run(opts: RunOptions) -> int:
     attempts: list[dict[str, Any]] = []
+    key = command_key(opts.argv, os.getcwd())
     while True:
-        code, report = _run_once(opts)
-        shared = (report.get("memory") or {}).get("oom_shared", 0)
-        if code == 0 or not shared or opts.no_memory_retry or len(attempts) >= MEMORY_RETRIES:
+        code, report = _run_once(opts, key)
+        again = None if opts.no_memory_retry else _again(report, attempts)
+        if again is None or len(attempts) >= MEMORY_RETRIES or opts.mem_alone:
             break
-        # The first rerun is admitted once what its failed run showed it needs fits beside
-        # the others (and is released last); the second has the GPU's memory to itself.
-        alone = bool(attempts)
+        why, alone = again
         how = "with the GPU's memory to itself" if alone else "once its memory fits"
         print(
-            f"krex run: the command failed only because other commands held the GPU's memory "
-            f"(exit {code}); running it again {how}",
+            f"krex run: the command {why} (exit {code}); running it again from the start {how}",
             file=sys.stderr,
         )
         attempts.append(report)
+        preempted = report.get("preempted") or {}
+        need = preempted.get("need_bytes", 0) if isinstance(preempted, dict) else 0
         peak = (report.get("memory") or {}).get("peak_bytes", 0)
-        opts = dataclasses.replace(
-            opts, mem_alone=alone, mem_rerun=0 if alone else max(1, int(peak or 0))
-        )
+        need = max(int(need or 0) if wire.is_int(need) else 0, int(peak or 0))
+        opts = dataclasses.replace(opts, mem_alone=alone, mem_rerun=0 if alone else max(1, need))
     if attempts:
         report["attempts"] = attempts
     if opts.report is not None and report:
@@ -493,7 +524,7 @@ def _run(opts: RunOptions) -> int:
     return code
 
 
-def _run_once(opts: RunOptions) -> tuple[int, dict[str, Any]]:
+def _run_once(opts: RunOptions, key: str = "") -> tuple[int, dict[str, Any]]:
     """One attempt: the exit status and the report ({} when krex could not do its part)."""
     _release_signals()  # an earlier attempt's command is over: Ctrl-C while queued ends us
     t0 = time.monotonic()
@@ -518,6 +549,7 @@ def _run_once(opts: RunOptions) -> tuple[int, dict[str, Any]]:
                 **({"mem_bytes": opts.mem_bytes} if opts.mem_bytes else {}),
                 **({"mem_alone": True} if opts.mem_alone else {}),
                 **({"mem_rerun": opts.mem_rerun} if opts.mem_rerun else {}),
+                **({"mem_key": key} if key else {}),
             }
         )
         deadline = time.monotonic() + opts.queue_timeout_s

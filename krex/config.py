@@ -53,8 +53,11 @@ max_uses = 100     # accepted for older configurations; unused (each command is 
 [memory]           # device memory (docs/memory.md)
 headroom_gib = 4.0 # kept free for contexts and libraries' workspaces when admitting (default:
                    # 0.5 per slot on real GPUs, 0 on simulated ones)
-wait_s = 600.0     # longest an allocation waits for memory before it fails as it would have
-deadlock_s = 5.0   # no memory freed this long with waiters: the youngest waiter is released
+wait_s = 600.0     # longest a call waits for memory before it fails as it would have (the
+                   # command's regions then say so, and it runs again alone)
+deadlock_s = 30.0  # no memory freed this long with waiters though some holder runs: the
+                   # youngest waiting command is preempted (run again from the start); at
+                   # once (1 s) when every process holding memory waits
 room_gib = 1.0     # free device memory a region's owner waits for before its siblings are
                    # frozen (default: 1, at most 1/16 of the GPU; 0: off)
 room_wait_s = 10.0 # the longest that wait lasts (then the region goes ahead)
@@ -171,7 +174,7 @@ class Config:
     pool_max_uses: int = 100
     memory_headroom_gib: float | None = None
     memory_wait_s: float = 600.0
-    memory_deadlock_s: float = 5.0
+    memory_deadlock_s: float = 30.0
     memory_room_gib: float | None = None
     memory_room_wait_s: float = 10.0
     metrics_port: int = 0

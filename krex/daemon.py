@@ -29,7 +29,7 @@ from krex import __version__, wire
 from krex.config import MAX_SETTLE_S, Config, ConfigError, parse_size
 from krex.errors import KrexError, ProtocolError
 from krex.machinery import NodeMachinery
-from krex.memory import GIB, Memory
+from krex.memory import GIB, Memory, argv_key, is_key
 from krex.metrics import Metrics, MetricsError
 from krex.model import AdmissionTicket, AdmitRequest, Gpu, Region, Tenant
 from krex.mps import Mps
@@ -46,7 +46,7 @@ from krex.pool import preinit
 from krex.procs import parent
 from krex.regions import Regions
 from krex.segments import Segments
-from krex.shm import SegmentError, SlotView
+from krex.shm import MEM_KINDS, SegmentError, SlotView
 from krex.simnode import remove as remove_sim_segment
 from krex.simnode import segment_name as sim_segment
 from krex.tenants import FreezerKind, TenantGroup, TenantsError, detect_freezer, prune
@@ -145,11 +145,12 @@ class Daemon:
             learned=self.socket.parent / f"{self.socket.name}.peaks.json",
             owner_of=self._region_owner,
             owner_stuck=self._owner_stuck,
-            can_free=self._can_free,
-            rerun=lambda tid: (t := self.tenants.get(tid)) is not None and t.mem_rerun,
+            preempt=self._preempt,
+            victims=self._victims,
             room=cfg.room_bytes(self._capacity(0)) if n else 0,
             room_wait_s=cfg.memory_room_wait_s,
             device_free=self._device_free,
+            device_users=self.machinery.device_users,
         )
         self.machinery.room = self._make_room
         self.mps: Mps | None = None
@@ -183,14 +184,41 @@ class Daemon:
         r = self.regions.held(gpu) or self.regions.setting_up(gpu)
         return r.tenant if r is not None else None
 
-    def _can_free(self, tenant: int) -> bool:
-        """Whether a process of this tenant could free device memory now: a command's that
-        is not frozen by a region (the pool's idle workers hold only their baseline)."""
-        t = self.tenants.get(tenant)
-        if t is None:
+    def _victims(self, gpu: int) -> list[Tenant]:
+        """The commands on a GPU the memory arbiter may preempt, in the order it would: the
+        youngest first (it lost the least work), a command already rerun last; never one that
+        has the GPU's memory to itself, nor one whose region holds the GPU."""
+        owner = self._region_owner(gpu)
+        ts = [
+            t
+            for t in self.tenants.values()
+            if gpu in t.gpus and not t.gone and not t.mem_alone and t is not owner
+        ]
+        return sorted(ts, key=lambda t: (t.mem_rerun, -t.t_admit))
+
+    def _preempt(self, tid: int, why: str) -> bool:
+        """End command `tid` to break a memory deadlock (krex/memory.py): its processes are
+        killed, its report says why, and `krex run` runs it again from the start."""
+        t = self.tenants.get(tid)
+        if t is None or t.gone or t.preempted:
             return False
-        r = self.regions.held(t.gpu)
-        return r is None or t not in r.frozen
+        pids = t.group.pids()
+        if not pids:
+            return False
+        t.preempted = why
+        mine = [s for _, s in self.segments.live_slots() if s.alive and s.tenant == tid]
+        held = max(sum(s.mem_bytes for s in mine), t.device_bytes or 0)
+        t.preempted_need = held + max((s.mem_want for s in mine), default=0)
+        log.warning(
+            "tenant %d preempted (it runs again from the start): %s; killing %s",
+            tid,
+            why,
+            pids,
+        )
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return True
 
     def _device_free(self, gpu: int) -> int | None:
         """The driver's free bytes (NVML: contexts and library workspaces included)."""
@@ -354,11 +382,17 @@ class Daemon:
     def _room(self, g: Gpu, req: AdmitRequest) -> bool:
         """Whether g has a free slot and, as far as memory goes, room for this command."""
         free = len(g.tenants) + g.reserved < g.slots
-        return free and self.memory.fits(g, req, reserved=g.reserved_mem)
+        return free and self.memory.fits(
+            g, req, reserved=g.reserved_mem, reserved_alone=g.reserved_alone
+        )
 
     def _reserve(self, g: Gpu, req: AdmitRequest, sign: int = 1) -> None:
+        """Promise (sign 1) or hand on (-1) one of g's slots to the command of req: a command
+        that must have the GPU's memory to itself counts as such from its promise on, so that
+        nothing else is admitted beside it in the same pass."""
         g.reserved += sign
-        g.reserved_mem += sign * self.memory.need(req.argv, req.mem, req.rerun_need)
+        g.reserved_mem += sign * self.memory.need(req.key, req.mem, req.rerun_need)
+        g.reserved_alone += sign * req.alone
 
     async def _take_slot(self, g: Gpu, req: AdmitRequest, conn: Conn) -> None:
         """Reserve one of g's slots (g.reserved), after waiting in its queue if all are taken
@@ -434,16 +468,26 @@ class Daemon:
             if not wire.is_number(value) or not 0 <= value <= MAX_SETTLE_S:
                 raise ProtocolError(f"{key} must be a number of seconds, 0..{MAX_SETTLE_S:g}")
             settles[field_name] = float(value)
+        mem_key = msg.get("mem_key")
+        if mem_key is not None and not is_key(mem_key):
+            raise ProtocolError("mem_key must be 32 lower-case hexadecimal digits")
         return AdmitRequest(
-            argv, float(timeout), auto, mem, alone, rerun > 0, self._rerun(rerun), **settles
+            argv,
+            float(timeout),
+            auto,
+            mem,
+            alone,
+            rerun > 0,
+            self._rerun(rerun),
+            key=mem_key or argv_key(argv),
+            **settles,
         )
 
-    def _rerun(self, peak: int) -> int:
-        """What a rerun is expected to need: twice what its failed run held at its peak (it
-        failed asking for more: as often as not an output as large as its input), at most
-        what admission can give on a GPU."""
+    def _rerun(self, need: int) -> int:
+        """What a rerun is expected to need: what its earlier run held and was waiting for
+        when it ended (the client passes it on), at most what admission can give on a GPU."""
         most = min(g.capacity for g in self.memory.state) - self.memory.headroom
-        return max(0, min(2 * peak, most))
+        return max(0, min(need, most))
 
     async def _op_admit(self, msg: dict[str, Any], conn: Conn) -> None:
         req = self._admission_request(msg)
@@ -510,6 +554,7 @@ class Daemon:
             mem_alone=req.alone,
             mem_rerun=req.rerun,
             mem_rerun_need=req.rerun_need,
+            mem_key=req.key,
         )
         self.tenants[tid] = t
         for x in gpus:
@@ -677,8 +722,8 @@ class Daemon:
     def _report(self, t: Tenant) -> dict[str, Any]:
         self._account()
         total = self.segments.totals(t)
-        self.memory.learn(t, total.mem_peak)
-        return {
+        self.memory.learn(t, max(total.mem_peak, total.device_peak or 0))
+        report: dict[str, Any] = {
             "tenant": t.id,
             "gpu": t.gpu,
             "intercepted": total.intercepted,
@@ -687,13 +732,16 @@ class Daemon:
             "freezer": self.freezer.value,
             "memory": _memory_report(total),
         }
+        if t.preempted:
+            report["preempted"] = {"why": t.preempted, "need_bytes": t.preempted_need}
+        return report
 
     async def _reap_loop(self) -> None:
         n = 0
         while True:
             await asyncio.sleep(1.0)
             self._account()
-            self._sample_nvml()
+            self._sample_device()
             self.machinery.tick()
             self.pool.end_leftovers()
             for g in self.gpus:
@@ -713,21 +761,24 @@ class Daemon:
                 with contextlib.suppress(TenantsError):
                     prune(self.root, keep)
 
-    def _sample_nvml(self) -> None:
-        """Each tenant's device bytes as NVML counts them (its live processes' sum), and the
-        largest seen: beside the shim's own count in status and reports, so a path the shim
-        missed shows as a gap between the two."""
-        if self.nvml is None:
-            return
+    def _sample_device(self) -> None:
+        """Each tenant's device bytes as the driver counts them (NVML's per-process figure, or
+        the simulated driver's: its live processes' sum), and the largest seen: beside the
+        shim's own count in status and reports, so a path the shim missed, or the driver's own
+        memory (contexts, modules), shows as a gap between the two; learned peaks and
+        admission use the larger."""
         live = self.segments.live_by_tenant()
         for g in self.gpus:
-            used = self.nvml.process_memory(g.index)
+            used = self.machinery.device_users(g.index)
             if used is None:
                 continue
             for t in g.tenants:
                 n = sum(used.get(s.pid, 0) for s in live.get(t.id, []))
-                t.nvml_bytes = n
-                t.nvml_peak = max(t.nvml_peak or 0, n)
+                t.device_bytes = n
+                t.device_peak = max(t.device_peak or 0, n)
+                if self.nvml is not None:
+                    t.nvml_bytes = n
+                    t.nvml_peak = max(t.nvml_peak or 0, n)
 
     async def _memory_loop(self) -> None:
         """The memory arbiter (krex/memory.py): fast while anyone waits; when a GPU's waiters
@@ -842,15 +893,20 @@ def _grant_reply(r: Region, t_request: float) -> dict[str, Any]:
 
 
 def _memory_report(t: Tenant) -> dict[str, Any]:
-    """A report's `memory` (docs/memory.md): peak, waits, and out-of-memory errors the
-    command saw, split into those it would have had alone and those only sharing caused;
-    NVML's peak (sampled once a second, so at most the real one) as the cross-check."""
+    """A report's `memory` (docs/memory.md): peak, waits (per kind of call), and
+    out-of-memory errors the command saw, split into those it would have had alone and those
+    only sharing caused; NVML's peak and the driver's (NVML's, or the simulated driver's;
+    sampled once a second, so at most the real one) as the cross-check."""
     return {
         "peak_bytes": t.mem_peak,
         "nvml_peak_bytes": t.nvml_peak,
+        "device_peak_bytes": t.device_peak,
         "declared_bytes": t.mem_declared or None,
         "wait_s": t.mem_wait_ns / 1e9,
         "waits": t.mem_waits,
+        "waits_by_kind": {
+            kind: n for kind, n in zip(MEM_KINDS, t.mem_kind_waits, strict=False) if n
+        },
         "oom_alone": t.mem_oom_alone,
         "oom_shared": t.mem_oom_shared,
     }

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Protocol
 
-from krex import simnode
+from krex import simgpu, simnode
 from krex.config import Config
 from krex.fidelity import PowerHistory
 from krex.gate import Hold, quiesce_and_drain
@@ -129,6 +129,10 @@ class Machinery(Protocol):
 
     def memory_split(self, gpu: int, owner: Tenant) -> tuple[int, int] | None:
         """(the owner's, everyone else's) device bytes on the GPU now; None where unknown."""
+
+    def memory_problems(self, tenant: Tenant) -> list[str]:
+        """Problems of the tenant's regions as far as memory goes (shared out-of-memory errors
+        that reached it)."""
 
 
 class NodeMachinery:
@@ -315,6 +319,27 @@ class NodeMachinery:
             if before is not None:
                 s["power_w_before"] = round(before)
         return s
+
+    def device_users(self, gpu: int) -> dict[int, int] | None:
+        """The driver's device bytes per process on the GPU (NVML's, or the simulated
+        driver's), krex's own helpers (its MPS server) left out; None where unknown."""
+        if self.sim_shm is not None:
+            return simgpu.mem_users(self.sim_shm, gpu)
+        used = self.nvml.process_memory(gpu) if self.nvml is not None else None
+        return None if used is None else {p: b for p, b in used.items() if not self.helper(p)}
+
+    def memory_problems(self, tenant: Tenant) -> list[str]:
+        """Why the tenant's timings may not be what it would measure alone, as far as memory
+        goes: out-of-memory errors only sharing caused reached it (a library that gets one may
+        take a slower path, docs/memory.md)."""
+        n = self.segments.totals(tenant).mem_oom_shared
+        if not n:
+            return []
+        return [
+            f"{n} out-of-memory error(s) that only sharing caused reached the command before "
+            "this region ended (a wait for memory ran out of time): what it measured may be a "
+            "slower path it took for want of memory"
+        ]
 
     def memory_split(self, gpu: int, owner: Tenant) -> tuple[int, int] | None:
         # NVML's per-process figure where there is one (contexts and what the shim does not

@@ -1,27 +1,32 @@
-"""Device memory under krex: who waits for memory, who is served next, and who may be admitted
+"""Device memory under krex: who waits for memory, who is served next, whose wait could not
+end well even alone, whose command gives way when nobody can, and who may be admitted
 (docs/memory.md).
 
-The shim makes an allocation that failed for lack of memory wait instead of failing, when it
-could have succeeded with the GPU to itself (shim/preload, docs/shim.md). This module is the
-daemon's side:
+The shim makes every call the driver can answer with out-of-memory (allocations, context
+creation, module loading, launches, graphs) wait instead of failing, when the process alone
+could have had the memory (shim/preload, docs/shim.md). This module is the daemon's side:
 - Order: per GPU, the waiters of a region's owner first, then every other waiter in the order
   its wait began. Only the head of that order is let retry (every tick), so memory freed goes to
   it; the others wait behind it.
-- Deadlocks: when waiters exist and nothing was freed on the GPU for `deadlock_s` (for
-  `ALL_WAITING_S` when no process that holds memory there could free it: all of them wait, or
-  are frozen, or are idle pool workers), the youngest waiter that holds memory is released:
-  its allocation fails once with the driver's error. A caching allocator (PyTorch, CuPy) then
-  frees its cache and retries, which waits again, behind the others. One release per period,
-  youngest first, a command's rerun (it already failed once for sharing) last.
+- Verdicts: a wait the command could not win even with the GPU to itself is denied at once (the
+  driver's error comes back, counted as one it would have had alone, as natively): when what
+  the whole command holds there (all its processes, by the driver's count where known) and
+  what it asks for exceed the GPU, or when nobody else holds any memory there and a retry
+  granted since has failed too.
+- Deadlocks: when nobody who holds memory on the GPU can free it (every holder waits), or
+  nothing was freed for `deadlock_s` while some could, one waiting command is preempted: its
+  processes are killed and `krex run` runs it again from the start, its report saying so. No
+  surviving command ever sees an error it would not have seen alone, so none takes a slower
+  path (a library's low-workspace fallback) that a region would then time. Youngest first (it
+  lost the least work), a command already rerun last.
 - Room for a region: before a region's gate closes, its owner waits (at most `room_wait_s`)
   until the GPU has room for it free: `room` bytes, or what its processes gave back since
-  their peak if more (a benchmark's region runs again what its warm-up ran, and a caching
-  allocator that was released has freed its cache), since once its siblings are frozen
-  nobody can free for it; meanwhile memory freed is not handed to other waiters, and
-  deadlocks are broken for it as for a waiter.
+  their peak if more, since once its siblings are frozen nobody can free for it; meanwhile
+  memory freed is not handed to other waiters.
 - Admission: a GPU with waiters admits nobody; otherwise a command is admitted when the memory
-  it is expected to need (`--mem`, else the peak learned from earlier runs of the same argv)
-  fits beside what the GPU's tenants hold or are expected to need.
+  it is expected to need (`--mem`, else the peak learned from earlier runs of the same command,
+  else the median of all learned peaks) fits beside what the GPU's tenants hold or are expected
+  to need, and the driver's free figure (NVML) has room for it.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import hashlib
 import json
 import logging
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -39,27 +45,40 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from krex.model import AdmitRequest, Gpu, Tenant
-from krex.shm import SlotView
+from krex.shm import MEM_KINDS, SlotView
 
 log = logging.getLogger("krex.daemon")
 
 GIB = 1 << 30
-_LEARNED_MAX = 10_000  # argv keys kept in the learned-peaks file
-ALL_WAITING_S = 1.0  # the release period when nobody could free: time for a free in flight
+_LEARNED_MAX = 10_000  # command keys kept in the learned-peaks file
+_PRIOR_MIN = 3  # learned peaks needed before their median stands for an unknown command
+ALL_WAITING_S = 1.0  # nobody can free: the preemption period (time for a free in flight)
+ALONE_CHECK_S = 0.3  # nobody else holds memory this long, a retry granted: the wait is denied
+# What the driver takes for a context, a module or a launch's local memory, for the verdict
+# (the shim cannot know the size of the driver's own allocations).
+DRIVER_WANT = 512 << 20
 _ROOM_POLL_S = 0.02
+_KIND_ALLOC = MEM_KINDS.index("alloc")
 
 
 def argv_key(argv: Sequence[str]) -> str:
-    """What 'the same command' means for learned peaks: the same argv."""
+    """The learned-peaks key of a command known by its argv alone (older clients)."""
     return hashlib.sha256("\0".join(argv).encode()).hexdigest()[:32]
 
 
+def is_key(value: object) -> bool:
+    """Whether a client's command key is well formed (32 lower-case hex digits)."""
+    return (
+        isinstance(value, str) and len(value) == 32 and all(c in "0123456789abcdef" for c in value)
+    )
+
+
 class Pokable(Protocol):
-    """Where a process slot lives: what lets its memory waiter retry, or fails its wait."""
+    """Where a process slot lives: what lets its memory waiter retry, or denies its wait."""
 
     def mem_grant(self, index: int) -> None: ...
 
-    def mem_release(self, index: int) -> None: ...
+    def mem_deny(self, index: int) -> None: ...
 
 
 Slots = Callable[[], Iterable[tuple[Pokable, SlotView]]]
@@ -73,6 +92,16 @@ class Waiter:
 
 
 @dataclass
+class Verdict:
+    """What the arbiter knows of one wait (a slot's, since mem_since_ns)."""
+
+    since_ns: int
+    alone_since_ns: int = 0  # when nobody else was first seen holding memory (0: others hold)
+    granted_alone: bool = False  # a retry was granted while nobody else held memory
+    denied: bool = False
+
+
+@dataclass
 class GpuMemory:
     """One GPU's memory as the arbiter last saw it."""
 
@@ -80,8 +109,9 @@ class GpuMemory:
     held: int = 0  # bytes the tenants' processes hold (their allocations less frees)
     waiters: list[Waiter] = field(default_factory=list)
     progress_ns: int = 0  # last time memory was freed (or nobody waited)
-    released_ns: int = 0  # last release
-    releases: int = 0
+    preempted_ns: int = 0  # last preemption
+    preemptions: int = 0
+    denials: int = 0
     room_for: int = 0  # a tenant whose region waits for room before its gate closes (0: none)
     room_want: int = 0  # the bytes free it waits for
     others_can_free: bool = True  # some process holding memory here is running, not waiting
@@ -93,7 +123,8 @@ class GpuMemory:
             "held_bytes": self.held,
             "waiting": len(self.waiters),
             "oldest_wait_s": (now_ns - oldest) / 1e9 if oldest else 0.0,
-            "releases": self.releases,
+            "preemptions": self.preemptions,
+            "denials": self.denials,
             "region_waits_for_room": self.room_for or None,
         }
 
@@ -112,11 +143,12 @@ class Memory:
         learned: Path | None,
         owner_of: Callable[[int], Tenant | None],
         owner_stuck: Callable[[int, float], None] = lambda gpu, waited_s: None,
-        can_free: Callable[[int], bool] = lambda tenant: True,
-        rerun: Callable[[int], bool] = lambda tenant: False,
+        preempt: Callable[[int, str], bool] = lambda tenant, why: False,
+        victims: Callable[[int], list[Tenant]] = lambda gpu: [],
         room: int = 0,
         room_wait_s: float = 10.0,
         device_free: Callable[[int], int | None] = lambda gpu: None,
+        device_users: Callable[[int], dict[int, int] | None] = lambda gpu: None,
     ) -> None:
         self.gpus = gpus
         self.slots = slots  # every process slot that is not free, with its segment
@@ -126,29 +158,37 @@ class Memory:
         self.learned_path = learned
         self.learned: dict[str, int] = _load(learned)
         self.owner_of = owner_of  # the tenant holding a region on a GPU, if any
-        self.owner_stuck = owner_stuck  # that tenant has waited deadlock_s for nothing
-        self.can_free = can_free  # a tenant that is running (not frozen, not the idle pool)
-        self.rerun = rerun  # a tenant that is a command's rerun after a sharing failure
+        self.owner_stuck = owner_stuck  # that tenant waits for memory its frozen siblings hold
+        self.preempt = preempt  # end a command so that it runs again (True: done)
+        self.victims = victims  # the GPU's commands, youngest first, reruns last
         self.room = room
         self.room_wait_s = room_wait_s
         self.device_free = device_free  # the driver's free bytes (NVML), None where unknown
+        self.device_users = device_users  # the driver's bytes per pid, None where unknown
+        self.verdicts: dict[tuple[int, int], Verdict] = {}  # (slot's pid, index) -> its wait
 
     # The arbiter.
     def tick(self, now_ns: int) -> bool:
-        """One look at every process slot: order the waiters, let the head of each GPU retry,
-        break a deadlock. Returns whether anyone waits (the daemon then ticks faster)."""
+        """One look at every process slot: judge new waits, order the waiters, let the head of
+        each GPU retry, break a deadlock. Returns whether anyone waits (the daemon then ticks
+        faster)."""
         held = [0] * len(self.state)
         waiters: list[list[Waiter]] = [[] for _ in self.state]
         freeing = [False] * len(self.state)
+        by_tenant: dict[tuple[int, int], int] = {}  # (gpu, tenant) -> shim bytes
+        pids: dict[int, set[int]] = {}  # tenant -> its live pids
         for seg, s in self.slots():
             if not s.alive or not 0 <= s.gpu < len(self.state):
                 continue
             held[s.gpu] += s.mem_bytes
+            by_tenant[s.gpu, s.tenant] = by_tenant.get((s.gpu, s.tenant), 0) + s.mem_bytes
+            pids.setdefault(s.tenant, set()).add(s.pid)
             if s.mem_want:
                 owner = self.owner_of(s.gpu)
                 waiters[s.gpu].append(Waiter(seg, s, owner is not None and owner.id == s.tenant))
-            elif s.mem_bytes and not freeing[s.gpu] and self.can_free(s.tenant):
+            elif s.mem_bytes and not freeing[s.gpu]:
                 freeing[s.gpu] = True
+        self._forget_ended(waiters)
         anyone = False
         for i, st in enumerate(self.state):
             if held[i] < st.held or not st.waiters or len(waiters[i]) < len(st.waiters):
@@ -161,12 +201,97 @@ class Memory:
             if not st.waiters:
                 continue
             anyone = True
-            head = st.waiters[0]
+            users = self.device_users(i)
+            live = [
+                w for w in st.waiters if not self._judge(i, st, w, now_ns, by_tenant, pids, users)
+            ]
+            st.waiters = live
+            if not live:
+                continue
+            head = live[0]
             if head.owner or not st.room_for or self.free(i) >= st.room_want:
                 # While a region waits for room, what is freed stays free for it.
                 head.seg.mem_grant(head.slot.index)
+                self._note_grant(head)
             self._break_deadlock(i, st, now_ns)
         return anyone
+
+    def _forget_ended(self, waiters: list[list[Waiter]]) -> None:
+        current = {(w.slot.pid, w.slot.index): w.slot.mem_since_ns for ws in waiters for w in ws}
+        for key in [k for k, v in self.verdicts.items() if current.get(k) != v.since_ns]:
+            del self.verdicts[key]
+
+    def _others(
+        self,
+        gpu: int,
+        tenant: int,
+        by_tenant: dict[tuple[int, int], int],
+        pids: dict[int, set[int]],
+        users: dict[int, int] | None,
+    ) -> tuple[int, int]:
+        """(what tenant holds on gpu, what everyone else holds there): the driver's per-process
+        figures where known (contexts and modules included), else the shims' counts."""
+        mine_shim = by_tenant.get((gpu, tenant), 0)
+        others_shim = sum(b for (g, t), b in by_tenant.items() if g == gpu and t != tenant)
+        if users is None:
+            return mine_shim, others_shim
+        own = pids.get(tenant, set())
+        mine = sum(b for p, b in users.items() if p in own)
+        others = sum(b for p, b in users.items() if p not in own)
+        return max(mine, mine_shim), max(others, others_shim)
+
+    def _judge(
+        self,
+        gpu: int,
+        st: GpuMemory,
+        w: Waiter,
+        now_ns: int,
+        by_tenant: dict[tuple[int, int], int],
+        pids: dict[int, set[int]],
+        users: dict[int, int] | None,
+    ) -> bool:
+        """Deny w's wait if it could not succeed even with the GPU to its command alone;
+        returns whether it was denied (and is no waiter any more)."""
+        s = w.slot
+        key = (s.pid, s.index)
+        v = self.verdicts.setdefault(key, Verdict(since_ns=s.mem_since_ns))
+        if v.denied:
+            return True
+        mine, others = self._others(gpu, s.tenant, by_tenant, pids, users)
+        want = s.mem_want if s.mem_kind == _KIND_ALLOC else max(s.mem_want, DRIVER_WANT)
+        why = ""
+        if st.capacity and mine + want > st.capacity:
+            why = (
+                f"the command holds {mine / GIB:.2f} GiB of the GPU's {st.capacity / GIB:.2f} "
+                f"and asks for {want / GIB:.2f} GiB more"
+            )
+        elif others == 0:
+            v.alone_since_ns = v.alone_since_ns or now_ns
+            if v.granted_alone and now_ns - v.alone_since_ns >= ALONE_CHECK_S * 1e9:
+                why = "nobody else holds memory on the GPU, and a retry failed"
+        else:
+            v.alone_since_ns, v.granted_alone = 0, False
+        if not why:
+            return False
+        v.denied = True
+        st.denials += 1
+        kind = MEM_KINDS[s.mem_kind] if s.mem_kind < len(MEM_KINDS) else "call"
+        log.info(
+            "GPU %d: the %s wait of process %d (tenant %d) could not succeed alone (%s): "
+            "its out-of-memory error goes back, as it would natively",
+            gpu,
+            kind,
+            s.pid,
+            s.tenant,
+            why,
+        )
+        w.seg.mem_deny(s.index)
+        return True
+
+    def _note_grant(self, w: Waiter) -> None:
+        v = self.verdicts.get((w.slot.pid, w.slot.index))
+        if v is not None and v.alone_since_ns:
+            v.granted_alone = True
 
     def free(self, gpu: int) -> int:
         """The GPU's free bytes: the driver's where known, else its capacity less what the
@@ -205,41 +330,32 @@ class Memory:
         return max(self.room, min(regrow, most))
 
     def _break_deadlock(self, gpu: int, st: GpuMemory, now_ns: int) -> None:
-        stuck = now_ns - max(st.progress_ns, st.released_ns)
-        period = self.deadlock_ns
-        if not st.others_can_free:
-            period = min(period, int(ALL_WAITING_S * 1e9))
-        if stuck < period:
-            return
+        stuck = now_ns - max(st.progress_ns, st.preempted_ns)
         head = st.waiters[0]
         if head.owner:
             # A region's owner waits, and its frozen siblings cannot free until the region
             # ends: end it (revoked, with the reason), so that they run and free.
-            st.released_ns = now_ns
-            self.owner_stuck(gpu, (now_ns - head.slot.mem_since_ns) / 1e9)
+            if stuck >= ALL_WAITING_S * 1e9:
+                st.preempted_ns = now_ns
+                self.owner_stuck(gpu, (now_ns - head.slot.mem_since_ns) / 1e9)
             return
-        # Youngest first: it has waited least, and its framework (a caching allocator) can free
-        # what it holds and ask again. A rerun last: it already failed once for sharing. While
-        # a region waits for room, the head is a candidate too (the region is ahead of it).
-        candidates = st.waiters if st.room_for else st.waiters[1:]
-        order = sorted(
-            reversed(candidates), key=lambda w: self.rerun(w.slot.tenant)
-        )  # stable: youngest first within each group
-        for w in order:
-            if w.slot.mem_bytes > 0 and w.slot.tenant != st.room_for:
-                log.warning(
-                    "GPU %d: no memory freed for %.1f s with %d waiting: releasing the wait of "
-                    "process %d (tenant %d, holds %.2f GiB, wants %.2f GiB)",
-                    gpu,
-                    stuck / 1e9,
-                    len(st.waiters),
-                    w.slot.pid,
-                    w.slot.tenant,
-                    w.slot.mem_bytes / GIB,
-                    w.slot.mem_want / GIB,
-                )
-                w.seg.mem_release(w.slot.index)
-                st.released_ns, st.releases = now_ns, st.releases + 1
+        if self.owner_of(gpu) is not None:
+            return  # a region holds the GPU: its frozen siblings free once it ends
+        period = self.deadlock_ns if st.others_can_free else int(ALL_WAITING_S * 1e9)
+        if stuck < period:
+            return
+        holding = {w.slot.tenant for w in st.waiters if w.slot.mem_bytes > 0}
+        for t in self.victims(gpu):
+            # A command that waits and holds memory: ending it gives that memory back.
+            if t.id not in holding:
+                continue
+            why = (
+                f"a memory deadlock on GPU {gpu}: {len(st.waiters)} waiting for device memory "
+                f"and none freed for {stuck / 1e9:.1f} s"
+                + ("" if st.others_can_free else " (every process holding memory waits)")
+            )
+            if self.preempt(t.id, why):
+                st.preempted_ns, st.preemptions = now_ns, st.preemptions + 1
                 return
 
     def waiting(self, gpu: int) -> bool:
@@ -250,28 +366,50 @@ class Memory:
 
     # Admission.
     def expected(self, t: Tenant) -> int:
-        """What t is expected to need: its declared budget, else its learned peak, else 0."""
-        return self.need(t.argv, t.mem_declared, t.mem_rerun_need)
+        """What t is expected to need: its declared budget, else its learned peak, else the
+        median of the learned peaks, else 0."""
+        return self.need(t.mem_key or argv_key(t.argv), t.mem_declared, t.mem_rerun_need)
 
-    def need(self, argv: Sequence[str], declared: int, rerun: int = 0) -> int:
+    def need(self, key: str, declared: int, rerun: int = 0) -> int:
         """What a command about to be admitted is expected to need (0: unknown): its declared
-        budget, else its learned peak; for a rerun at least what its failed run showed."""
-        return max(declared or self.learned.get(argv_key(argv), 0), rerun)
+        budget, else its learned peak, else the node's prior; for a rerun at least what its
+        earlier run showed."""
+        return max(declared or self.learned.get(key, 0) or self.prior(), rerun)
 
-    def fits(self, g: Gpu, req: AdmitRequest, *, reserved: int = 0) -> bool:
+    def prior(self) -> int:
+        """What a command never seen is expected to need: the median of the learned peaks,
+        once there are a few (0 before)."""
+        if len(self.learned) < _PRIOR_MIN:
+            return 0
+        return int(statistics.median(self.learned.values()))
+
+    def fits(
+        self, g: Gpu, req: AdmitRequest, *, reserved: int = 0, reserved_alone: int = 0
+    ) -> bool:
         """Whether a command may be admitted to g now, as far as memory goes (`reserved`: the
-        expected needs of commands already promised a slot there)."""
+        expected needs of commands already promised a slot there; `reserved_alone`: how many of
+        those must run with the GPU's memory to themselves)."""
         alone = not g.tenants and reserved == 0 and g.reserved == 0
-        if self.waiting(g.index) or any(x.mem_alone for x in g.tenants):
+        if self.waiting(g.index) or reserved_alone or any(x.mem_alone for x in g.tenants):
             return False  # waiters first; a memory retry has the GPU's memory to itself
         if req.alone:
             return alone
-        need = self.need(req.argv, req.mem, req.rerun_need)
+        need = self.need(req.key or argv_key(req.argv), req.mem, req.rerun_need)
         capacity = self.state[g.index].capacity
         if need == 0 or capacity == 0 or alone:
             return True  # unknown, or alone: it gets the GPU whatever it was expected to need
-        busy = reserved + sum(max(self.expected(x), self._held_by(x)) for x in g.tenants)
-        return busy + need <= capacity - self.headroom
+        expected = {x.id: self.expected(x) for x in g.tenants}
+        held = {x.id: self._held_by(x) for x in g.tenants}
+        busy = reserved + sum(max(expected[i], held[i]) for i in expected)
+        if busy + need > capacity - self.headroom:
+            return False
+        free = self.device_free(g.index)
+        if free is None:
+            return True
+        # The driver's free memory, less what the tenants are still expected to grow by and
+        # what is promised: a tenant of unknown need counts what it holds.
+        growth = reserved + sum(max(0, expected[i] - held[i]) for i in expected)
+        return free - growth >= need
 
     def too_large(self, declared: int, gpu: int) -> bool:
         """A declared budget the GPU cannot give even to a command alone on it."""
@@ -279,13 +417,14 @@ class Memory:
         return capacity > 0 and declared > capacity
 
     def _held_by(self, t: Tenant) -> int:
-        return sum(s.mem_bytes for _, s in self.slots() if s.tenant == t.id and s.alive)
+        shim = sum(s.mem_bytes for _, s in self.slots() if s.tenant == t.id and s.alive)
+        return max(shim, t.device_bytes or 0)
 
     def learn(self, t: Tenant, peak: int) -> None:
-        """Remember a finished command's peak (the most of its runs) for its argv."""
+        """Remember a finished command's peak (the most of its runs) under its key."""
         if peak <= 0 or self.learned_path is None:
             return
-        key = argv_key(t.argv)
+        key = t.mem_key or argv_key(t.argv)
         if peak <= self.learned.get(key, 0):
             return
         self.learned[key] = peak

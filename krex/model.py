@@ -50,15 +50,25 @@ class Tenant:
     mem_alone: bool = False  # admitted with the GPU's memory to itself (a second memory retry)
     mem_rerun: bool = False  # a rerun after a sharing out-of-memory: released last
     mem_rerun_need: int = 0  # what it is expected to need, from its failed run's peak
+    mem_key: str = ""  # what identifies the command for its learned peak (krex/memory.py)
     mem_peak: int = 0
     mem_wait_ns: int = 0
     mem_waits: int = 0
     mem_oom_alone: int = 0
     mem_oom_shared: int = 0
+    mem_kind_waits: list[int] = field(default_factory=list)  # waits per kind (shm.MEM_KINDS)
     # NVML's per-process figure over its processes (the cross-check of the shim's count):
     # sampled once a second, None where NVML gives none (simulated GPU, no pynvml).
     nvml_bytes: int | None = None
     nvml_peak: int | None = None
+    # The driver's own per-process figure over its processes (NVML's, or the simulated
+    # driver's): what it really takes, contexts and modules included; None where unknown.
+    device_bytes: int | None = None
+    device_peak: int | None = None
+    # Preempted by the memory arbiter to break a deadlock (why; "" when not): its processes
+    # were killed and `krex run` runs it again (docs/memory.md).
+    preempted: str = ""
+    preempted_need: int = 0  # what it held and waited for then: its rerun's expected need
 
     def __post_init__(self) -> None:
         self.gpus = sorted(self.gpus) if self.gpus else [self.gpu]
@@ -150,6 +160,7 @@ class AdmitRequest:
     alone: bool = False  # a second memory rerun: admitted only with the GPU's memory to itself
     rerun: bool = False  # a first memory rerun (released last)
     rerun_need: int = 0  # what that rerun is expected to need (bytes)
+    key: str = ""  # the command's identity for learned peaks (the client's, else its argv's)
     settle: float = 0.0  # its regions' settle (krex run --settle, else regions.settle_s)
     capped_settle: float = 0.0  # once power-capped (--capped-settle, else regions.capped_settle_s)
 
@@ -173,6 +184,7 @@ class Gpu:
     admission: deque[AdmissionTicket] = field(default_factory=deque)
     reserved: int = 0  # admission slots promised to commands being admitted
     reserved_mem: int = 0  # the memory those commands are expected to need
+    reserved_alone: int = 0  # of those, commands that must have the GPU's memory to themselves
     pool: list[PoolWorker] = field(default_factory=list)
     pool_tenant: Tenant | None = None  # warm commands' leftovers tearing down (frozen in regions)
     zygotes: TenantGroup | None = None  # the fork servers' group: pinned, never frozen

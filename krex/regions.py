@@ -412,6 +412,7 @@ class Regions:
                 for p in self.m.audit(i, t, since):
                     if p not in r.problems:
                         r.problems.append(f"{p} (at the region's end)")
+            r.problems.extend(p for p in self.m.memory_problems(t) if p not in r.problems)
         self._pin_back(t)
         for s in r.frozen:
             self._thaw(s)

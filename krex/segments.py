@@ -14,6 +14,7 @@ import fcntl
 import logging
 import os
 from collections.abc import Iterable, Iterator
+from itertools import zip_longest
 from pathlib import Path
 
 from krex.model import Tenant
@@ -212,6 +213,9 @@ def _fold(t: Tenant, s: SlotView) -> None:
     t.mem_waits += s.mem_waits
     t.mem_oom_alone += s.mem_oom_alone
     t.mem_oom_shared += s.mem_oom_shared
+    t.mem_kind_waits = [
+        a + b for a, b in zip_longest(t.mem_kind_waits, s.mem_kind_waits, fillvalue=0)
+    ]
 
 
 def _lock(name: str) -> int:

@@ -61,10 +61,15 @@ _MEM_FIELDS = (
     "mem_wait_ns",
     "mem_waits",
     "mem_grant",
-    "mem_release",
+    "mem_deny",
     "mem_oom_alone",
     "mem_oom_shared",
+    "mem_kind",
+    "drained_calls",
 )
+# What a memory wait waits in (krex_slot.mem_kind, mem_kind_waits; shim/krex_layout.h).
+MEM_KINDS = ("alloc", "context", "module", "launch", "graph")
+assert len(MEM_KINDS) == int(lib.KREX_MEM_KINDS)
 
 
 @dataclass(frozen=True)
@@ -93,9 +98,14 @@ class SlotView:
     mem_wait_ns: int = 0
     mem_waits: int = 0
     mem_grant: int = 0
-    mem_release: int = 0
+    mem_deny: int = 0
     mem_oom_alone: int = 0
     mem_oom_shared: int = 0
+    # Layout 2.0: the kind of the current memory wait (MEM_KINDS), `intercepted` at the last
+    # completed drain, and memory waits so far per kind.
+    mem_kind: int = 0
+    drained_calls: int = 0
+    mem_kind_waits: tuple[int, ...] = (0,) * len(MEM_KINDS)
 
     @property
     def dead(self) -> bool:
@@ -293,10 +303,11 @@ class Segment:
         self._check_index(index)
         lib.krex_mem_grant(self._seg, index)
 
-    def mem_release(self, index: int) -> None:
-        """End slot `index`'s memory wait with the driver's out-of-memory error, once."""
+    def mem_deny(self, index: int) -> None:
+        """End slot `index`'s memory waits with the driver's out-of-memory error, counted as
+        errors the command would have had alone."""
         self._check_index(index)
-        lib.krex_mem_release(self._seg, index)
+        lib.krex_mem_deny(self._seg, index)
 
     def _check_index(self, index: int) -> None:
         if not 0 <= index < self.n_slots:
@@ -349,4 +360,5 @@ def _view(index: int, v: Any) -> SlotView:
         drain_ack=int(v.drain_ack),
         alive=bool(v.alive),
         **{f: int(getattr(v, f)) for f in _MEM_FIELDS},
+        mem_kind_waits=tuple(int(v.mem_kind_waits[k]) for k in range(len(MEM_KINDS))),
     )

@@ -152,6 +152,8 @@ int krex_drain_request(struct krex_segment *seg, uint32_t gpu, uint32_t owner, u
         tickets[i] = 0;
         if (!is_sibling(s, gpu, owner))
             continue;
+        if (KREX_LOAD(&s->drained_calls) == KREX_LOAD(&s->intercepted))
+            continue; /* nothing submitted since its last drain: nothing queued */
         uint32_t t = KREX_ADD(&s->drain_req, 1);
         if (t == 0) /* 0 means "not asked" in tickets: skip it on wrap-around */
             t = KREX_ADD(&s->drain_req, 1);
@@ -243,6 +245,10 @@ int krex_slot_set_tenant(struct krex_segment *seg, uint32_t i, uint32_t pid, uin
     KREX_STORE(&s->mem_waits, 0);
     KREX_STORE(&s->mem_oom_alone, 0);
     KREX_STORE(&s->mem_oom_shared, 0);
+    for (uint32_t k = 0; k < KREX_MEM_KIND_SLOTS; k++)
+        KREX_STORE(&s->mem_kind_waits[k], 0);
+    /* intercepted restarts at 0: a value no drain saw, so the next region drains it once. */
+    KREX_STORE(&s->drained_calls, UINT64_MAX);
     return KREX_OK;
 }
 
@@ -272,21 +278,24 @@ int krex_slot_read(const struct krex_segment *seg, uint32_t i, struct krex_slot_
     out->mem_wait_ns = KREX_LOAD(&s->mem_wait_ns);
     out->mem_waits = KREX_LOAD(&s->mem_waits);
     out->mem_grant = KREX_LOAD(&s->mem_grant);
-    out->mem_release = KREX_LOAD(&s->mem_release);
+    out->mem_deny = KREX_LOAD(&s->mem_deny);
+    out->mem_kind = KREX_LOAD(&s->mem_kind);
+    out->drained_calls = KREX_LOAD(&s->drained_calls);
+    for (uint32_t k = 0; k < KREX_MEM_KIND_SLOTS; k++)
+        out->mem_kind_waits[k] = KREX_LOAD(&s->mem_kind_waits[k]);
     out->mem_oom_alone = KREX_LOAD(&s->mem_oom_alone);
     out->mem_oom_shared = KREX_LOAD(&s->mem_oom_shared);
-    out->reserved2 = 0;
     return KREX_OK;
 }
 
-/* The waiter sleeps on mem_grant (release bumps it too, so one futex word wakes it for both). */
-static int mem_poke(struct krex_segment *seg, uint32_t i, int release)
+/* The waiter sleeps on mem_grant (a denial bumps it too, so one futex word wakes it for both). */
+static int mem_poke(struct krex_segment *seg, uint32_t i, int deny)
 {
     if (!seg || i >= seg->header.n_slots)
         return KREX_E_ARG;
     struct krex_slot *s = &seg->slots[i];
-    if (release)
-        __atomic_add_fetch(&s->mem_release, 1U, __ATOMIC_SEQ_CST);
+    if (deny)
+        __atomic_add_fetch(&s->mem_deny, 1U, __ATOMIC_SEQ_CST);
     __atomic_add_fetch(&s->mem_grant, 1U, __ATOMIC_SEQ_CST);
     krex_futex_wake(&s->mem_grant, INT32_MAX);
     return KREX_OK;
@@ -297,7 +306,7 @@ int krex_mem_grant(struct krex_segment *seg, uint32_t i)
     return mem_poke(seg, i, 0);
 }
 
-int krex_mem_release(struct krex_segment *seg, uint32_t i)
+int krex_mem_deny(struct krex_segment *seg, uint32_t i)
 {
     return mem_poke(seg, i, 1);
 }

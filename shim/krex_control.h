@@ -39,8 +39,11 @@ int krex_quiesce(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint64_
 
 /* Step 3: ask every live sibling slot on `gpu` to drain. A slot's drain_req counts requests
  * (regions on two GPUs may ask one process of both at once); tickets[i] (n_slots entries) gets
- * the count our request made for slot i, 0 where none was asked. Returns how many were asked
- * (>= 0) or KREX_E_ARG. */
+ * the count our request made for slot i, 0 where none was asked. A slot that submitted nothing
+ * since its last completed drain (drained_calls == intercepted; called behind a closed,
+ * quiesced gate, so nothing can be submitted meanwhile) has nothing queued and is not asked: a
+ * process waiting for memory, or idle, costs the region nothing (docs/memory.md). Returns how
+ * many were asked (>= 0) or KREX_E_ARG. */
 int krex_drain_request(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint32_t *tickets);
 /* Wait until every slot asked has acknowledged its ticket or a later request (drain_ack caught
  * up: it drained after we asked); dead ones, and slots no longer siblings, are skipped.
@@ -80,10 +83,12 @@ struct krex_slot_view {
     uint64_t mem_wait_ns;
     uint32_t mem_waits;
     uint32_t mem_grant;
-    uint32_t mem_release;
+    uint32_t mem_deny;
     uint32_t mem_oom_alone;
     uint32_t mem_oom_shared;
-    uint32_t reserved2;
+    uint32_t mem_kind; /* 2.0 */
+    uint64_t drained_calls; /* 2.0 */
+    uint32_t mem_kind_waits[KREX_MEM_KIND_SLOTS]; /* 2.0 */
 };
 int krex_slot_read(const struct krex_segment *seg, uint32_t i, struct krex_slot_view *out);
 /* Free slot `i` if its process is dead, first copying it into *out (its final counters, for
@@ -94,10 +99,10 @@ int krex_slot_read(const struct krex_segment *seg, uint32_t i, struct krex_slot_
 int krex_slot_reap(struct krex_segment *seg, uint32_t i, struct krex_slot_view *out);
 
 /* Memory arbitration (docs/memory.md): let the memory waiter of slot `i` retry its allocation
- * (mem_grant += 1, wake), or end its wait with the driver's out-of-memory error once
- * (mem_release += 1, wake). KREX_E_ARG for a bad index. */
+ * (mem_grant += 1, wake), or end its wait with the driver's out-of-memory error, counted as one
+ * it would have had alone (mem_deny += 1, wake). KREX_E_ARG for a bad index. */
 int krex_mem_grant(struct krex_segment *seg, uint32_t i);
-int krex_mem_release(struct krex_segment *seg, uint32_t i);
+int krex_mem_deny(struct krex_segment *seg, uint32_t i);
 
 /* /proc/<pid>/stat start time (field 22), or 0 if the process does not exist. */
 uint64_t krex_proc_start_time(uint32_t pid);

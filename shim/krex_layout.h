@@ -10,6 +10,8 @@
  * Segment = header | gates[KREX_MAX_GPUS] | slots[n_slots].
  * 1.1: krex_slot.gpus (the GPU mask of a command that holds several GPUs).
  * 1.2: krex_slot's device-memory fields (mem_*), carved out of cache line 1 (docs/memory.md).
+ * 2.0: krex_slot grows a cache line (drained_calls, the kind of a memory wait, waits per kind);
+ *      mem_release becomes mem_deny (deadlocks are broken by preemption, docs/memory.md).
  * Any change of a size or offset bumps KREX_LAYOUT_MAJOR; fields carved out of reserved space
  * bump KREX_LAYOUT_MINOR.
  */
@@ -19,8 +21,8 @@
 #include <stdint.h>
 
 #define KREX_SHM_MAGIC 0x5845524BU /* "KREX" read as little-endian bytes */
-#define KREX_LAYOUT_MAJOR 1U
-#define KREX_LAYOUT_MINOR 3U
+#define KREX_LAYOUT_MAJOR 2U
+#define KREX_LAYOUT_MINOR 0U
 #define KREX_MAX_GPUS 16U
 #define KREX_MAX_SLOTS 4096U
 #define KREX_CACHELINE 64U
@@ -38,6 +40,16 @@
 #define KREX_GATE_OWNER(w) ((uint32_t)((w) & 0xFFFFFFFFULL))
 #define KREX_GATE_EPOCH(w) ((uint32_t)((w) >> 32))
 #define KREX_GATE_WORD(epoch, owner) (((uint64_t)(uint32_t)(epoch) << 32) | (uint64_t)(uint32_t)(owner))
+
+/* What a memory wait waits in (krex_slot.mem_kind, mem_kind_waits): every way the driver can
+ * answer out-of-memory (docs/memory.md). */
+#define KREX_MEM_ALLOC 0U   /* the allocation family: cuMemAlloc*, VMM, arrays */
+#define KREX_MEM_CONTEXT 1U /* context creation (the driver's own memory for it) */
+#define KREX_MEM_MODULE 2U  /* module and library loading, eager or lazy (first use) */
+#define KREX_MEM_LAUNCH 3U  /* a launch (the local memory its kernel needs) */
+#define KREX_MEM_GRAPH 4U   /* graph instantiation, upload and launch */
+#define KREX_MEM_KINDS 5U
+#define KREX_MEM_KIND_SLOTS 8U /* entries of mem_kind_waits (room for more kinds) */
 
 /* Status codes shared by the C helpers and Python (krex/shm.py maps them to exceptions). */
 #define KREX_OK 0
@@ -95,7 +107,7 @@ struct krex_slot {
     uint32_t ungated;      /* 1.3: GPU drivers this process loaded where the shim cannot gate
                               them (dlmopen into another link-map namespace) */
     /* Cache line 1: drain requests and device memory (1.2). drain_req, mem_grant and
-     * mem_release are written by the controller, the rest by the owning process. Allocations
+     * mem_deny are written by the controller, the rest by the owning process. Allocations
      * are rare next to launches, so the two writers sharing this line costs nothing measurable. */
     uint32_t drain_req;    /* futex word: drain requests so far (each adds 1; see krex_control.h) */
     uint32_t mem_grant;    /* futex word: the controller adds 1 to let this process's memory
@@ -106,11 +118,22 @@ struct krex_slot {
     uint64_t mem_since_ns; /* CLOCK_MONOTONIC when that wait began (the waiters' order) */
     uint64_t mem_wait_ns;  /* ns spent waiting for memory, all waits ended so far */
     uint32_t mem_waits;    /* allocations that waited */
-    uint32_t mem_release;  /* the controller adds 1: the current wait ends with the driver's
-                              out-of-memory error once (a caching allocator frees and retries) */
+    uint32_t mem_deny;     /* the controller adds 1: the current wait could not end well even
+                              with the GPU to this command alone; it ends with the driver's
+                              out-of-memory error, counted in mem_oom_alone (2.0; was
+                              mem_release) */
     uint32_t mem_oom_alone;  /* out-of-memory errors returned that would have happened alone */
     uint32_t mem_oom_shared; /* out-of-memory errors returned only because others held memory
-                                (released by the controller, or the wait ran out) */
+                                (a wait that ran out of time): the command's later regions are
+                                not clean, and it runs again (docs/memory.md) */
+    /* Cache line 2 (2.0): written by the owning process (the drain thread and memory waits). */
+    uint64_t drained_calls; /* `intercepted` as the drain thread read it before its last
+                               completed drain: equal to intercepted, nothing was submitted
+                               since, so nothing is queued and a region need not drain it */
+    uint32_t mem_kind;      /* KREX_MEM_* of the current memory wait (meaningful while mem_want) */
+    uint32_t reserved2;
+    uint32_t mem_kind_waits[KREX_MEM_KIND_SLOTS]; /* memory waits so far, per KREX_MEM_* */
+    uint64_t reserved3[2];
 };
 
 struct krex_segment {

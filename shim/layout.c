@@ -5,7 +5,7 @@
 
 _Static_assert(sizeof(struct krex_header) == 128, "krex_header must stay 128 bytes");
 _Static_assert(sizeof(struct krex_gate) == KREX_CACHELINE, "a gate is one cache line");
-_Static_assert(sizeof(struct krex_slot) == 2 * KREX_CACHELINE, "a slot is two cache lines");
+_Static_assert(sizeof(struct krex_slot) == 3 * KREX_CACHELINE, "a slot is three cache lines");
 _Static_assert(__builtin_offsetof(struct krex_slot, drain_req) == KREX_CACHELINE,
                "controller-written fields start the slot's second cache line");
 _Static_assert(sizeof(struct krex_segment) == 128 + KREX_MAX_GPUS * KREX_CACHELINE,

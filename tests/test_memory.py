@@ -1,5 +1,6 @@
 """The daemon's memory arbiter and memory-aware admission (krex/memory.py), against fake
-process slots: the order waiters are served in, deadlock releases, and who may be admitted."""
+process slots: the order waiters are served in, which waits are denied (they could not succeed
+alone), which command is preempted to break a deadlock, and who may be admitted."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from krex.config import ConfigError, from_toml, parse_size
 from krex.memory import GIB, Memory, Pokable, argv_key
 from krex.model import AdmitRequest, Gpu, Tenant
-from krex.shm import SlotView
+from krex.shm import MEM_KINDS, SlotView
 from krex.slices import Slice
 from krex.tenants import TenantGroup
 
@@ -23,20 +24,29 @@ CAP = 10 * GIB
 class FakeSeg:
     def __init__(self) -> None:
         self.granted: list[int] = []
-        self.released: list[int] = []
+        self.denied: list[int] = []
 
     def mem_grant(self, index: int) -> None:
         self.granted.append(index)
 
-    def mem_release(self, index: int) -> None:
-        self.released.append(index)
+    def mem_deny(self, index: int) -> None:
+        self.denied.append(index)
 
 
-def slot(index: int, tenant: int, *, held: float = 0, want: float = 0, since: int = 0) -> SlotView:
+def slot(
+    index: int,
+    tenant: int,
+    *,
+    held: float = 0,
+    want: float = 0,
+    since: int = 0,
+    kind: str = "alloc",
+    pid: int = 0,
+) -> SlotView:
     return SlotView(
         index=index,
         state=2,
-        pid=1000 + index,
+        pid=pid or 1000 + index,
         tenant=tenant,
         gpu=0,
         gpus=1,
@@ -50,11 +60,13 @@ def slot(index: int, tenant: int, *, held: float = 0, want: float = 0, since: in
         mem_bytes=int(held * GIB),
         mem_want=int(want * GIB),
         mem_since_ns=since,
+        mem_kind=MEM_KINDS.index(kind),
     )
 
 
 class Node:
-    """One GPU, its tenants' slots (editable), and a Memory over them."""
+    """One GPU, its tenants' slots (editable), and a Memory over them. Tenants are preempted
+    youngest (highest id) first, reruns last; `preempted` lists (tenant, why)."""
 
     def __init__(
         self,
@@ -62,14 +74,17 @@ class Node:
         owner: int | None = None,
         *,
         deadlock_s: float = 1.0,
-        running: set[int] | None = None,
         reruns: set[int] | None = None,
         room: float = 0,
+        users: dict[int, int] | None = None,
+        free: int | None = None,
     ) -> None:
         self.seg = FakeSeg()
         self.view: list[SlotView] = []
         self.gpu = Gpu(index=0, slots=8, slice=Slice(0, frozenset({0}), frozenset({1})))
         self.owner = owner
+        self.preempted: list[tuple[int, str]] = []
+        self.users = users  # the driver's bytes per pid (None: unknown)
         self.mem = Memory(
             [self.gpu],
             lambda: [(cast(Pokable, self.seg), s) for s in self.view],
@@ -78,11 +93,20 @@ class Node:
             deadlock_s=deadlock_s,
             learned=tmp / "peaks.json" if tmp else None,
             owner_of=lambda g: self.tenant(owner) if owner else None,
-            can_free=lambda t: running is None or t in running,
-            rerun=lambda t: t in (reruns or set()),
+            preempt=self._preempt,
+            victims=lambda g: sorted(
+                (self.tenant(tid) for tid in {s.tenant for s in self.view} if tid != owner),
+                key=lambda x: (x.id in (reruns or set()), -x.id),
+            ),
             room=int(room * GIB),
             room_wait_s=5.0,
+            device_users=lambda g: self.users,
+            device_free=lambda g: free,
         )
+
+    def _preempt(self, tid: int, why: str) -> bool:
+        self.preempted.append((tid, why))
+        return True
 
     def tenant(self, tid: int, argv: list[str] | None = None, declared: float = 0) -> Tenant:
         t = Tenant(
@@ -127,9 +151,12 @@ def test_nobody_waiting_means_no_grants_and_a_slow_tick() -> None:
     assert node.mem.status(0)["held_bytes"] == 9 * GIB
 
 
-def test_a_deadlock_releases_the_youngest_waiter_that_holds_memory_once_per_period() -> None:
-    """Every tenant waits, nothing is freed: after deadlock_s the youngest holder is released
-    (its caching allocator frees and asks again); one release per period."""
+def test_a_deadlock_preempts_the_youngest_waiting_command_that_holds_memory_once_per_period() -> (
+    None
+):
+    """Every process holding memory waits, nothing is freed: after ALL_WAITING_S the youngest
+    command that waits and holds memory is preempted (run again from the start; no error
+    reaches anyone); one per period."""
     node = Node()
     node.view = [
         slot(0, 1, held=4, want=3, since=1 * S),
@@ -137,16 +164,18 @@ def test_a_deadlock_releases_the_youngest_waiter_that_holds_memory_once_per_peri
         slot(2, 3, held=0, want=3, since=3 * S),  # youngest, but holds nothing to give
     ]
     node.mem.tick(10 * S)
-    assert node.seg.released == []  # the clock of "no progress" starts now
+    assert node.preempted == []  # the clock of "no progress" starts now
     node.mem.tick(10 * S + S // 2)
-    assert node.seg.released == []
+    assert node.preempted == []
     node.mem.tick(11 * S + 1)
-    assert node.seg.released == [1]
+    assert [tid for tid, _ in node.preempted] == [2]
+    assert "every process holding memory waits" in node.preempted[0][1]
     node.mem.tick(11 * S + S // 2)
-    assert node.seg.released == [1]  # not again within the period
+    assert len(node.preempted) == 1  # not again within the period
     node.mem.tick(12 * S + 2)
-    assert node.seg.released == [1, 1]  # still stuck (the fake never frees): again
-    assert node.mem.status(0)["releases"] == 2
+    assert [tid for tid, _ in node.preempted] == [2, 2]  # the fake never frees: again
+    assert node.mem.status(0)["preemptions"] == 2
+    assert node.seg.denied == []  # nobody's wait ended in an error
 
 
 def test_a_region_owner_stuck_behind_frozen_holders_ends_its_region() -> None:
@@ -156,7 +185,7 @@ def test_a_region_owner_stuck_behind_frozen_holders_ends_its_region() -> None:
     node.view = [slot(0, 7, held=1, want=4, since=9 * S), slot(1, 2, held=8)]  # 2 is frozen
     node.mem.tick(10 * S)
     node.mem.tick(11 * S + 1)
-    assert stuck == [(0, 2.000000001)] and node.seg.released == []
+    assert stuck == [(0, 2.000000001)] and node.preempted == [] and node.seg.denied == []
 
 
 def test_memory_coming_back_is_progress() -> None:
@@ -166,7 +195,7 @@ def test_memory_coming_back_is_progress() -> None:
     node.view[1] = dataclasses.replace(node.view[1], mem_bytes=5 * GIB)  # freed 1 GiB
     node.mem.tick(10 * S + 900_000_000)
     node.mem.tick(11 * S + 500_000_000)
-    assert node.seg.released == []  # 0.6 s since memory came back
+    assert node.preempted == []  # 0.6 s since memory came back
 
 
 def test_a_waiter_served_is_progress_and_the_next_one_is_head() -> None:
@@ -284,29 +313,30 @@ def test_a_memory_retry_is_admitted_only_alone_and_then_admits_nobody_beside_it(
 
 
 def test_nobody_able_to_free_is_a_deadlock_broken_within_a_second() -> None:
-    """Every process that holds memory waits (or cannot run): the release comes after
-    ALL_WAITING_S, not after deadlock_s; while one of them runs, after deadlock_s."""
+    """Every process that holds memory waits: the preemption comes after ALL_WAITING_S; while
+    one that holds memory runs, only after deadlock_s; while a region holds the GPU (its frozen
+    siblings free once it ends), never."""
     stuck = [slot(0, 1, held=4, want=3, since=1 * S), slot(1, 2, held=4, want=3, since=2 * S)]
-    node = Node(deadlock_s=5.0, running={1, 2})
+    node = Node(deadlock_s=5.0)
     node.view = list(stuck)
     node.mem.tick(10 * S)
     node.mem.tick(11 * S + 1)
-    assert node.seg.released == [1]
-    busy = Node(deadlock_s=5.0, running={1, 2, 3})
+    assert [tid for tid, _ in node.preempted] == [2]
+    busy = Node(deadlock_s=5.0)
     busy.view = [*stuck, slot(2, 3, held=2)]  # tenant 3 runs and may free its 2 GiB
     busy.mem.tick(10 * S)
     busy.mem.tick(11 * S + 1)
-    assert busy.seg.released == []
+    assert busy.preempted == []
     busy.mem.tick(15 * S + 1)
-    assert busy.seg.released == [1]
-    frozen = Node(deadlock_s=5.0, running={1, 2})
-    frozen.view = [*stuck, slot(2, 3, held=2)]  # tenant 3 holds memory but is frozen
-    frozen.mem.tick(10 * S)
-    frozen.mem.tick(11 * S + 1)
-    assert frozen.seg.released == [1]
+    assert [tid for tid, _ in busy.preempted] == [2]  # tenant 3 does not wait: not a victim
+    region = Node(deadlock_s=5.0, owner=3)
+    region.view = [*stuck, slot(2, 3, held=2)]  # tenant 3's region has 1 and 2 frozen
+    region.mem.tick(10 * S)
+    region.mem.tick(20 * S)
+    assert region.preempted == []
 
 
-def test_a_rerun_is_released_last() -> None:
+def test_a_rerun_is_preempted_last() -> None:
     node = Node(reruns={3})
     node.view = [
         slot(0, 1, held=4, want=3, since=1 * S),
@@ -315,27 +345,69 @@ def test_a_rerun_is_released_last() -> None:
     ]
     node.mem.tick(10 * S)
     node.mem.tick(11 * S + 1)
-    assert node.seg.released == [1]
+    assert [tid for tid, _ in node.preempted] == [2]
 
 
-def test_a_region_waiting_for_room_keeps_freed_memory_and_gets_deadlocks_broken() -> None:
+def test_a_region_waiting_for_room_keeps_freed_memory() -> None:
     """While tenant 9's region waits for 2 GiB free, the head waiter is not let retry (what is
-    freed stays free for the region), and a deadlock may release even the head: the region is
-    ahead of it."""
-    node = Node(room=2, running={1, 2})
+    freed stays free for the region); once there is room, it is."""
+    node = Node(room=2)
     node.view = [
         slot(0, 1, held=6, want=3, since=1 * S),
-        slot(1, 2, want=3, since=2 * S),  # holds nothing to give
-        slot(2, 3, held=3.5),  # frozen or idle: cannot free
+        slot(1, 2, want=3, since=2 * S),
+        slot(2, 3, held=3.5),
     ]
     node.mem.state[0].room_for, node.mem.state[0].room_want = 9, 2 * GIB
     node.mem.tick(10 * S)
     assert node.seg.granted == []  # 0.5 GiB free < 2: nobody else takes it
-    node.mem.tick(11 * S + 1)
-    assert node.seg.released == [0]
     node.view[0] = dataclasses.replace(node.view[0], mem_bytes=0, mem_want=0)  # gave back 6
-    node.mem.tick(11 * S + 2)
+    node.mem.tick(10 * S + 2)
     assert node.seg.granted == [1]  # 6.5 GiB free: room enough, the waiter may retry
+
+
+def test_a_wait_the_whole_command_could_not_win_alone_is_denied_at_once() -> None:
+    """Issue #47, 6: "would it fit alone" is judged for the command, all its processes: its
+    child holds 6 GiB of 10, its parent waits for 5 more; natively that fails at once, so under
+    krex too (the error counts as one it would have had alone). Each process alone would fit."""
+    node = Node()
+    node.view = [slot(0, 1, held=6, pid=50), slot(1, 1, want=5, since=1 * S, pid=51)]
+    node.view.append(slot(2, 2, held=1, want=1, since=2 * S))
+    node.mem.tick(2 * S)
+    assert node.seg.denied == [1]
+    assert node.mem.status(0)["denials"] == 1
+    assert node.seg.granted == [2]  # the denied wait is nobody's head
+    node.mem.tick(2 * S + 1)
+    assert node.seg.denied == [1]  # once per wait
+
+
+def test_a_wait_with_nobody_else_holding_memory_is_denied_after_a_failed_retry() -> None:
+    """Nobody else holds memory on the GPU (the driver's count, contexts included): first a
+    retry (someone may just have freed), then, still waiting, the wait is denied: its error is
+    one the command would have had alone. While anyone else holds memory, never."""
+    node = Node(users={1000: 9 * GIB})
+    node.view = [slot(0, 1, held=8, want=0.5, since=1 * S, kind="module")]
+    node.mem.tick(2 * S)
+    assert node.seg.granted == [0] and node.seg.denied == []
+    node.mem.tick(2 * S + S // 10)
+    assert node.seg.denied == []  # too soon: the retry may still be under way
+    node.mem.tick(3 * S)
+    assert node.seg.denied == [0]
+    shared = Node(users={1000: 8 * GIB, 2000: GIB // 2})  # someone's context: 0.5 GiB
+    shared.view = [slot(0, 1, held=8, want=0.5, since=1 * S, kind="context")]
+    for n in range(10):
+        shared.mem.tick(2 * S + n * S)
+    assert shared.seg.denied == [] and len(shared.seg.granted) == 10
+
+
+def test_a_driver_wait_is_judged_with_the_driver_share_it_may_need() -> None:
+    """A context, module or launch wait asks for memory of unknown size: the verdict takes
+    DRIVER_WANT for it, so a command that holds all but a sliver of the GPU is denied."""
+    node = Node()
+    node.view = [slot(0, 1, held=9.8, want=0, since=1 * S, kind="launch")]
+    node.view[0] = dataclasses.replace(node.view[0], mem_want=1)
+    node.view.append(slot(1, 2, held=0.1))
+    node.mem.tick(2 * S)
+    assert node.seg.denied == [0]
 
 
 def test_making_room_waits_until_enough_is_free_and_no_longer_than_its_bound() -> None:
@@ -362,7 +434,7 @@ def test_making_room_waits_until_enough_is_free_and_no_longer_than_its_bound() -
     assert asyncio.run(Node().mem.make_room(0, owner=5)) == 0.0  # room 0: off
 
 
-def test_a_first_rerun_is_admitted_with_twice_its_failed_peak_beside_others() -> None:
+def test_a_first_rerun_is_admitted_once_what_it_needed_fits_beside_others() -> None:
     node = Node()
     node.gpu.tenants.append(node.tenant(1))
     node.view = [slot(0, 1, held=4)]
@@ -391,3 +463,52 @@ def test_a_region_waits_for_what_its_owner_gave_back_since_its_peak() -> None:
     assert node.mem.room_for(0, 2) == 1 * GIB  # tenant 2 gave nothing back
     node.view[0] = dataclasses.replace(node.view[0], mem_peak=40 * GIB)
     assert node.mem.room_for(0, 5) == 9 * GIB  # capacity 10 less 1 of headroom
+
+
+def test_nothing_is_admitted_beside_a_promised_alone_rerun() -> None:
+    """Issue #47, 6: a rerun that must run alone is promised a slot (not yet a tenant): the
+    same admission pass admits nobody beside it."""
+    node = Node()
+    assert node.mem.fits(node.gpu, req(["again"], alone=True))
+    assert not node.mem.fits(node.gpu, req(["other"]), reserved_alone=1)
+
+
+def test_a_command_never_seen_is_expected_to_need_the_median_of_the_learned_peaks(
+    tmp_path: Path,
+) -> None:
+    """Issue #47, 5: with what it can know: once a few commands' peaks are learned, a command
+    of unknown need counts as their median, not as nothing."""
+    node = Node(tmp_path)
+    node.gpu.tenants.append(node.tenant(1))
+    node.view = [slot(0, 1, held=6)]
+    assert node.mem.fits(node.gpu, req(["new"]))  # nothing learned: unknown, admitted
+    for i, gib in enumerate((3, 4, 6)):
+        node.mem.learn(node.tenant(10 + i, argv=[f"seen{i}"]), gib * GIB)
+    assert node.mem.prior() == 4 * GIB
+    assert not node.mem.fits(node.gpu, req(["new"]))  # 6 + 4 > 10 - 1
+    assert node.mem.fits(node.gpu, req(["new"], 3 * GIB))  # declared: 6 + 3 <= 9
+
+
+def test_the_driver_free_figure_holds_back_admission() -> None:
+    """NVML's free memory (contexts and what the shim cannot see included) less what the
+    tenants are still expected to grow by must hold the newcomer's need."""
+    tight = Node(free=2 * GIB)
+    tight.gpu.tenants.append(tight.tenant(1))
+    tight.view = [slot(0, 1, held=2)]
+    assert not tight.mem.fits(tight.gpu, req(["x"], 3 * GIB))  # the driver has 2 GiB free
+    roomy = Node(free=7 * GIB)
+    roomy.gpu.tenants.append(roomy.tenant(1))
+    roomy.view = [slot(0, 1, held=2)]
+    assert roomy.mem.fits(roomy.gpu, req(["x"], 3 * GIB))
+
+
+def test_learned_peaks_are_kept_under_the_command_key(tmp_path: Path) -> None:
+    """A client's key (argv and the files it names) stands for the command, not its argv: the
+    same `python bench.py` with other contents is another command."""
+    node = Node(tmp_path)
+    t = node.tenant(1, argv=["python", "bench.py"])
+    t.mem_key = "a" * 32
+    node.mem.learn(t, 7 * GIB)
+    assert node.mem.learned == {"a" * 32: 7 * GIB}
+    assert node.mem.need("a" * 32, 0) == 7 * GIB
+    assert node.mem.need("b" * 32, 0) == 0

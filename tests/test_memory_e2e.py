@@ -98,7 +98,8 @@ def through(d: Daemon, argv: list[str], report: Path, *opts: str) -> dict[str, A
         timeout=240,
     )
     rep = json.loads(report.read_text()) if report.exists() else {}
-    return {"rc": p.returncode, "wall": time.monotonic() - t0, "report": rep, "err": p.stderr}
+    wall = time.monotonic() - t0
+    return {"rc": p.returncode, "wall": wall, "report": rep, "err": p.stderr, "out": p.stdout}
 
 
 def plain(sim_shm: str, argv: list[str]) -> int:
@@ -194,7 +195,9 @@ def test_memory_is_arbitrated_per_gpu(memd2: Daemon, tmp_path: Path) -> None:
     for gpu in (0, 1):
         mine = results[gpu * len(MIX) : (gpu + 1) * len(MIX)]
         assert {r["report"]["gpu"] for r in mine} == {gpu}
-        assert sum(r["report"]["memory"]["waits"] for r in mine) > 0  # each GPU's mix shared
+        # Each GPU's mix shared it (by waits, or, once peaks are learned, by admission holding
+        # commands back until they fit: docs/memory.md), and no error reached any of them.
+        assert all(r["report"]["memory"]["oom_shared"] == 0 for r in mine)
     assert_nothing_left(memd2, gpus=2)
 
 
@@ -206,11 +209,13 @@ def test_a_command_larger_than_the_gpu_fails_at_once_as_alone(memd: Daemon, tmp_
     assert "attempts" not in r["report"]  # not run again: it fails alone too
 
 
-@pytest.mark.parametrize("kind", ["plain", "retry"])
+@pytest.mark.parametrize("kind", ["plain", "retry", "cache"])
 def test_every_tenant_waiting_at_once_ends(memd: Daemon, tmp_path: Path, kind: str) -> None:
-    """Four commands each hold 250 MiB and want 250 more: nothing can be freed. The youngest
-    is released; it fails only because it shared (a retry right after the release fails too),
-    and runs again alone."""
+    """Four commands each hold 250 MiB and want 250 more: nothing can be freed. Issue #47, 2:
+    the deadlock is broken by preempting a whole command (the youngest), which runs again
+    from the start, its report saying so; no out-of-memory error reaches any command, so none
+    goes down a path it would not take alone (a caching allocator's included: it never sees
+    an error to free its cache on)."""
 
     def one(i: int) -> dict[str, Any]:
         time.sleep(0.05 * i)
@@ -220,25 +225,14 @@ def test_every_tenant_waiting_at_once_ends(memd: Daemon, tmp_path: Path, kind: s
         results = list(ex.map(one, range(4)))
     assert [r["rc"] for r in results] == [0] * 4, [r["err"][-400:] for r in results]
     retried = [r for r in results if r["report"].get("attempts")]
-    assert retried, "a deadlock of plain programs ends by a release and a rerun"
-    assert retried[0]["report"]["attempts"][0]["memory"]["oom_shared"] >= 1
+    assert retried, "a deadlock ends by a preemption and a rerun"
+    first = retried[0]["report"]["attempts"][0]
+    assert "deadlock" in first["preempted"]["why"] and first["exit_code"] == 128 + 9
+    assert "preempted to break a memory deadlock" in retried[0]["err"]
+    for r in results:
+        for rep in [r["report"], *r["report"].get("attempts", [])]:
+            assert rep["memory"]["oom_shared"] == 0 and rep["memory"]["oom_alone"] == 0, rep
     assert_nothing_left(memd)
-
-
-def test_a_caching_allocator_gives_back_its_cache_when_released(
-    memd: Daemon, tmp_path: Path
-) -> None:
-    """Caching commands that all wait: released, each frees its cache and retries; none fails
-    and none needs a rerun."""
-
-    def one(i: int) -> dict[str, Any]:
-        time.sleep(0.05 * i)
-        return through(memd, memhog([250, 250], hold=0.5, kind="cache"), tmp_path / f"c{i}.json")
-
-    with ThreadPoolExecutor(4) as ex:
-        results = list(ex.map(one, range(4)))
-    assert [r["rc"] for r in results] == [0] * 4, [r["err"][-400:] for r in results]
-    assert not any(r["report"].get("attempts") for r in results)
 
 
 def test_a_region_owner_allocating_while_frozen_siblings_hold_memory_ends(
@@ -376,3 +370,91 @@ def test_random_mixes_never_fail_for_sharing_never_hang_and_leave_nothing(
         results = list(ex.map(one, range(len(mix))))
     assert all(r["rc"] == 0 for killed, r in results if not killed), results
     assert_nothing_left(memd)
+
+
+# A command of two processes (the shape of Inductor's subprocess autotuning): the child holds
+# CHILD MiB until the parent's allocation of PARENT MiB has returned; prints the parent's result.
+TWO_PROCS = textwrap.dedent("""
+    import ctypes, os, sys
+    from ctypes import byref, c_size_t, c_uint64
+    from krex.simgpu import SimGPU
+    child, parent = int(sys.argv[1]), int(sys.argv[2])
+    r, w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        g = SimGPU()
+        keep = g.alloc(child << 20)
+        os.write(w, b"x")
+        os.read(done_r, 1)
+        os._exit(0)
+    os.read(r, 1)
+    g = SimGPU()
+    p = c_uint64()
+    rc = g.cu.cuMemAlloc_v2(byref(p), c_size_t(parent << 20))
+    os.write(done_w, b"x")
+    os.waitpid(pid, 0)
+    print("rc", rc, flush=True)
+    sys.exit(0 if rc == 0 else 3)
+""")
+
+
+def test_a_command_whose_processes_together_exceed_the_gpu_fails_at_once_as_natively(
+    memd: Daemon, tmp_path: Path
+) -> None:
+    """Issue #47, 6: "would it fit alone" is judged for the whole command. Its child holds 600
+    of the GPU's 1024 MiB while its parent asks for 600: natively that fails at once, each
+    process alone would fit. Under krex it fails at once too (not after memory.wait_s), counted
+    as an error it would have had alone, and is not run again."""
+    argv = [sys.executable, "-c", TWO_PROCS, "600", "600"]
+    assert plain(unique("krex-sim-two"), argv) == 3  # natively: out of memory at once
+    r = through(memd, argv, tmp_path / "two.json")
+    assert r["rc"] == 3 and r["wall"] < 20, r
+    mem = r["report"]["memory"]
+    assert mem["oom_alone"] == 1 and mem["oom_shared"] == 0, mem
+    assert "attempts" not in r["report"]
+    assert "could not succeed alone" in memd.log.read_text()
+    ok = through(memd, [sys.executable, "-c", TWO_PROCS, "300", "300"], tmp_path / "ok.json")
+    assert ok["rc"] == 0, ok["err"][-400:]
+
+
+# A library that falls back (cuDNN's and cuBLAS's way): holds its input (HOLD MiB), asks for a
+# workspace of WS MiB, and times a 2 ms kernel with it, or, when the workspace allocation fails,
+# the 5x slower kernel that needs none. Prints what it timed and whether it fell back.
+FALLBACK = textwrap.dedent("""
+    import ctypes, json, statistics, sys, time
+    from ctypes import byref, c_size_t, c_uint64
+    import krex
+    from krex.simgpu import SimGPU
+    hold, ws = int(sys.argv[1]), int(sys.argv[2])
+    g = SimGPU()
+    data = g.alloc(hold << 20)
+    time.sleep(0.5)
+    p = c_uint64()
+    rc = g.cu.cuMemAlloc_v2(byref(p), c_size_t(ws << 20))
+    ns = 2_000_000 if rc == 0 else 10_000_000
+    with krex.region():
+        ms = statistics.median(g.measure(ns, reps=3))
+    print(json.dumps({"ms": ms, "fallback": rc != 0}), flush=True)
+""")
+
+
+def test_no_error_sends_a_library_down_its_slower_path_under_a_clean_region(
+    memd: Daemon, tmp_path: Path
+) -> None:
+    """Issue #47, 2 and 3: two commands each hold 400 of the GPU's 1024 MiB and then ask for a
+    300 MiB workspace: neither can go on, nobody can free. Alone each takes the fast path. Breaking
+    that deadlock by failing one allocation (as krex did before) sent a library down its slow
+    path, timed in a clean region (the H200's conv at +160 %). Now one command is preempted and
+    run again; no error reaches either, and every clean region timed the fast path."""
+    argv = [sys.executable, "-c", FALLBACK, "400", "300"]
+    with ThreadPoolExecutor(2) as ex:
+        runs = list(ex.map(lambda i: through(memd, argv, tmp_path / f"f{i}.json"), range(2)))
+    for r in runs:
+        assert r["rc"] == 0, r["err"][-400:]
+        out = json.loads(r["out"].strip().splitlines()[-1])  # the last attempt's
+        assert out["fallback"] is False and out["ms"] < 3.0, out
+        for attempt in [r["report"], *r["report"].get("attempts", [])]:
+            assert attempt["memory"]["oom_shared"] == 0, attempt["memory"]
+        assert all(reg["clean"] for reg in r["report"]["regions"]), r["report"]["regions"]
+    assert sum(bool(r["report"].get("attempts")) for r in runs) == 1  # one preempted, rerun

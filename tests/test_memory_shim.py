@@ -181,16 +181,19 @@ def test_a_wait_succeeds_after_the_other_frees_and_a_grant(
 
 @node_memory
 @pytest.mark.node(KREX_SIM_MEM_BYTES="64M")
-def test_a_release_ends_the_wait_with_out_of_memory(
+def test_a_denial_ends_the_wait_with_out_of_memory_counted_alone(
     node: Node, mem_user: str, procs: list[Proc]
 ) -> None:
+    """The controller judged the wait could not succeed even with the GPU to the command
+    alone: the driver's error goes back, as it would natively, and counts as alone."""
     _a, b, index = _holder_and_waiter(node, mem_user, procs, KREX_MEM_WAIT_S="60")
-    node.seg.mem_release(index)
+    node.seg.mem_deny(index)
     rc, seconds, _ = b.line().split()[1:]
     assert int(rc) == OOM and float(seconds) < 2.0
     s = _slot(node, index)
-    assert s.mem_oom_shared == 1 and s.mem_oom_alone == 0
+    assert s.mem_oom_alone == 1 and s.mem_oom_shared == 0
     assert s.mem_want == 0 and s.mem_waits == 1
+    assert s.mem_kind_waits[0] == 1  # an allocation's wait
 
 
 @node_memory

@@ -256,7 +256,13 @@ def test_shut_out_by_any_gate_and_seen_on_every_gpu(node: Node) -> None:
         text=True,
     )
     assert p.stdout is not None and p.stdout.readline().strip() == "hammering"
-    node.wait_registered(p.pid)  # at its first gated call
+    node.wait_registered(p.pid)
+    # A slot that submitted nothing since its last drain is not asked (docs/memory.md): wait
+    # for its first launch ("hammering" comes before it).
+    deadline = time.monotonic() + 10
+    while not any(s.intercepted for s in node.seg.slots_of(p.pid)):
+        assert time.monotonic() < deadline, "the sibling never launched"
+        time.sleep(0.01)
     with exclusive(node.seg, 3, owner=9) as hold:
         assert hold.drained == 0
     with exclusive(node.seg, 2, owner=9) as hold:

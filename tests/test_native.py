@@ -41,7 +41,7 @@ LAYOUT = {
         {"word": 0, "wake": 8, "deadline_ns": 16, "regions": 24, "reserved": 32},
     ),
     "struct krex_slot": (
-        128,
+        192,
         {
             "state": 0,
             "pid": 4,
@@ -63,9 +63,13 @@ LAYOUT = {
             "mem_since_ns": 96,
             "mem_wait_ns": 104,
             "mem_waits": 112,
-            "mem_release": 116,
+            "mem_deny": 116,
             "mem_oom_alone": 120,
             "mem_oom_shared": 124,
+            "drained_calls": 128,
+            "mem_kind": 136,
+            "mem_kind_waits": 144,
+            "reserved3": 176,
         },
     ),
 }
@@ -104,7 +108,8 @@ def test_hook_table_is_what_the_library_exports() -> None:
         check=True,
     ).stdout
     exported = {line.split()[-1] for line in out.splitlines() if line.strip()}
-    expected = hook_names("KREX_GATE") | hook_names("KREX_TRACK") | hook_names("KREX_MEM")
+    kinds = ("KREX_GATE", "KREX_GATE_MEM", "KREX_TRACK", "KREX_MEM", "KREX_DRIVER")
+    expected = set().union(*map(hook_names, kinds))
     expected |= {
         "cuGetProcAddress",
         "cuGetProcAddress_v2",
@@ -114,8 +119,13 @@ def test_hook_table_is_what_the_library_exports() -> None:
         "krex_region_end",
     }
     assert exported == expected
-    assert len(hook_names("KREX_GATE")) >= 150
+    assert len(hook_names("KREX_GATE") | hook_names("KREX_GATE_MEM")) >= 150
     assert len(hook_names("KREX_MEM")) == 15
+    # Every way the driver answers out-of-memory for its own memory (docs/memory.md).
+    assert {"cuLaunchKernel", "cuLaunchKernelEx", "cuGraphLaunch"} <= hook_names("KREX_GATE_MEM")
+    assert {"cuModuleLoadData", "cuModuleGetFunction", "cuLibraryLoadData"} <= hook_names(
+        "KREX_DRIVER"
+    )
 
 
 def test_shim_hygiene() -> None:

@@ -37,6 +37,7 @@ class FakeNode:
         self.lock = threading.Lock()
         self.samples: list[dict[str, int]] = []  # clock() answers these in turn, then a plain one
         self.split: tuple[int, int] | None = None
+        self.memory_errors: dict[int, list[str]] = {}  # tenant -> its memory problems
         self.siblings_worked = True  # settle_gpu: NVML saw the siblings work just before
 
     def log(self, *event: Any) -> None:
@@ -106,6 +107,9 @@ class FakeNode:
 
     def memory_split(self, gpu: int, owner: Tenant) -> tuple[int, int] | None:
         return self.split
+
+    def memory_problems(self, tenant: Tenant) -> list[str]:
+        return list(self.memory_errors.get(tenant.id, []))
 
     def names(self) -> list[str]:
         return [e[0] for e in self.events]
@@ -572,6 +576,25 @@ def test_problems_make_a_region_unclean_with_the_reason() -> None:
         assert "tenant 2 did not freeze" in r.problems
         assert any("4242" in p for p in r.problems)
         assert regions.release(r, why="region_end")["clean"] is False
+
+    run(main())
+
+
+def test_a_region_after_a_shared_out_of_memory_error_is_not_clean() -> None:
+    """Issue #47, 3: a command that got an out-of-memory error only sharing caused may have
+    gone down a slower path: its regions that end after it say so (clean = false, and why);
+    those that ended before it stay clean."""
+
+    async def main() -> None:
+        regions, node, gpus = make()
+        owner = tenant(gpus, 1)
+        tenant(gpus, 2)
+        before = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
+        assert before["clean"] is True
+        node.memory_errors[1] = ["1 out-of-memory error(s) that only sharing caused ..."]
+        after = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
+        assert after["clean"] is False
+        assert any("only sharing caused" in p for p in after["problems"])
 
     run(main())
 

@@ -141,7 +141,7 @@ def test_cffi_struct_sizes_match_the_header() -> None:
     max_gpus = header_int("KREX_MAX_GPUS")
     assert ffi.sizeof("struct krex_header") == 128
     assert ffi.sizeof("struct krex_gate") == 64 == cacheline
-    assert ffi.sizeof("struct krex_slot") == 128
+    assert ffi.sizeof("struct krex_slot") == 192
     assert ffi.sizeof("struct krex_segment") == 128 + max_gpus * 64
     assert ffi.offsetof("struct krex_slot", "drain_req") == cacheline
     version = (lib.KREX_LAYOUT_MAJOR, lib.KREX_LAYOUT_MINOR)

@@ -111,11 +111,20 @@ void krex_drain_forget(void)
 /* A process with a context has a slot, one without is not ours: the slot is taken before the
  * driver starts creating the context, since NVML lists the process from early in that (up to
  * seconds when many processes create theirs at once), and a region's audit would otherwise see
- * a tenant's process on the GPU with no slot. */
+ * a tenant's process on the GPU with no slot. The driver takes device memory for a context: an
+ * out-of-memory answer waits as an allocation does (nothing is created when it fails, so
+ * trying again is safe), instead of reaching the runtime, which may keep the failure. */
+#define CTX_NEW(name, dev, call)                                                                 \
+    struct krex_slot *s = krex_register();                                                       \
+    krex_pfn_##name real = REAL(name);                                                           \
+    if (!real)                                                                                   \
+        return krex_missing(KREX_H_##name);                                                      \
+    CUresult r;                                                                                  \
+    KREX_MEM_RETRY(r, s, 0, dev, KREX_MEM_CONTEXT, #name, r = real call)
+
 KREX_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
-    krex_register();
-    PASS(cuDevicePrimaryCtxRetain, (pctx, dev));
+    CTX_NEW(cuDevicePrimaryCtxRetain, dev, (pctx, dev));
     if (r == CUDA_SUCCESS && pctx)
         krex_ctx_track(*pctx, dev);
     return r;
@@ -124,8 +133,7 @@ KREX_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 #define CREATE(name, params, args)                                                               \
     KREX_EXPORT CUresult name params                                                             \
     {                                                                                            \
-        krex_register();                                                                         \
-        PASS(name, args);                                                                        \
+        CTX_NEW(name, dev, args);                                                                \
         if (r == CUDA_SUCCESS && pctx)                                                           \
             krex_ctx_track(*pctx, -1);                                                           \
         return r;                                                                                \

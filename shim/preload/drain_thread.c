@@ -21,7 +21,12 @@ static void *drain_main(void *arg)
     for (;;) {
         uint32_t req = KREX_LOAD(&s->drain_req);
         if (req != KREX_LOAD(&s->drain_ack)) {
+            /* Read before the sync: every call counted so far is drained by it (the gate is
+             * closed and quiesced when the controller asks), so a region that finds the count
+             * unchanged later has nothing of ours to wait for. */
+            uint64_t calls = KREX_LOAD(&s->intercepted);
             krex_drain_sync();
+            KREX_STORE(&s->drained_calls, calls);
             KREX_STORE(&s->drain_ack, req);
             krex_futex_wake(&s->drain_ack, INT32_MAX);
             continue;

@@ -201,8 +201,14 @@ static void fill_slot(struct krex_slot *s, uint32_t pid, uint64_t start, int car
         KREX_STORE(&s->mem_waits, 0);
         KREX_STORE(&s->mem_oom_alone, 0);
         KREX_STORE(&s->mem_oom_shared, 0);
+        for (uint32_t k = 0; k < KREX_MEM_KIND_SLOTS; k++)
+            KREX_STORE(&s->mem_kind_waits[k], 0);
     }
-    /* Device memory (1.2): a new process holds nothing yet. mem_grant and mem_release are the
+    /* Nothing of ours is queued yet; carried counters are a dead process's, which no drain of
+     * ours saw: the next region drains us once (docs/memory.md, the drain of a waiter). */
+    KREX_STORE(&s->drained_calls, carry ? UINT64_MAX : 0);
+    KREX_STORE(&s->mem_kind, 0);
+    /* Device memory (1.2): a new process holds nothing yet. mem_grant and mem_deny are the
      * controller's words: a wait compares them with what it read as it began, never with 0. */
     KREX_STORE(&s->mem_bytes, 0);
     KREX_STORE(&s->mem_peak, 0);

@@ -13,25 +13,59 @@
     KREX_EXPORT CUresult name params KREX_GATED_BODY(CUresult, krex_pfn_##name,                  \
                                                      krex_real_get(KREX_H_##name),               \
                                                      krex_missing(KREX_H_##name), args)
+/* A gated call the driver can answer with out-of-memory for memory of its own: that answer
+ * waits (each try announced and checked at the gate anew). */
+#define KREX_GATE_MEM_(name, kind, params, args)                                                 \
+    KREX_EXPORT CUresult name params                                                             \
+    {                                                                                            \
+        krex_pfn_##name krex_real_ = (krex_pfn_##name)krex_real_get(KREX_H_##name);              \
+        if (KREX_UNLIKELY(!krex_real_))                                                          \
+            return krex_missing(KREX_H_##name);                                                  \
+        struct krex_slot *krex_s_;                                                               \
+        CUresult krex_r_;                                                                        \
+        KREX_MEM_RETRY(krex_r_, krex_s_, 0, -1, kind, #name, krex_s_ = krex_enter();             \
+                       krex_r_ = krex_real_ args; krex_leave(krex_s_));                          \
+        return krex_r_;                                                                          \
+    }
+/* The driver allocates for itself (modules, libraries, graphs): not gated, not counted; an
+ * out-of-memory answer waits (the slot is looked at only then). */
+#define KREX_DRIVER_(name, kind, params, args)                                                   \
+    KREX_EXPORT CUresult name params                                                             \
+    {                                                                                            \
+        krex_pfn_##name krex_real_ = (krex_pfn_##name)krex_real_get(KREX_H_##name);              \
+        if (KREX_UNLIKELY(!krex_real_))                                                          \
+            return krex_missing(KREX_H_##name);                                                  \
+        CUresult krex_r_;                                                                        \
+        KREX_MEM_RETRY(krex_r_, krex_slot_self(), 0, -1, kind, #name, krex_r_ = krex_real_ args); \
+        return krex_r_;                                                                          \
+    }
 #define KREX_GATE(name, ...) KREX_GATE_(name, __VA_ARGS__)
+#define KREX_GATE_MEM(name, kind, ...) KREX_GATE_MEM_(name, kind, __VA_ARGS__)
+#define KREX_DRIVER(name, kind, ...) KREX_DRIVER_(name, kind, __VA_ARGS__)
 #define KREX_TRACK(name, ...)
 #define KREX_MEM(name, ...)
 #define KREX_REAL(name, ...)
 #include "hooks.def"
 #undef KREX_GATE
+#undef KREX_GATE_MEM
+#undef KREX_DRIVER
 #undef KREX_TRACK
 #undef KREX_MEM
 #undef KREX_REAL
 
 /* The tracked, memory and look-up wrappers are written by hand (drain.c, mem.c, lookup.c);
- * declare them. */
+ * declare them. (The table below sees KREX_GATE_MEM as KREX_GATE, KREX_DRIVER as KREX_MEM.) */
 #define KREX_DECL_(name, params, args) CUresult name params;
 #define KREX_GATE(name, ...)
+#define KREX_GATE_MEM(name, ...)
+#define KREX_DRIVER(name, ...)
 #define KREX_TRACK(name, ...) KREX_DECL_(name, __VA_ARGS__)
 #define KREX_MEM(name, ...) KREX_DECL_(name, __VA_ARGS__)
 #define KREX_REAL(name, ...)
 #include "hooks.def"
 #undef KREX_GATE
+#undef KREX_GATE_MEM
+#undef KREX_DRIVER
 #undef KREX_TRACK
 #undef KREX_MEM
 #undef KREX_REAL

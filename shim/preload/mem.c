@@ -219,13 +219,15 @@ static void publish(struct krex_slot *s)
     }
 }
 
-static int join(struct krex_slot *s, uint64_t bytes, uint64_t since)
+static int join(struct krex_slot *s, uint64_t bytes, uint64_t since, unsigned kind)
 {
     pthread_mutex_lock(&wait_lock);
     int me = -1;
     for (int i = 0; i < MAX_WAITERS && me < 0; i++)
         if (!waiters[i].used)
             me = i;
+    /* The kind first: the controller reads it once it sees mem_want. */
+    KREX_STORE(&s->mem_kind, kind);
     if (me >= 0) {
         waiters[me].bytes = bytes ? bytes : 1; /* want 0 would read as "not waiting" */
         waiters[me].since = since;
@@ -236,133 +238,140 @@ static int join(struct krex_slot *s, uint64_t bytes, uint64_t since)
     return me;
 }
 
-static void leave(struct krex_slot *s, int me, uint64_t waited)
+static void leave(struct krex_slot *s, int me, uint64_t waited, unsigned kind)
 {
     pthread_mutex_lock(&wait_lock);
     __atomic_add_fetch(&s->mem_wait_ns, waited, __ATOMIC_SEQ_CST);
     __atomic_add_fetch(&s->mem_waits, 1U, __ATOMIC_SEQ_CST);
+    if (kind < KREX_MEM_KIND_SLOTS)
+        __atomic_add_fetch(&s->mem_kind_waits[kind], 1U, __ATOMIC_SEQ_CST);
     if (me >= 0)
         waiters[me].used = 0;
     publish(s);
     pthread_mutex_unlock(&wait_lock);
 }
 
-#define NS_MS 1000000ULL
 #define NS_S 1000000000ULL
-#define SLICE_NS (100 * NS_MS)
-#define SILENT_NS (2 * NS_S)  /* no grant for this long: the controller may be gone */
-#define RETRY_NS (1 * NS_S)   /* then retry on our own this often */
+#define SLICE_NS (100 * 1000000ULL)
+#define SILENT_NS (2 * NS_S) /* no grant for this long: the controller may be gone */
+#define RETRY_NS (1 * NS_S)  /* then retry on our own this often */
 
-typedef CUresult (*attempt_fn)(void *arg);
+static const char *const kind_names[KREX_MEM_KINDS] = {"allocation", "context creation",
+                                                       "module load", "launch", "graph"};
+
+static const char *kind_name(unsigned kind)
+{
+    return kind < KREX_MEM_KINDS ? kind_names[kind] : "call";
+}
 
 /*
- * The allocation (attempt(arg)) just failed with CUDA_ERROR_OUT_OF_MEMORY: return the error at
- * once if it could not succeed even alone, else wait for a grant and retry (see docs/shim.md).
- * dev: the device it allocates on, or -1 for the current context's.
+ * The call just failed with CUDA_ERROR_OUT_OF_MEMORY (docs/shim.md, "Waiting instead of
+ * failing"): 0 when the error goes back at once (it could not succeed even alone: counted in
+ * mem_oom_alone), else the wait has begun (w filled in, the slot says what it waits for).
+ * bytes: what it asked for (0: the driver's own memory, of a size we cannot know); dev: the
+ * device, -1 for the current context's.
  */
-/* A release ends the wait it finds, and out-of-memory errors for RELEASE_WINDOW_NS after it
- * go back at once: a framework that retries after freeing its cache (PyTorch's allocator does,
- * once) must see that retry fail too, or it waits again holding what it holds, and the
- * deadlock the release was meant to break stays (seen on the H200, 2026-12-01). */
-#define RELEASE_WINDOW_NS 2000000000ULL
-static uint64_t released_at_ns; /* when this process's last wait was released (0: never) */
-
-static CUresult mem_wait(struct krex_slot *s, attempt_fn attempt, void *arg, uint64_t bytes,
-                         int dev, const char *what)
+int krex_mem_wait_begin(struct krex_mem_wait *w, struct krex_slot *s, uint64_t bytes, int dev,
+                        unsigned kind, const char *what)
 {
-    uint64_t released = __atomic_load_n(&released_at_ns, __ATOMIC_RELAXED);
-    if (released && krex_now_ns() - released < RELEASE_WINDOW_NS) {
-        __atomic_add_fetch(&s->mem_oom_shared, 1U, __ATOMIC_SEQ_CST);
-        krex_debug("memory: %s of %llu bytes fails at once: released %.3f s ago", what,
-                   (unsigned long long)bytes, (double)(krex_now_ns() - released) / 1e9);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
+    memset(w, 0, sizeof *w);
+    w->s = s;
+    w->bytes = bytes;
+    w->kind = kind;
+    w->what = what;
+    pthread_once(&init_once, mem_init);
     if (dev < 0)
         dev = current_device();
     size_t total = 0;
     krex_pfn_cuDeviceTotalMem_v2 tot =
         (krex_pfn_cuDeviceTotalMem_v2)krex_real_get(KREX_H_cuDeviceTotalMem_v2);
     uint64_t held = __atomic_load_n(&s->mem_bytes, __ATOMIC_RELAXED);
-    if (dev < 0 || !tot || tot(&total, dev) != CUDA_SUCCESS || total == 0 ||
-        bytes > (uint64_t)total - (held < total ? held : total)) {
+    /* The driver's own memory (bytes 0) may be asked for with no device current yet (a
+     * context being created): only the controller can judge that one. */
+    int known = dev >= 0 && tot && tot(&total, dev) == CUDA_SUCCESS && total > 0;
+    if (bytes && (!known || bytes > (uint64_t)total - (held < total ? held : total))) {
         __atomic_add_fetch(&s->mem_oom_alone, 1U, __ATOMIC_SEQ_CST);
         krex_debug("memory: %s of %llu bytes is out of memory even alone (this process holds "
                    "%llu of %llu on device %d): returning the error",
                    what, (unsigned long long)bytes, (unsigned long long)held,
                    (unsigned long long)total, dev);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        return 0;
     }
     /* Snapshot the controller's words before anyone can see us wait: a grant that follows our
      * mem_want must be seen as a change. */
-    uint32_t grant = KREX_LOAD(&s->mem_grant);
-    uint32_t release = KREX_LOAD(&s->mem_release);
-    uint64_t start = krex_now_ns();
-    uint64_t deadline = start + wait_limit_ns;
-    int me = join(s, bytes, start);
-    krex_debug("memory: %s of %llu bytes waits (this process holds %llu of %llu on device %d; "
-               "at most %.1f s)",
-               what, (unsigned long long)bytes, (unsigned long long)held,
+    w->grant = KREX_LOAD(&s->mem_grant);
+    w->deny = KREX_LOAD(&s->mem_deny);
+    w->start = w->last_grant = w->last_retry = krex_now_ns();
+    w->deadline = w->start + wait_limit_ns;
+    w->me = join(s, bytes, w->start, kind);
+    w->active = 1;
+    krex_debug("memory: %s (%s) of %llu bytes waits (this process holds %llu of %llu on "
+               "device %d; at most %.1f s)",
+               what, kind_name(kind), (unsigned long long)bytes, (unsigned long long)held,
                (unsigned long long)total, dev, (double)wait_limit_ns / 1e9);
-    uint64_t last_grant = start, last_retry = start;
-    unsigned grants = 0, retries = 0;
-    CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
-    const char *how;
+    return 1;
+}
+
+/* Sleep until the call may be tried again (1), or the wait is over without success (0): the
+ * controller denied it (it could not succeed alone), or KREX_MEM_WAIT_S ran out. Holds no
+ * gate announcement: a waiter never keeps a region's quiesce waiting. */
+int krex_mem_wait_next(struct krex_mem_wait *w)
+{
+    struct krex_slot *s = w->s;
     for (;;) {
         uint32_t g = KREX_LOAD(&s->mem_grant);
-        if (KREX_LOAD(&s->mem_release) != release) {
-            how = "released by the controller";
-            __atomic_store_n(&released_at_ns, krex_now_ns(), __ATOMIC_RELAXED);
-            __atomic_add_fetch(&s->mem_oom_shared, 1U, __ATOMIC_SEQ_CST);
-            r = CUDA_ERROR_OUT_OF_MEMORY;
-            break;
+        if (KREX_LOAD(&s->mem_deny) != w->deny) {
+            w->how = "denied by the controller: it could not succeed alone";
+            __atomic_add_fetch(&s->mem_oom_alone, 1U, __ATOMIC_SEQ_CST);
+            return 0;
         }
         uint64_t now = krex_now_ns();
         int retry = 0;
-        if (g != grant) {
-            grant = g;
-            last_grant = now;
-            grants++;
+        if (g != w->grant) {
+            w->grant = g;
+            w->last_grant = now;
+            w->grants++;
             retry = 1;
-        } else if (now - last_grant >= SILENT_NS && now - last_retry >= RETRY_NS) {
+        } else if (now - w->last_grant >= SILENT_NS && now - w->last_retry >= RETRY_NS) {
             retry = 1; /* nothing from the controller: see for ourselves */
         }
-        if (retry) {
-            last_retry = now;
-            retries++;
-            r = attempt(arg);
-            if (r != CUDA_ERROR_OUT_OF_MEMORY) {
-                how = r == CUDA_SUCCESS ? "succeeded" : "failed otherwise";
-                break;
-            }
-            now = krex_now_ns();
+        if (retry && now < w->deadline) {
+            w->last_retry = now;
+            w->retries++;
+            return 1;
         }
-        if (now >= deadline) {
-            how = "timed out (KREX_MEM_WAIT_S)";
+        if (now >= w->deadline) {
+            w->how = "timed out (KREX_MEM_WAIT_S)";
             __atomic_add_fetch(&s->mem_oom_shared, 1U, __ATOMIC_SEQ_CST);
-            r = CUDA_ERROR_OUT_OF_MEMORY;
-            break;
+            return 0;
         }
-        uint64_t slice = deadline - now < SLICE_NS ? deadline - now : SLICE_NS;
-        krex_futex_wait(&s->mem_grant, g, slice);
+        uint64_t left = w->deadline - now;
+        krex_futex_wait(&s->mem_grant, g, left < SLICE_NS ? left : SLICE_NS);
     }
-    uint64_t waited = krex_now_ns() - start;
-    leave(s, me, waited);
-    krex_debug("memory: %s of %llu bytes %s after %.3f s (%u grants, %u attempts; result %d)",
-               what, (unsigned long long)bytes, how, (double)waited / 1e9, grants, retries, (int)r);
+}
+
+/* The wait (if one began) is over with result r: account for it; returns r. */
+CUresult krex_mem_wait_end(struct krex_mem_wait *w, CUresult r)
+{
+    if (!w->active)
+        return r;
+    uint64_t waited = krex_now_ns() - w->start;
+    leave(w->s, w->me, waited, w->kind);
+    if (!w->how)
+        w->how = r == CUDA_SUCCESS ? "succeeded" : "failed otherwise";
+    krex_debug("memory: %s (%s) of %llu bytes %s after %.3f s (%u grants, %u attempts; "
+               "result %d)",
+               w->what, kind_name(w->kind), (unsigned long long)w->bytes, w->how,
+               (double)waited / 1e9, w->grants, w->retries, (int)r);
     return r;
 }
 
-/* The common part of every allocation: try; on out-of-memory, wait (with a slot). */
-static CUresult alloc_call(struct krex_slot **sp, attempt_fn attempt, void *arg, uint64_t bytes,
-                           int dev, const char *what)
-{
-    struct krex_slot *s = mem_slot();
-    *sp = s;
-    CUresult r = attempt(arg);
-    if (r != CUDA_ERROR_OUT_OF_MEMORY || !s)
-        return r;
-    return mem_wait(s, attempt, arg, bytes, dev, what);
-}
+/* Allocations register at their first call (their bytes are counted from the first). */
+#define ALLOC_RETRY(r, s, bytes, dev, what, attempt)                                             \
+    do {                                                                                         \
+        s = mem_slot();                                                                          \
+        KREX_MEM_RETRY(r, s, bytes, dev, KREX_MEM_ALLOC, what, attempt);                         \
+    } while (0)
 
 #define REAL(name) ((krex_pfn_##name)krex_real_get(KREX_H_##name))
 #define NEED(name)                                                                               \
@@ -372,95 +381,49 @@ static CUresult alloc_call(struct krex_slot **sp, attempt_fn attempt, void *arg,
 
 /* ---- Allocations. ---- */
 
-struct a_alloc {
-    krex_pfn_cuMemAlloc_v2 real;
-    CUdeviceptr *dptr;
-    size_t bytes;
-};
-static CUresult try_alloc(void *p)
-{
-    struct a_alloc *a = p;
-    return a->real(a->dptr, a->bytes);
-}
-
 KREX_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
 {
     NEED(cuMemAlloc_v2);
-    struct a_alloc a = {real, dptr, bytes};
     struct krex_slot *s;
-    CUresult r = alloc_call(&s, try_alloc, &a, bytes, -1, "cuMemAlloc");
+    CUresult r;
+    ALLOC_RETRY(r, s, bytes, -1, "cuMemAlloc", r = real(dptr, bytes));
     if (r == CUDA_SUCCESS && s && dptr)
         note_alloc(s, MEM_PTR, *dptr, bytes, current_device());
     return r;
-}
-
-struct a_pitch {
-    krex_pfn_cuMemAllocPitch_v2 real;
-    CUdeviceptr *dptr;
-    size_t *pitch, width, height;
-    unsigned int elem;
-};
-static CUresult try_pitch(void *p)
-{
-    struct a_pitch *a = p;
-    return a->real(a->dptr, a->pitch, a->width, a->height, a->elem);
 }
 
 KREX_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
                                         size_t height, unsigned int elem)
 {
     NEED(cuMemAllocPitch_v2);
-    struct a_pitch a = {real, dptr, pitch, width, height, elem};
     struct krex_slot *s;
+    CUresult r;
     /* The pitch is known only on success: the wait judges width * height. */
-    CUresult r = alloc_call(&s, try_pitch, &a, (uint64_t)width * height, -1, "cuMemAllocPitch");
+    ALLOC_RETRY(r, s, (uint64_t)width * height, -1, "cuMemAllocPitch",
+                r = real(dptr, pitch, width, height, elem));
     if (r == CUDA_SUCCESS && s && dptr && pitch)
         note_alloc(s, MEM_PTR, *dptr, (uint64_t)*pitch * height, current_device());
     return r;
 }
 
-struct a_managed {
-    krex_pfn_cuMemAllocManaged real;
-    CUdeviceptr *dptr;
-    size_t bytes;
-    unsigned int flags;
-};
-static CUresult try_managed(void *p)
-{
-    struct a_managed *a = p;
-    return a->real(a->dptr, a->bytes, a->flags);
-}
-
 KREX_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags)
 {
     NEED(cuMemAllocManaged);
-    struct a_managed a = {real, dptr, bytes, flags};
     struct krex_slot *s;
-    CUresult r = alloc_call(&s, try_managed, &a, bytes, -1, "cuMemAllocManaged");
+    CUresult r;
+    ALLOC_RETRY(r, s, bytes, -1, "cuMemAllocManaged", r = real(dptr, bytes, flags));
     if (r == CUDA_SUCCESS && s && dptr)
         note_alloc(s, MEM_PTR, *dptr, bytes, current_device());
     return r;
-}
-
-struct a_async {
-    krex_pfn_cuMemAllocAsync real;
-    CUdeviceptr *dptr;
-    size_t bytes;
-    CUstream stream;
-};
-static CUresult try_async(void *p)
-{
-    struct a_async *a = p;
-    return a->real(a->dptr, a->bytes, a->stream);
 }
 
 #define ALLOC_ASYNC(name)                                                                        \
     KREX_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytes, CUstream stream)                  \
     {                                                                                            \
         NEED(name);                                                                              \
-        struct a_async a = {real, dptr, bytes, stream};                                          \
         struct krex_slot *s;                                                                     \
-        CUresult r = alloc_call(&s, try_async, &a, bytes, -1, #name);                            \
+        CUresult r;                                                                              \
+        ALLOC_RETRY(r, s, bytes, -1, #name, r = real(dptr, bytes, stream));                      \
         if (r == CUDA_SUCCESS && s && dptr)                                                      \
             note_alloc(s, MEM_PTR, *dptr, bytes, current_device());                              \
         return r;                                                                                \
@@ -468,27 +431,14 @@ static CUresult try_async(void *p)
 ALLOC_ASYNC(cuMemAllocAsync)
 ALLOC_ASYNC(cuMemAllocAsync_ptsz)
 
-struct a_pool {
-    krex_pfn_cuMemAllocFromPoolAsync real;
-    CUdeviceptr *dptr;
-    size_t bytes;
-    CUmemoryPool pool;
-    CUstream stream;
-};
-static CUresult try_pool(void *p)
-{
-    struct a_pool *a = p;
-    return a->real(a->dptr, a->bytes, a->pool, a->stream);
-}
-
 #define ALLOC_POOL(name)                                                                         \
     KREX_EXPORT CUresult name(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,                \
                               CUstream stream)                                                   \
     {                                                                                            \
         NEED(name);                                                                              \
-        struct a_pool a = {real, dptr, bytes, pool, stream};                                     \
         struct krex_slot *s;                                                                     \
-        CUresult r = alloc_call(&s, try_pool, &a, bytes, -1, #name);                             \
+        CUresult r;                                                                              \
+        ALLOC_RETRY(r, s, bytes, -1, #name, r = real(dptr, bytes, pool, stream));                \
         if (r == CUDA_SUCCESS && s && dptr)                                                      \
             note_alloc(s, MEM_PTR, *dptr, bytes, current_device());                              \
         return r;                                                                                \
@@ -496,29 +446,16 @@ static CUresult try_pool(void *p)
 ALLOC_POOL(cuMemAllocFromPoolAsync)
 ALLOC_POOL(cuMemAllocFromPoolAsync_ptsz)
 
-struct a_create {
-    krex_pfn_cuMemCreate real;
-    CUmemGenericAllocationHandle *handle;
-    size_t size;
-    const CUmemAllocationProp *prop;
-    unsigned long long flags;
-};
-static CUresult try_create(void *p)
-{
-    struct a_create *a = p;
-    return a->real(a->handle, a->size, a->prop, a->flags);
-}
-
 KREX_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                                  const CUmemAllocationProp *prop, unsigned long long flags)
 {
     NEED(cuMemCreate);
-    struct a_create a = {real, handle, size, prop, flags};
     /* The device is the one the properties name (a host location: the current context's). */
     const struct krex_mem_prop_head *h = (const struct krex_mem_prop_head *)(const void *)prop;
     int dev = h && h->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? h->location.id : -1;
     struct krex_slot *s;
-    CUresult r = alloc_call(&s, try_create, &a, size, dev, "cuMemCreate");
+    CUresult r;
+    ALLOC_RETRY(r, s, size, dev, "cuMemCreate", r = real(handle, size, prop, flags));
     if (r == CUDA_SUCCESS && s && handle)
         note_alloc(s, MEM_HANDLE, *handle, size, dev >= 0 ? dev : current_device());
     return r;
@@ -551,50 +488,28 @@ static uint64_t array_bytes(size_t w, size_t h, size_t d, unsigned int format, u
     return (uint64_t)w * (h ? h : 1) * (d ? d : 1) * (ch ? ch : 1) * format_bytes(format);
 }
 
-struct a_array {
-    krex_pfn_cuArrayCreate_v2 real;
-    CUarray *arr;
-    const CUDA_ARRAY_DESCRIPTOR *desc;
-};
-static CUresult try_array(void *p)
-{
-    struct a_array *a = p;
-    return a->real(a->arr, a->desc);
-}
-
 KREX_EXPORT CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc)
 {
     NEED(cuArrayCreate_v2);
-    struct a_array a = {real, arr, desc};
     const struct krex_array_desc *d = (const struct krex_array_desc *)(const void *)desc;
     uint64_t bytes = d ? array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels) : 0;
     struct krex_slot *s;
-    CUresult r = alloc_call(&s, try_array, &a, bytes, -1, "cuArrayCreate");
+    CUresult r;
+    ALLOC_RETRY(r, s, bytes, -1, "cuArrayCreate", r = real(arr, desc));
     if (r == CUDA_SUCCESS && s && arr)
         note_alloc(s, MEM_ARRAY, (uint64_t)(uintptr_t)*arr, bytes, current_device());
     return r;
 }
 
-struct a_array3d {
-    krex_pfn_cuArray3DCreate_v2 real;
-    CUarray *arr;
-    const CUDA_ARRAY3D_DESCRIPTOR *desc;
-};
-static CUresult try_array3d(void *p)
-{
-    struct a_array3d *a = p;
-    return a->real(a->arr, a->desc);
-}
-
 KREX_EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc)
 {
     NEED(cuArray3DCreate_v2);
-    struct a_array3d a = {real, arr, desc};
     const struct krex_array3d_desc *d = (const struct krex_array3d_desc *)(const void *)desc;
     uint64_t bytes =
         d ? array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels) : 0;
     struct krex_slot *s;
-    CUresult r = alloc_call(&s, try_array3d, &a, bytes, -1, "cuArray3DCreate");
+    CUresult r;
+    ALLOC_RETRY(r, s, bytes, -1, "cuArray3DCreate", r = real(arr, desc));
     if (r == CUDA_SUCCESS && s && arr)
         note_alloc(s, MEM_ARRAY, (uint64_t)(uintptr_t)*arr, bytes, current_device());
     return r;

@@ -16,6 +16,8 @@
 #define KREX_EXPORT __attribute__((visibility("default")))
 #define KREX_HIDDEN __attribute__((visibility("hidden")))
 
+/* Every include of hooks.def below sees KREX_GATE_MEM and KREX_DRIVER as KREX_GATE and
+ * KREX_MEM (hooks.def's defaults): ids, pointer types and kinds are theirs. */
 /* Hook ids: every entry of hooks.def, then the two hand-written look-up wrappers. */
 enum krex_hook_id {
 #define KREX_GATE(name, ...) KREX_H_##name,
@@ -172,6 +174,47 @@ KREX_HIDDEN void krex_drain_forget(void);
 /* mem.c: device memory (docs/shim.md, "Device memory"). In a forked child the parent's
  * allocations are forgotten (drain.c's krex_drain_forget calls it). */
 KREX_HIDDEN void krex_mem_forget(void);
+
+/* mem.c: waiting for device memory, for every call the driver can answer with out-of-memory
+ * (docs/shim.md, "Waiting instead of failing"). Through KREX_MEM_RETRY below. */
+struct krex_mem_wait {
+    struct krex_slot *s;
+    const char *what, *how;
+    uint64_t bytes, start, deadline, last_grant, last_retry;
+    uint32_t grant, deny;
+    unsigned kind, grants, retries;
+    int me, active;
+};
+KREX_HIDDEN int krex_mem_wait_begin(struct krex_mem_wait *w, struct krex_slot *s, uint64_t bytes,
+                                    int dev, unsigned kind, const char *what);
+KREX_HIDDEN int krex_mem_wait_next(struct krex_mem_wait *w);
+KREX_HIDDEN CUresult krex_mem_wait_end(struct krex_mem_wait *w, CUresult r);
+
+/*
+ * Run `attempt` (a statement that sets the CUresult r); when it answers
+ * CUDA_ERROR_OUT_OF_MEMORY and `slot` (evaluated only then) is not NULL, wait for the
+ * controller's grants and run it again, until it answers anything else or the wait is over.
+ * bytes: what the call asks for (0: the driver's own memory, size unknown); dev: its device,
+ * -1 for the current context's; kind: KREX_MEM_*. A gated attempt announces itself anew each
+ * time: nothing is in flight while it waits.
+ */
+#define KREX_MEM_RETRY(r, slot, bytes, dev, kind, what, attempt)                                 \
+    do {                                                                                         \
+        attempt;                                                                                 \
+        if (KREX_UNLIKELY((r) == CUDA_ERROR_OUT_OF_MEMORY)) {                                    \
+            struct krex_slot *krex_ws_ = (slot);                                                 \
+            if (krex_ws_) {                                                                      \
+                struct krex_mem_wait krex_w_;                                                    \
+                if (krex_mem_wait_begin(&krex_w_, krex_ws_, (bytes), (dev), (kind), (what)))     \
+                    while (krex_mem_wait_next(&krex_w_)) {                                       \
+                        attempt;                                                                 \
+                        if ((r) != CUDA_ERROR_OUT_OF_MEMORY)                                     \
+                            break;                                                               \
+                    }                                                                            \
+                (r) = krex_mem_wait_end(&krex_w_, (r));                                          \
+            }                                                                                    \
+        }                                                                                        \
+    } while (0)
 
 /* log.c */
 KREX_HIDDEN void krex_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

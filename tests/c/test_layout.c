@@ -55,7 +55,7 @@ int main(void)
     AT(krex_gate, regions, 24);
     AT(krex_gate, reserved, 32);
 
-    SIZE(krex_slot, 128);
+    SIZE(krex_slot, 192);
     AT(krex_slot, state, 0);
     AT(krex_slot, pid, 4);
     AT(krex_slot, start_time, 8);
@@ -76,14 +76,18 @@ int main(void)
     AT(krex_slot, mem_since_ns, 96);
     AT(krex_slot, mem_wait_ns, 104);
     AT(krex_slot, mem_waits, 112);
-    AT(krex_slot, mem_release, 116);
+    AT(krex_slot, mem_deny, 116);
     AT(krex_slot, mem_oom_alone, 120);
     AT(krex_slot, mem_oom_shared, 124);
+    AT(krex_slot, drained_calls, 128);
+    AT(krex_slot, mem_kind, 136);
+    AT(krex_slot, mem_kind_waits, 144);
+    AT(krex_slot, reserved3, 176);
 
     SIZE(krex_segment, 128 + 16 * 64);
     AT(krex_segment, gates, 128);
     AT(krex_segment, slots, 128 + 16 * 64);
-    if (KREX_SEGMENT_SIZE(256) == 1152 + 256 * 128)
+    if (KREX_SEGMENT_SIZE(256) == 1152 + 256 * 192)
         passed++;
     else
         failed++, printf("FAIL KREX_SEGMENT_SIZE\n");

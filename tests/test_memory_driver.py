@@ -1,0 +1,142 @@
+"""Device memory the driver takes for itself, through the shim (issue #47; docs/memory.md):
+every call the driver can answer with out-of-memory waits as an allocation does (context
+creation, module and library loading, lazy loading, launches, graphs), holding no gate
+announcement while it waits; and a process that submitted nothing since its last drain (one
+waiting for memory, say) costs a region nothing, even if it cannot answer a drain.
+
+Each test drives Python workers (ctypes through krex.simgpu, so the shim sees the calls as it
+sees a framework's) on a private simulated node and KREX segment (the `node` fixture).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+
+import pytest
+from conftest import Node
+
+from krex.gate import exclusive
+
+MIB = 1 << 20
+
+# A worker: one statement per stdin line, "ok" (or the exception) back; `g` is a SimGPU.
+WORKER = textwrap.dedent("""
+    import sys, traceback
+    from krex.simgpu import SimGPU
+    g = SimGPU()
+    print("ready", flush=True)
+    for line in sys.stdin:
+        try:
+            exec(line)
+            print("ok", flush=True)
+        except Exception as e:
+            print("error", type(e).__name__, e, flush=True)
+""")
+
+
+class Worker:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.p = subprocess.Popen(
+            [sys.executable, "-c", WORKER],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.read() == "ready", self.p.stderr.read() if self.p.stderr else ""
+
+    def read(self) -> str:
+        assert self.p.stdout is not None
+        line = self.p.stdout.readline()
+        assert line, f"worker exited: {self.p.wait(timeout=10)}"
+        return line.strip()
+
+    def do(self, stmt: str) -> str:
+        assert self.p.stdin is not None
+        self.p.stdin.write(stmt + "\n")
+        self.p.stdin.flush()
+        return self.read()
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            os.kill(self.p.pid, signal.SIGCONT)
+            self.p.kill()
+        self.p.wait(timeout=10)
+        for f in (self.p.stdin, self.p.stdout, self.p.stderr):
+            if f:
+                f.close()
+
+
+@pytest.fixture
+def workers() -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    yield started
+    for w in started:
+        w.close()
+
+
+def test_a_sibling_that_submitted_nothing_since_its_last_drain_is_not_waited_for(
+    node: Node, workers: list[Worker]
+) -> None:
+    """Issue #47, 4: a region never times out on a sibling that has submitted nothing since
+    its last drain (one blocked in a memory wait, or stopped, as here): what it submitted was
+    drained then, and the gate keeps it from submitting more. Once it submits again, it is
+    drained again."""
+    w = Worker(node.env(tenant=2))
+    workers.append(w)
+    assert w.do("g.launch(1000); g.sync()") == "ok"
+    with exclusive(node.seg, 0, owner=1) as hold:
+        pass
+    assert hold.clean and hold.drained == 1  # it had submitted: drained
+    with exclusive(node.seg, 0, owner=1) as hold:
+        pass
+    assert hold.clean and hold.drained == 0  # nothing since: not asked
+    os.kill(w.p.pid, signal.SIGSTOP)  # cannot answer a drain now
+    t0 = time.monotonic()
+    with exclusive(node.seg, 0, owner=1, drain_timeout_s=0.5) as hold:
+        pass
+    assert hold.clean and hold.drained == 0, hold.problems
+    assert time.monotonic() - t0 < 0.5
+    os.kill(w.p.pid, signal.SIGCONT)
+    assert w.do("g.launch(1000)") == "ok"
+    with exclusive(node.seg, 0, owner=1) as hold:
+        pass
+    assert hold.clean and hold.drained == 1
+
+
+@pytest.mark.node(KREX_SIM_MEM_BYTES="64M")
+def test_a_sibling_waiting_for_memory_stalls_no_region(node: Node, workers: list[Worker]) -> None:
+    """A sibling that launched work, was drained, and now waits for memory another holds:
+    regions on its GPU are granted at once and clean, however long it waits."""
+    holder = Worker(node.env(tenant=3, KREX_MEM_WAIT_S="60"))
+    workers.append(holder)
+    assert holder.do("p = g.alloc(48 << 20)") == "ok"
+    waiter = Worker(node.env(tenant=2, KREX_MEM_WAIT_S="60"))
+    workers.append(waiter)
+    assert waiter.do("g.launch(1000); g.sync()") == "ok"
+    with exclusive(node.seg, 0, owner=1) as hold:
+        pass
+    assert waiter.p.stdin is not None
+    waiter.p.stdin.write("q = g.alloc(32 << 20)\n")  # waits: the holder keeps 48 of 64 MiB
+    waiter.p.stdin.flush()
+    deadline = time.monotonic() + 10
+    while not any(s.mem_want for s in node.seg.slots_of(waiter.p.pid)):
+        assert time.monotonic() < deadline, "the waiter never waited"
+        time.sleep(0.02)
+    for _ in range(3):
+        t0 = time.monotonic()
+        with exclusive(node.seg, 0, owner=1, quiesce_timeout_s=0.5, drain_timeout_s=0.5) as hold:
+            pass
+        assert hold.clean, hold.problems
+        assert time.monotonic() - t0 < 0.5
+    assert holder.do("g.free(p)") == "ok"
+    for s in node.seg.slots_of(waiter.p.pid):
+        node.seg.mem_grant(s.index)
+    assert waiter.read() == "ok"

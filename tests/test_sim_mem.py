@@ -3,44 +3,32 @@ allocation entry points (plain, pitched, managed, stream-ordered, pools, arrays,
 their lookup through cuGetProcAddress.
 
 Each test drives worker processes (Python, ctypes against the built krex/_lib/sim/libcuda.so.1
-through krex.simgpu.SimGPU) on a private simulated node (a unique KREX_SIM_SHM, removed
-afterwards). Capacities are tens of GiB, far more than this machine's RAM: untouched simulated
-memory must cost no host RAM.
+through krex.simgpu.SimGPU: sim_workers.py) on a private simulated node (a unique KREX_SIM_SHM,
+removed afterwards). Capacities are tens of GiB, far more than this machine's RAM: untouched
+simulated memory must cost no host RAM.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from conftest import C_DIR, compile_c
+from sim_workers import SimNode, sim_node
 
-from krex.paths import sim_library_dir
-
-ROOT = Path(__file__).resolve().parents[1]
 GiB = 1 << 30
 MiB = 1 << 20
 OOM = 2
 INVALID_VALUE = 1
 
-# Runs in each worker: one Python statement or expression per stdin line, one JSON line back.
-_WORKER = r"""
-import ctypes, json, sys
-from ctypes import byref, c_int, c_size_t, c_uint, c_ubyte, c_ushort, c_uint64, c_void_p
-from krex.simgpu import SimGPU, SimOutOfMemory
-
-g = SimGPU()
-cu = g.cu
+# The workers' own helpers (sim_workers.py has the common ones): the memory structs of cuda.h,
+# VMM and copies.
+_PRELUDE = r"""
 GRAN = 2 << 20
 
 class Loc(ctypes.Structure):
@@ -71,21 +59,6 @@ def prop(dev=0):
     p.type, p.location.type, p.location.id = 1, 1, dev
     return p
 
-def used():
-    free, total = g.mem_info()
-    return total - free
-
-def try_alloc(n):
-    try:
-        return g.alloc(n)
-    except SimOutOfMemory:
-        return "oom"
-
-def rc_alloc(fn, *args):
-    p = c_uint64()
-    rc = fn(byref(p), *args)
-    return [rc, p.value]
-
 def vmm_create(n, dev=0):
     h = c_uint64()
     rc = cu.cuMemCreate(byref(h), c_size_t(n), byref(prop(dev)), c_uint64(0))
@@ -110,112 +83,13 @@ def roundtrip(ptr, n):
     rc1 = cu.cuMemcpyHtoD_v2(c_uint64(ptr), src, c_size_t(n))
     rc2 = cu.cuMemcpyDtoH_v2(back, c_uint64(ptr), c_size_t(n))
     return [rc1, rc2, bytes(src) == bytes(back)]
-
-def lookup(name, version=12000, flags=0):
-    fn, st = c_void_p(), c_int(-1)
-    rc = cu.cuGetProcAddress_v2(name.encode(), byref(fn), c_int(version), c_uint64(flags),
-                                byref(st))
-    return [rc, st.value, fn.value]
-
-def addr(name):
-    return ctypes.cast(getattr(cu, name), c_void_p).value
-
-ns = dict(globals())
-print(json.dumps({"ok": "ready"}), flush=True)
-for line in sys.stdin:
-    try:
-        try:
-            code = compile(line, "<cmd>", "eval")
-        except SyntaxError:
-            exec(line, ns)
-            v = None
-        else:
-            v = eval(code, ns)
-        print(json.dumps({"ok": v}), flush=True)
-    except Exception as e:
-        print(json.dumps({"err": f"{type(e).__name__}: {e}"}), flush=True)
 """
-
-
-class Worker:
-    """A process of the simulated node, driven line by line."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _WORKER],
-            env=env,
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert self._read() == "ready"
-
-    def _read(self) -> Any:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            assert self.proc.stderr is not None
-            raise AssertionError(f"worker died: {self.proc.stderr.read()[-2000:]}")
-        reply = json.loads(line)
-        if "err" in reply:
-            raise AssertionError(reply["err"])
-        return reply["ok"]
-
-    def __call__(self, cmd: str) -> Any:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(cmd + "\n")
-        self.proc.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            self.proc.wait(timeout=30)
-        for f in (self.proc.stdout, self.proc.stderr):
-            if f is not None:
-                f.close()
-
-
-class SimNode:
-    def __init__(self, shm: str) -> None:
-        self.shm = shm
-        self.workers: list[Worker] = []
-
-    def env(self, **extra: str) -> dict[str, str]:
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("KREX_", "LD_PRELOAD", "CUDA_VISIBLE_DEVICES"))
-        }
-        env.update(
-            LD_LIBRARY_PATH=str(sim_library_dir()),
-            KREX_SIM_SHM=self.shm,
-            PYTHONPATH=str(ROOT),
-        )
-        env.update(extra)
-        return env
-
-    def worker(self, **extra: str) -> Worker:
-        w = Worker(self.env(**extra))
-        self.workers.append(w)
-        return w
 
 
 @pytest.fixture
 def node() -> Iterator[SimNode]:
-    n = SimNode(f"/krex-sim-memtest-{os.getpid()}-{uuid.uuid4().hex[:10]}")
-    try:
+    with sim_node("memtest", _PRELUDE) as n:
         yield n
-    finally:
-        for w in n.workers:
-            with contextlib.suppress(Exception):
-                w.proc.kill()
-            w.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(f"/dev/shm/{n.shm[1:]}")
 
 
 # ---- Capacity. ----

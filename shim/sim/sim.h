@@ -9,7 +9,8 @@
  *   sim_wait.c     queueing work, and waiting for the model without holding its lock
  *   sim_ctx.c      per-process state: contexts, current-context stacks, default streams
  *   sim_mem.c      device-memory accounting for the node (capacity, per-process use)
- *   sim_api_*.c    the exported driver entry points (device, ctx, stream, mem, launch)
+ *   sim_api_*.c    the exported driver entry points (device, ctx, module, stream, mem,
+ *                  launch)
  *   sim_vmm.c      the virtual memory management entry points (cuMemCreate, cuMemMap, ...)
  *   sim_errors.c   cuGetErrorName, cuGetErrorString
  *   sim_procaddr.c cuGetProcAddress
@@ -18,9 +19,11 @@
  * Environment (read once per process): KREX_SIM_SHM (node segment, default /krex-sim-<uid>),
  * KREX_SIM_GPUS (1; at most 16), KREX_SIM_CTX_CREATE_MS (0), KREX_SIM_COPY_GBPS (50),
  * KREX_SIM_LAUNCH_GAP_US (1000; see sim_absorb_launch_gap in sim_model.c), KREX_SIM_MEM_BYTES
- * (device memory per GPU, SIM_TOTAL_MEM; only the node's creator's value counts), KREX_SIM_DEBUG,
- * KREX_SIM_WITNESS and KREX_TENANT (krexsim.h). The segment always holds SIM_MAX_GPUS GPUs;
- * KREX_SIM_GPUS only says how many of them this process sees.
+ * (device memory per GPU, SIM_TOTAL_MEM; only the node's creator's value counts),
+ * KREX_SIM_CTX_BYTES, KREX_SIM_MODULE_BYTES, KREX_SIM_LOCAL_BYTES, KREX_SIM_GRAPH_BYTES (0: the
+ * device memory the driver takes for itself, per process) and CUDA_MODULE_LOADING (LAZY or
+ * not), KREX_SIM_DEBUG, KREX_SIM_WITNESS and KREX_TENANT (krexsim.h). The segment always holds
+ * SIM_MAX_GPUS GPUs; KREX_SIM_GPUS only says how many of them this process sees.
  *
  * Processes are told apart by pid: an owner that kill(pid, 0) says is gone is dead (so all
  * processes of a node must share a pid namespace), and its streams, jobs and events are
@@ -72,11 +75,21 @@ struct sim_config {
     uint32_t tenant;          /* KREX_TENANT */
     uint64_t mem_bytes;       /* KREX_SIM_MEM_BYTES: capacity per GPU, if this process
                                * creates the node (the segment's value is what counts) */
+    /* Device memory the driver takes for itself, per process (default 0: none). */
+    uint64_t ctx_bytes;       /* KREX_SIM_CTX_BYTES: a context */
+    uint64_t module_bytes;    /* KREX_SIM_MODULE_BYTES: a loaded module or library */
+    uint64_t local_bytes;     /* KREX_SIM_LOCAL_BYTES: a kernel's local memory without @local= */
+    uint64_t graph_bytes;     /* KREX_SIM_GRAPH_BYTES: an instantiated graph */
+    int lazy_loading;         /* CUDA_MODULE_LOADING=LAZY */
 };
 
 SIM_HIDDEN extern struct sim_config sim_cfg;
 
 SIM_HIDDEN void sim_config_load(void);
+/* A size as KREX_SIM_MEM_BYTES spells it: an integer number of bytes, optionally with a binary
+ * suffix K, M, G or T (also KiB ... TiB, KB ... TB, and k: all powers of 1024), at most 1 PiB.
+ * 1 and *out set when `s` is one, else 0. */
+SIM_HIDDEN int sim_parse_bytes(const char *s, uint64_t *out);
 /* One stderr line, prefixed "krex-sim (simulated GPU): ". sim_debug only with KREX_SIM_DEBUG. */
 SIM_HIDDEN void sim_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 SIM_HIDDEN void sim_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -256,6 +269,10 @@ SIM_HIDDEN int sim_ordinal_gpu(int ordinal);
 #define SIM_MAGIC_EVENT 0x45564E31U
 #define SIM_MAGIC_MODULE 0x4D4F4431U
 #define SIM_MAGIC_FUNC 0x46554E31U
+#define SIM_MAGIC_LIBRARY 0x4C494231U
+#define SIM_MAGIC_KERNEL 0x4B524E31U
+#define SIM_MAGIC_GRAPH 0x47524631U
+#define SIM_MAGIC_GRAPH_EXEC 0x47455831U
 #define SIM_MAGIC_DEAD 0xDEADDEADU
 
 struct CUctx_st {
@@ -267,21 +284,38 @@ struct CUctx_st {
     uint64_t id;      /* serial, new at every (re)activation: tags this context's streams */
     uint32_t legacy_slot, legacy_gen; /* the legacy default stream, made on first use */
     struct CUctx_st *next_all;
+    /* Device memory the context holds on its device, given back when it goes (under
+     * sim_ctx.c's lock): its own (KREX_SIM_CTX_BYTES) and its local-memory reservation, the
+     * largest local need of the kernels launched in it so far. */
+    uint64_t mem_own, mem_local;
 };
 
-/* Streams, events, modules and functions: one handle type, kept in a free list once dead so
- * that a stale handle reads as dead instead of as freed memory. */
+/* Streams, events, modules, functions, libraries, kernels, graphs and graph execs: one handle
+ * type, kept in a free list once dead so that a stale handle reads as dead instead of as freed
+ * memory. */
 struct sim_handle {
     uint32_t magic;
     uint32_t flags;
     uint32_t slot, gen; /* shared-segment slot (streams, events) */
     struct CUctx_st *ctx;
-    struct sim_handle *link; /* free list; for a module, its functions */
+    struct sim_handle *link;  /* free list; for a module or library, its functions or kernels */
+    struct sim_handle *owner; /* a function's module, a kernel's library */
+    /* A module, library or graph exec: the device memory it holds on GPU `gpu` once `loaded`
+     * (a module or library under lazy loading is loaded at its first use). A function or
+     * kernel: the local memory it needs at launch. */
+    uint64_t bytes;
+    uint32_t gpu;
+    int32_t pid; /* the process charged (a forked child's copy holds nothing of its own) */
+    int loaded;
 };
 struct CUstream_st { struct sim_handle h; };
 struct CUevent_st { struct sim_handle h; };
 struct CUmod_st { struct sim_handle h; };
 struct CUfunc_st { struct sim_handle h; };
+struct CUlib_st { struct sim_handle h; };
+struct CUkern_st { struct sim_handle h; };
+struct CUgraph_st { struct sim_handle h; };
+struct CUgraphExec_st { struct sim_handle h; };
 
 SIM_HIDDEN struct sim_handle *sim_handle_new(uint32_t magic);
 SIM_HIDDEN void sim_handle_kill(struct sim_handle *h);
@@ -301,6 +335,30 @@ SIM_HIDDEN CUresult sim_primary_retain(CUcontext *pctx, CUdevice dev);
 SIM_HIDDEN CUresult sim_primary_release(CUdevice dev);
 SIM_HIDDEN CUresult sim_primary_state(CUdevice dev, unsigned *flags, int *active);
 SIM_HIDDEN CUresult sim_check_device(CUdevice dev);
+/* Raise context c's local-memory reservation to `need` bytes, charging the difference:
+ * CUDA_ERROR_OUT_OF_MEMORY when it does not fit (the reservation stays as it was). */
+SIM_HIDDEN CUresult sim_ctx_reserve_local(struct CUctx_st *c, uint64_t need);
+/* The context whose stream `s` is (NULL and the special handles: the current context), checked
+ * without the model lock, as a launch must know it before it queues anything. */
+SIM_HIDDEN CUresult sim_stream_ctx(CUstream s, struct CUctx_st **out);
+
+/* ---- Device memory that handles hold: modules, libraries, graph execs (sim_api_module.c). */
+
+/* Unless `h` holds its memory already (`loaded`): charge `bytes` on context c's device and
+ * record it in `h`. CUDA_ERROR_OUT_OF_MEMORY (and `h` unchanged) when they do not fit. Loading
+ * a module or library into c is this with KREX_SIM_MODULE_BYTES. */
+SIM_HIDDEN CUresult sim_handle_charge(struct sim_handle *h, struct CUctx_st *c, uint64_t bytes);
+/* A new handle of `magic` holding `bytes` on context c's device (c NULL: nothing yet); nothing
+ * is made when they do not fit. */
+SIM_HIDDEN CUresult sim_handle_new_charged(uint32_t magic, struct CUctx_st *c, uint64_t bytes,
+                                           struct sim_handle **out);
+/* Let go of a module, library or graph exec: of its functions or kernels, of the memory it
+ * holds (if this process charged it), of itself. */
+SIM_HIDDEN void sim_handle_drop(struct sim_handle *h);
+SIM_HIDDEN void sim_held_after_fork_child(void);
+/* Set once a kernel of this process can need something at its launch (local memory, or its
+ * library still to load): until then a launch never reads its function handle. */
+SIM_HIDDEN extern int sim_launch_reads_fn;
 
 /* Which stream a NULL handle means in the calling entry point. */
 enum sim_null_stream { SIM_NULL_LEGACY, SIM_NULL_PER_THREAD };

@@ -1,5 +1,5 @@
 /*
- * sim_api_ctx.c: context and module entry points.
+ * sim_api_ctx.c: context entry points (modules: sim_api_module.c).
  *
  * Every versioned spelling is its own function (its own address), as in the real driver,
  * so that a caller that maps addresses back to names is never ambiguous.
@@ -133,60 +133,3 @@ CUresult sim_cuCtxGetDevice(CUdevice *device)
     return r;
 }
 SIM_EXPORT(cuCtxGetDevice);
-
-/* ---- Modules: any non-NULL image loads, any name is a function. ---- */
-
-CUresult sim_cuModuleLoadData(CUmodule *module, const void *image)
-{
-    if (!module || !image)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct CUctx_st *c;
-    CUresult r = sim_ctx_current(&c);
-    if (r != CUDA_SUCCESS)
-        return r;
-    struct sim_handle *h = sim_handle_new(SIM_MAGIC_MODULE);
-    if (!h)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    h->ctx = c;
-    *module = (CUmodule)h;
-    return CUDA_SUCCESS;
-}
-SIM_EXPORT(cuModuleLoadData);
-
-CUresult sim_cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
-{
-    if (!hfunc || !name)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!hmod || hmod->h.magic != SIM_MAGIC_MODULE)
-        return CUDA_ERROR_INVALID_HANDLE;
-    struct sim_handle *f = sim_handle_new(SIM_MAGIC_FUNC);
-    if (!f)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    f->ctx = hmod->h.ctx;
-    /* The module keeps its functions, to let go of them when it is unloaded. */
-    pthread_mutex_lock(&sim_proc_lock);
-    f->link = hmod->h.link;
-    hmod->h.link = f;
-    pthread_mutex_unlock(&sim_proc_lock);
-    *hfunc = (CUfunction)f;
-    return CUDA_SUCCESS;
-}
-SIM_EXPORT(cuModuleGetFunction);
-
-CUresult sim_cuModuleUnload(CUmodule hmod)
-{
-    if (!hmod || hmod->h.magic != SIM_MAGIC_MODULE)
-        return CUDA_ERROR_INVALID_HANDLE;
-    pthread_mutex_lock(&sim_proc_lock);
-    struct sim_handle *f = hmod->h.link;
-    hmod->h.link = NULL;
-    pthread_mutex_unlock(&sim_proc_lock);
-    while (f) {
-        struct sim_handle *next = f->link;
-        sim_handle_kill(f);
-        f = next;
-    }
-    sim_handle_kill(&hmod->h);
-    return CUDA_SUCCESS;
-}
-SIM_EXPORT(cuModuleUnload);

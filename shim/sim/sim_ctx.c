@@ -10,6 +10,12 @@
  *
  * Context structs are never freed (a destroyed one stays, marked dead), so that a stale
  * CUcontext reads as CUDA_ERROR_CONTEXT_IS_DESTROYED instead of as freed memory.
+ *
+ * Device memory a context takes for itself, as a real one does (a few hundred MiB on an
+ * H200): KREX_SIM_CTX_BYTES, charged node-wide when the context comes into being (cuCtxCreate*,
+ * a primary context's first retain) and given back when it goes (cuCtxDestroy*, the last
+ * release), or with the process. Its local-memory reservation grows with the kernels launched
+ * in it (sim_ctx_reserve_local) and goes with it too.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +65,10 @@ static uint64_t sim_ctx_serial;
 static struct CUctx_st sim_primary[SIM_MAX_GPUS];
 static unsigned sim_primary_refs[SIM_MAX_GPUS];
 static pthread_mutex_t sim_primary_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Contexts' device memory (mem_own, mem_local) and their death, so that a launch never grows
+ * the reservation of a context that is being given back. Taken before the model lock. */
+static pthread_mutex_t sim_ctx_mem_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static __thread struct {
     unsigned n;
@@ -150,8 +160,9 @@ CUresult sim_ctx_set_current(CUcontext ctx)
 /* Context creation takes KREX_SIM_CTX_CREATE_MS under one lock for the whole node, as the
  * real driver serialises context creation node-wide. The model lock is not held. Meanwhile the
  * process is one of the GPU's users, as a real one is in NVML's list from early in its
- * context's creation. */
-static CUresult sim_ctx_creation_delay(CUdevice dev)
+ * context's creation. The context's own memory is charged first: when it does not fit, the
+ * creation fails with CUDA_ERROR_OUT_OF_MEMORY at once, and nothing is created. */
+static CUresult sim_ctx_creation(CUdevice dev)
 {
     int recovered;
     if (sim_robust_lock(&sim_shm->ctx_lock, &recovered) != 0)
@@ -160,14 +171,19 @@ static CUresult sim_ctx_creation_delay(CUdevice dev)
     __atomic_store_n(&sim_shm->ctx_holder, (uint32_t)sim_pid, __ATOMIC_RELEASE);
     if (recovered)
         sim_debug("a process died while creating a context; going on");
-    if (sim_cfg.ctx_create_ns > 0)
+    CUresult r = sim_mem_charge((uint32_t)dev, sim_cfg.ctx_bytes);
+    if (r == CUDA_SUCCESS && sim_cfg.ctx_create_ns > 0)
         sim_sleep_until(sim_mono_ns() + (int64_t)sim_cfg.ctx_create_ns);
     __atomic_store_n(&sim_shm->ctx_holder, 0, __ATOMIC_RELEASE);
     __atomic_store_n(&sim_shm->ctx_holder_gpu, 0, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&sim_shm->ctx_lock);
-    return CUDA_SUCCESS;
+    if (r != CUDA_SUCCESS)
+        sim_debug("no memory for a context on simulated GPU %d (%llu byte(s))", dev,
+                  (unsigned long long)sim_cfg.ctx_bytes);
+    return r;
 }
 
+/* After a successful sim_ctx_creation: the context holds what it charged. */
 static void sim_ctx_activate(struct CUctx_st *c, int dev, int primary, unsigned flags)
 {
     c->magic = SIM_MAGIC_CTX;
@@ -176,7 +192,37 @@ static void sim_ctx_activate(struct CUctx_st *c, int dev, int primary, unsigned 
     c->flags = flags;
     c->id = sim_ctx_new_id();
     c->legacy_slot = c->legacy_gen = SIM_NONE;
+    c->mem_own = sim_cfg.ctx_bytes;
+    c->mem_local = 0;
     __atomic_store_n(&c->alive, 1, __ATOMIC_RELEASE);
+}
+
+CUresult sim_ctx_reserve_local(struct CUctx_st *c, uint64_t need)
+{
+    pthread_mutex_lock(&sim_ctx_mem_lock);
+    CUresult r = sim_ctx_check(c);
+    if (r == CUDA_SUCCESS && need > c->mem_local) {
+        r = sim_mem_charge((uint32_t)c->device, need - c->mem_local);
+        if (r == CUDA_SUCCESS) {
+            sim_debug("local memory of context %p on simulated GPU %d: %llu byte(s)", (void *)c,
+                      c->device, (unsigned long long)need);
+            c->mem_local = need;
+        }
+    }
+    pthread_mutex_unlock(&sim_ctx_mem_lock);
+    return r;
+}
+
+CUresult sim_stream_ctx(CUstream s, struct CUctx_st **out)
+{
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+        return sim_ctx_current(out);
+    if (s->h.magic != SIM_MAGIC_STREAM)
+        return CUDA_ERROR_INVALID_HANDLE;
+    CUresult r = sim_ctx_check(s->h.ctx);
+    if (r == CUDA_SUCCESS)
+        *out = s->h.ctx;
+    return r;
 }
 
 CUresult sim_ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev)
@@ -191,7 +237,7 @@ CUresult sim_ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev)
     struct CUctx_st *c = calloc(1, sizeof *c);
     if (!c)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    r = sim_ctx_creation_delay(dev);
+    r = sim_ctx_creation(dev);
     if (r != CUDA_SUCCESS) {
         free(c);
         return r;
@@ -207,7 +253,8 @@ CUresult sim_ctx_create(CUcontext *pctx, unsigned flags, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
-/* Let go of every stream of context c (its queued work still runs), then mark it dead. */
+/* Let go of every stream of context c (its queued work still runs), mark it dead, and give
+ * back its device memory. */
 static void sim_ctx_retire(struct CUctx_st *c)
 {
     if (sim_model_lock(NULL) == CUDA_SUCCESS) {
@@ -218,7 +265,12 @@ static void sim_ctx_retire(struct CUctx_st *c)
         }
         sim_model_unlock();
     }
+    pthread_mutex_lock(&sim_ctx_mem_lock);
     __atomic_store_n(&c->alive, 0, __ATOMIC_RELEASE);
+    uint64_t held = c->mem_own + c->mem_local;
+    c->mem_own = c->mem_local = 0;
+    pthread_mutex_unlock(&sim_ctx_mem_lock);
+    sim_mem_uncharge((uint32_t)c->device, held);
 }
 
 CUresult sim_ctx_destroy(CUcontext ctx)
@@ -299,8 +351,9 @@ CUresult sim_primary_retain(CUcontext *pctx, CUdevice dev)
     pthread_mutex_lock(&sim_primary_lock);
     struct CUctx_st *c = &sim_primary[dev];
     if (sim_primary_refs[dev] == 0) {
-        /* Activation: a context creation like any other. */
-        r = sim_ctx_creation_delay(dev);
+        /* Activation: a context creation like any other (a failed one leaves it inactive, and
+         * the next retain tries again). */
+        r = sim_ctx_creation(dev);
         if (r != CUDA_SUCCESS) {
             pthread_mutex_unlock(&sim_primary_lock);
             return r;
@@ -506,6 +559,7 @@ void sim_ctx_after_fork_child(void)
         sim_primary_refs[d] = 0;
     }
     pthread_mutex_init(&sim_primary_lock, NULL);
+    pthread_mutex_init(&sim_ctx_mem_lock, NULL);
     tls_ctx.n = 0;
     if (tls_ptds) {
         free(tls_ptds); /* the child's copy: the streams in it are the parent's */

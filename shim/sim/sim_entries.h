@@ -48,10 +48,22 @@ SIM_HIDDEN CUresult sim_cuCtxPopCurrent_v2(CUcontext *pctx);
 SIM_HIDDEN CUresult sim_cuCtxSynchronize(void);
 SIM_HIDDEN CUresult sim_cuCtxGetDevice(CUdevice *device);
 
-/* Modules. */
+/* Modules and libraries. */
 SIM_HIDDEN CUresult sim_cuModuleLoadData(CUmodule *module, const void *image);
+SIM_HIDDEN CUresult sim_cuModuleLoadDataEx(CUmodule *module, const void *image,
+                                           unsigned int numOptions, CUjit_option *options,
+                                           void **optionValues);
 SIM_HIDDEN CUresult sim_cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name);
 SIM_HIDDEN CUresult sim_cuModuleUnload(CUmodule hmod);
+SIM_HIDDEN CUresult sim_cuLibraryLoadData(CUlibrary *library, const void *code,
+                                          CUjit_option *jitOptions, void **jitOptionsValues,
+                                          unsigned int numJitOptions,
+                                          CUlibraryOption *libraryOptions,
+                                          void **libraryOptionValues,
+                                          unsigned int numLibraryOptions);
+SIM_HIDDEN CUresult sim_cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name);
+SIM_HIDDEN CUresult sim_cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel);
+SIM_HIDDEN CUresult sim_cuLibraryUnload(CUlibrary library);
 
 /* Streams and events. */
 SIM_HIDDEN CUresult sim_cuStreamCreate(CUstream *phStream, unsigned int flags);
@@ -160,6 +172,13 @@ SIM_HIDDEN CUresult sim_cuLaunchHostFunc(CUstream s, CUhostFn fn, void *data);
 SIM_HIDDEN CUresult sim_cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *data);
 SIM_HIDDEN CUresult sim_cuGraphLaunch(CUgraphExec g, CUstream s);
 SIM_HIDDEN CUresult sim_cuGraphLaunch_ptsz(CUgraphExec g, CUstream s);
+
+/* Graphs (empty ones: what instantiation takes is what they are for). */
+SIM_HIDDEN CUresult sim_cuGraphCreate(CUgraph *phGraph, unsigned int flags);
+SIM_HIDDEN CUresult sim_cuGraphDestroy(CUgraph g);
+SIM_HIDDEN CUresult sim_cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph g,
+                                                    unsigned long long flags);
+SIM_HIDDEN CUresult sim_cuGraphExecDestroy(CUgraphExec e);
 
 /* Entry-point lookup. */
 SIM_HIDDEN CUresult sim_cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,

@@ -150,6 +150,9 @@ CUresult sim_mem_charge(uint32_t gpu, uint64_t bytes)
 {
     if (gpu >= SIM_MAX_GPUS)
         return CUDA_ERROR_INVALID_VALUE;
+    if (bytes == 0)
+        return CUDA_SUCCESS; /* what the driver takes for itself is 0 unless configured: no
+                              * lock, and no entry for a process that holds nothing */
     CUresult r = sim_model_lock_raw();
     if (r != CUDA_SUCCESS)
         return r;

@@ -55,8 +55,13 @@ static const struct sim_proc_entry sim_proc_table[] = {
     E("cuCtxGetDevice", cuCtxGetDevice, 2000),
 
     E("cuModuleLoadData", cuModuleLoadData, 2000),
+    E("cuModuleLoadDataEx", cuModuleLoadDataEx, 2010),
     E("cuModuleGetFunction", cuModuleGetFunction, 2000),
     E("cuModuleUnload", cuModuleUnload, 2000),
+    E("cuLibraryLoadData", cuLibraryLoadData, 12000),
+    E("cuLibraryGetKernel", cuLibraryGetKernel, 12000),
+    E("cuKernelGetFunction", cuKernelGetFunction, 12000),
+    E("cuLibraryUnload", cuLibraryUnload, 12000),
 
     E("cuStreamCreate", cuStreamCreate, 2000),
     E("cuStreamDestroy", cuStreamDestroy, 2000),
@@ -139,6 +144,11 @@ static const struct sim_proc_entry sim_proc_table[] = {
     PT("cuLaunchHostFunc", cuLaunchHostFunc_ptsz, 10000),
     E("cuGraphLaunch", cuGraphLaunch, 10000),
     PT("cuGraphLaunch", cuGraphLaunch_ptsz, 10000),
+    E("cuGraphCreate", cuGraphCreate, 10000),
+    E("cuGraphDestroy", cuGraphDestroy, 10000),
+    /* Only under its own name: the older cuGraphInstantiate (5 parameters) is not provided. */
+    E("cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags, 11040),
+    E("cuGraphExecDestroy", cuGraphExecDestroy, 10000),
 
     E("cuGetErrorName", cuGetErrorName, 6000),
     E("cuGetErrorString", cuGetErrorString, 6000),

@@ -180,6 +180,7 @@ static void sim_atfork_child(void)
     sim_pid = getpid();
     sim_ctx_after_fork_child();
     sim_mem_after_fork_child();
+    sim_held_after_fork_child();
     sim_hooks_after_fork_child();
 }
 

@@ -54,16 +54,12 @@ static double sim_env_number(const char *name, double dflt, double lo, double hi
     return v;
 }
 
-/* KREX_SIM_MEM_BYTES: bytes as an integer, optionally with a binary suffix K, M, G or T
- * (also KiB, MiB, GiB, TiB; KB..TB and k are read the same way: powers of 1024), between 1 MiB
- * and 1 PiB. Unset or malformed (with a warning): SIM_TOTAL_MEM. */
+/* Sizes: see sim_parse_bytes in sim.h. */
+#define SIM_BYTES_MAX (1ULL << 50)
 #define SIM_MEM_MIN (1ULL << 20)
-#define SIM_MEM_MAX (1ULL << 50)
-static uint64_t sim_env_bytes(const char *name, uint64_t dflt)
+
+int sim_parse_bytes(const char *s, uint64_t *out)
 {
-    const char *s = getenv(name);
-    if (!s || !*s)
-        return dflt;
     char *end = NULL;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
@@ -80,13 +76,25 @@ static uint64_t sim_env_bytes(const char *name, uint64_t dflt)
             ok = !*rest || !strcmp(rest, "B") || !strcmp(rest, "iB");
         }
     }
-    if (ok && shift && v > (SIM_MEM_MAX >> shift))
+    if (ok && (v > (SIM_BYTES_MAX >> shift)))
         ok = 0;
-    uint64_t bytes = ok ? (uint64_t)v << shift : 0;
-    if (!ok || bytes < SIM_MEM_MIN || bytes > SIM_MEM_MAX) {
-        sim_warn("ignoring %s=\"%s\" (expected bytes, optionally with K, M, G or T, between 1 "
-                 "MiB and 1 PiB); using %llu",
-                 name, s, (unsigned long long)dflt);
+    if (ok)
+        *out = (uint64_t)v << shift;
+    return ok;
+}
+
+/* A size from the environment (sim_parse_bytes), at least `lo` (`range` says so in words);
+ * unset: `dflt`; malformed or out of range: `dflt`, with a warning. */
+static uint64_t sim_env_bytes(const char *name, uint64_t dflt, uint64_t lo, const char *range)
+{
+    const char *s = getenv(name);
+    if (!s || !*s)
+        return dflt;
+    uint64_t bytes = 0;
+    if (!sim_parse_bytes(s, &bytes) || bytes < lo) {
+        sim_warn("ignoring %s=\"%s\" (expected bytes, optionally with K, M, G or T, %s); using "
+                 "%llu",
+                 name, s, range, (unsigned long long)dflt);
         return dflt;
     }
     return bytes;
@@ -141,7 +149,18 @@ void sim_config_load(void)
     c->copy_bytes_per_ns = sim_env_number("KREX_SIM_COPY_GBPS", 50, 1e-6, 1e9);
     c->launch_gap_ns = sim_env_number("KREX_SIM_LAUNCH_GAP_US", 1000, 0, 1e6) * 1e3;
 
-    c->mem_bytes = sim_env_bytes("KREX_SIM_MEM_BYTES", SIM_TOTAL_MEM);
+    c->mem_bytes = sim_env_bytes("KREX_SIM_MEM_BYTES", SIM_TOTAL_MEM, SIM_MEM_MIN,
+                                 "between 1 MiB and 1 PiB");
+    /* What the driver allocates for itself (docs/simulator.md, "Device memory"). */
+    c->ctx_bytes = sim_env_bytes("KREX_SIM_CTX_BYTES", 0, 0, "up to 1 PiB");
+    c->module_bytes = sim_env_bytes("KREX_SIM_MODULE_BYTES", 0, 0, "up to 1 PiB");
+    c->local_bytes = sim_env_bytes("KREX_SIM_LOCAL_BYTES", 0, 0, "up to 1 PiB");
+    c->graph_bytes = sim_env_bytes("KREX_SIM_GRAPH_BYTES", 0, 0, "up to 1 PiB");
+    /* As the real driver reads it, where only LAZY turns lazy loading on; its default has been
+     * lazy since CUDA 12.2, the simulator's stays eager (so a module costs its memory at load
+     * unless a workload asks otherwise). */
+    const char *loading = getenv("CUDA_MODULE_LOADING");
+    c->lazy_loading = loading && strcmp(loading, "LAZY") == 0;
 
     const char *w = getenv("KREX_SIM_WITNESS");
     snprintf(c->witness_path, sizeof c->witness_path, "%s", w ? w : "");
@@ -151,6 +170,11 @@ void sim_config_load(void)
               "gap %.1f us%s%s",
               c->shm_name, c->n_gpus, c->ctx_create_ns / 1e6, c->copy_bytes_per_ns,
               c->launch_gap_ns / 1e3, c->witness_path[0] ? ", witness " : "", c->witness_path);
+    sim_debug("config: the driver's own device memory: context %llu, module %llu (%s loading), "
+              "local %llu, graph %llu byte(s)",
+              (unsigned long long)c->ctx_bytes, (unsigned long long)c->module_bytes,
+              c->lazy_loading ? "lazy" : "eager", (unsigned long long)c->local_bytes,
+              (unsigned long long)c->graph_bytes);
 }
 
 int64_t sim_mono_ns(void)

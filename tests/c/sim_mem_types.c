@@ -1,7 +1,8 @@
 /*
  * sim_mem_types.c: the memory types krex_cuda.h declares for the simulated driver, and the
- * prototypes of the simulated memory entry points, against the real cuda.h (built only where
- * one is installed; tests/test_sim_mem.py). Compiled twice: with -DKREX_REAL_CUDA_H each
+ * prototypes of the simulated memory entry points and of those that take device memory for the
+ * driver itself (modules, libraries, graphs), against the real cuda.h (built only where one is
+ * installed; tests/test_sim_mem.py). Compiled twice: with -DKREX_REAL_CUDA_H each
  * signature below must be cuda.h's prototype of that exact name; without it, the same
  * signature must be the simulator's sim_<name> (shim/sim/sim_entries.h). Both builds print the
  * sizes, offsets and values of the types, which must be equal.
@@ -51,6 +52,19 @@ CHK(cuMemRelease, (CUmemGenericAllocationHandle))
 CHK(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))
 CHK(cuMemUnmap, (CUdeviceptr, size_t))
 CHK(cuMemSetAccess, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))
+CHK(cuModuleLoadData, (CUmodule *, const void *))
+CHK(cuModuleLoadDataEx, (CUmodule *, const void *, unsigned int, CUjit_option *, void **))
+CHK(cuModuleGetFunction, (CUfunction *, CUmodule, const char *))
+CHK(cuModuleUnload, (CUmodule))
+CHK(cuLibraryLoadData, (CUlibrary *, const void *, CUjit_option *, void **, unsigned int,
+                        CUlibraryOption *, void **, unsigned int))
+CHK(cuLibraryGetKernel, (CUkernel *, CUlibrary, const char *))
+CHK(cuKernelGetFunction, (CUfunction *, CUkernel))
+CHK(cuLibraryUnload, (CUlibrary))
+CHK(cuGraphCreate, (CUgraph *, unsigned int))
+CHK(cuGraphInstantiateWithFlags, (CUgraphExec *, CUgraph, unsigned long long))
+CHK(cuGraphExecDestroy, (CUgraphExec))
+CHK(cuGraphDestroy, (CUgraph))
 
 int main(void)
 {
@@ -91,5 +105,9 @@ int main(void)
            CU_AD_FORMAT_FLOAT);
     printf("errors %d %d %d\n", CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_ALREADY_MAPPED,
            CUDA_ERROR_NOT_MAPPED);
+    printf("code: CUjit_option %zu (first %d) CUlibraryOption %zu %d %d %d handles %zu %zu\n",
+           sizeof(CUjit_option), CU_JIT_MAX_REGISTERS, sizeof(CUlibraryOption),
+           CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE, CU_LIBRARY_BINARY_IS_PRESERVED,
+           CU_LIBRARY_NUM_OPTIONS, sizeof(CUlibrary), sizeof(CUkernel));
     return 0;
 }

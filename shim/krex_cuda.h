@@ -54,13 +54,7 @@ typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUextSemaphore_st *CUexternalSemaphore;
-typedef struct CUlib_st *CUlibrary;
-typedef struct CUkern_st *CUkernel;
 typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st CUDA_GRAPH_INSTANTIATE_PARAMS;
-/* Passed through by pointer only (module and library loading): the values never matter to
- * KREX, and an enum of int size is what the real ones are. */
-typedef enum CUjit_option_enum { CU_JIT_MAX_REGISTERS = 0 } CUjit_option;
-typedef enum CUlibraryOption_enum { CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE = 0 } CUlibraryOption;
 
 typedef void (*CUhostFn)(void *userData);
 
@@ -118,8 +112,9 @@ typedef struct CUlaunchConfig_st {
     unsigned int numAttrs;
 } CUlaunchConfig;
 
-/* Code loading (the simulated driver's modules and libraries). The JIT options are passed
- * through by pointer only: the first value alone is declared (cuda.h has more). */
+/* Code loading (the shim's KREX_DRIVER hooks, the simulated driver's modules and libraries).
+ * The JIT options are passed through by pointer only: the first value alone is declared
+ * (cuda.h has more). */
 typedef struct CUlib_st *CUlibrary;
 typedef struct CUkern_st *CUkernel;
 typedef enum CUjit_option_enum { CU_JIT_MAX_REGISTERS = 0 } CUjit_option;

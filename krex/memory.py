@@ -54,11 +54,17 @@ _LEARNED_MAX = 10_000  # command keys kept in the learned-peaks file
 _PRIOR_MIN = 3  # learned peaks needed before their median stands for an unknown command
 ALL_WAITING_S = 1.0  # nobody can free: the preemption period (time for a free in flight)
 ALONE_CHECK_S = 0.3  # nobody else holds memory this long, a retry granted: the wait is denied
+STARVE_S = 10.0  # the head waited this long: no other waiter is let retry before it
 # What the driver takes for a context, a module or a launch's local memory, for the verdict
 # (the shim cannot know the size of the driver's own allocations).
 DRIVER_WANT = 512 << 20
 _ROOM_POLL_S = 0.02
 _KIND_ALLOC = MEM_KINDS.index("alloc")
+
+
+def _want(s: SlotView) -> int:
+    """What a waiting slot asks for: its bytes, or DRIVER_WANT for the driver's own memory."""
+    return s.mem_want if s.mem_kind == _KIND_ALLOC else max(s.mem_want, DRIVER_WANT)
 
 
 def argv_key(argv: Sequence[str]) -> str:
@@ -79,6 +85,8 @@ class Pokable(Protocol):
     def mem_grant(self, index: int) -> None: ...
 
     def mem_deny(self, index: int) -> None: ...
+
+    def mem_seen(self, index: int) -> None: ...
 
 
 Slots = Callable[[], Iterable[tuple[Pokable, SlotView]]]
@@ -208,13 +216,34 @@ class Memory:
             st.waiters = live
             if not live:
                 continue
-            head = live[0]
-            if head.owner or not st.room_for or self.free(i) >= st.room_want:
-                # While a region waits for room, what is freed stays free for it.
-                head.seg.mem_grant(head.slot.index)
-                self._note_grant(head)
-            self._break_deadlock(i, st, now_ns)
+            free = self.free(i, users)
+            self._grant(st, live, free, now_ns)
+            self._break_deadlock(i, st, now_ns, free, by_tenant, pids, users)
         return anyone
+
+    def _grant(self, st: GpuMemory, live: list[Waiter], free: int, now_ns: int) -> None:
+        """Let the head retry; and, while the head cannot be served from what is free and has
+        not waited STARVE_S, any other waiter that can (what it would take and give back may
+        be what the head waits for; a retry that fails only waits again). Every waiter passed
+        over is told so: it waits for its turn instead of retrying on its own."""
+        granted: set[int] = set()
+        head = live[0]
+        if not st.room_for or head.owner or free >= st.room_want:
+            # (While a region waits for room, what is freed stays free for it.)
+            granted.add(id(head))
+            left = free - _want(head.slot) if _want(head.slot) <= free else free
+            pack = not (head.owner or st.room_for or _want(head.slot) <= free)
+            if pack and now_ns - head.slot.mem_since_ns < STARVE_S * 1e9:
+                for w in live[1:]:
+                    if _want(w.slot) <= left:
+                        granted.add(id(w))
+                        left -= _want(w.slot)
+        for w in live:
+            if id(w) in granted:
+                w.seg.mem_grant(w.slot.index)
+                self._note_grant(w)
+            else:
+                w.seg.mem_seen(w.slot.index)
 
     def _forget_ended(self, waiters: list[list[Waiter]]) -> None:
         current = {(w.slot.pid, w.slot.index): w.slot.mem_since_ns for ws in waiters for w in ws}
@@ -258,7 +287,7 @@ class Memory:
         if v.denied:
             return True
         mine, others = self._others(gpu, s.tenant, by_tenant, pids, users)
-        want = s.mem_want if s.mem_kind == _KIND_ALLOC else max(s.mem_want, DRIVER_WANT)
+        want = _want(s)
         why = ""
         if st.capacity and mine + want > st.capacity:
             why = (
@@ -293,14 +322,15 @@ class Memory:
         if v is not None and v.alone_since_ns:
             v.granted_alone = True
 
-    def free(self, gpu: int) -> int:
-        """The GPU's free bytes: the driver's where known, else its capacity less what the
-        tenants' processes hold."""
+    def free(self, gpu: int, users: dict[int, int] | None = None) -> int:
+        """The GPU's free bytes: the driver's where known (NVML), else its capacity less what
+        the driver's per-process figures (`users`) or the tenants' processes hold."""
         known = self.device_free(gpu)
         if known is not None:
             return known
         st = self.state[gpu]
-        return max(0, st.capacity - st.held)
+        used = sum(users.values()) if users is not None else st.held
+        return max(0, st.capacity - used)
 
     async def make_room(self, gpu: int, owner: int) -> float:
         """Before tenant `owner`'s region closes the gate of `gpu`: wait, at most room_wait_s,
@@ -329,7 +359,16 @@ class Memory:
         most = self.state[gpu].capacity - self.headroom
         return max(self.room, min(regrow, most))
 
-    def _break_deadlock(self, gpu: int, st: GpuMemory, now_ns: int) -> None:
+    def _break_deadlock(
+        self,
+        gpu: int,
+        st: GpuMemory,
+        now_ns: int,
+        free: int,
+        by_tenant: dict[tuple[int, int], int],
+        pids: dict[int, set[int]],
+        users: dict[int, int] | None,
+    ) -> None:
         stuck = now_ns - max(st.progress_ns, st.preempted_ns)
         head = st.waiters[0]
         if head.owner:
@@ -344,19 +383,30 @@ class Memory:
         period = self.deadlock_ns if st.others_can_free else int(ALL_WAITING_S * 1e9)
         if stuck < period:
             return
-        holding = {w.slot.tenant for w in st.waiters if w.slot.mem_bytes > 0}
+        # Preempt, youngest first, as many waiting commands that hold memory as it takes for
+        # what they give back (with what is free) to serve the head: one period, not one
+        # command a period. The head's own command only if no other holds anything.
+        waiting = {w.slot.tenant for w in st.waiters}
+        holds = {t: self._others(gpu, t, by_tenant, pids, users)[0] for t in waiting}
+        short = _want(head.slot) - free
+        chosen: list[int] = []
         for t in self.victims(gpu):
-            # A command that waits and holds memory: ending it gives that memory back.
-            if t.id not in holding:
+            if t.id not in waiting or holds.get(t.id, 0) <= 0 or t.id == head.slot.tenant:
                 continue
-            why = (
-                f"a memory deadlock on GPU {gpu}: {len(st.waiters)} waiting for device memory "
-                f"and none freed for {stuck / 1e9:.1f} s"
-                + ("" if st.others_can_free else " (every process holding memory waits)")
-            )
-            if self.preempt(t.id, why):
-                st.preempted_ns, st.preemptions = now_ns, st.preemptions + 1
-                return
+            chosen.append(t.id)
+            short -= holds[t.id]
+            if short <= 0:
+                break
+        if not chosen and holds.get(head.slot.tenant, 0) > 0:
+            chosen = [head.slot.tenant]
+        why = (
+            f"a memory deadlock on GPU {gpu}: {len(st.waiters)} waiting for device memory "
+            f"and none freed for {stuck / 1e9:.1f} s"
+            + ("" if st.others_can_free else " (every process holding memory waits)")
+        )
+        done = [tid for tid in chosen if self.preempt(tid, why)]
+        if done:
+            st.preempted_ns, st.preemptions = now_ns, st.preemptions + len(done)
 
     def waiting(self, gpu: int) -> bool:
         return bool(self.state[gpu].waiters)
@@ -403,11 +453,13 @@ class Memory:
         busy = reserved + sum(max(expected[i], held[i]) for i in expected)
         if busy + need > capacity - self.headroom:
             return False
-        free = self.device_free(g.index)
-        if free is None:
+        users = self.device_users(g.index)
+        if users is None and self.device_free(g.index) is None:
             return True
-        # The driver's free memory, less what the tenants are still expected to grow by and
-        # what is promised: a tenant of unknown need counts what it holds.
+        free = self.free(g.index, users)
+        # The driver's free memory (contexts and modules counted), less what the tenants are
+        # still expected to grow by and what is promised: a tenant of unknown need counts what
+        # it holds.
         growth = reserved + sum(max(0, expected[i] - held[i]) for i in expected)
         return free - growth >= need
 

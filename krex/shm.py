@@ -65,6 +65,7 @@ _MEM_FIELDS = (
     "mem_oom_alone",
     "mem_oom_shared",
     "mem_kind",
+    "mem_seen",
     "drained_calls",
 )
 # What a memory wait waits in (krex_slot.mem_kind, mem_kind_waits; shim/krex_layout.h).
@@ -104,6 +105,7 @@ class SlotView:
     # Layout 2.0: the kind of the current memory wait (MEM_KINDS), `intercepted` at the last
     # completed drain, and memory waits so far per kind.
     mem_kind: int = 0
+    mem_seen: int = 0
     drained_calls: int = 0
     mem_kind_waits: tuple[int, ...] = (0,) * len(MEM_KINDS)
 
@@ -308,6 +310,12 @@ class Segment:
         errors the command would have had alone."""
         self._check_index(index)
         lib.krex_mem_deny(self._seg, index)
+
+    def mem_seen(self, index: int) -> None:
+        """Tell slot `index`'s memory waiter that the controller passed over it (not its
+        turn): it waits on instead of retrying on its own."""
+        self._check_index(index)
+        lib.krex_mem_seen(self._seg, index)
 
     def _check_index(self, index: int) -> None:
         if not 0 <= index < self.n_slots:

@@ -280,6 +280,7 @@ int krex_slot_read(const struct krex_segment *seg, uint32_t i, struct krex_slot_
     out->mem_grant = KREX_LOAD(&s->mem_grant);
     out->mem_deny = KREX_LOAD(&s->mem_deny);
     out->mem_kind = KREX_LOAD(&s->mem_kind);
+    out->mem_seen = KREX_LOAD(&s->mem_seen);
     out->drained_calls = KREX_LOAD(&s->drained_calls);
     for (uint32_t k = 0; k < KREX_MEM_KIND_SLOTS; k++)
         out->mem_kind_waits[k] = KREX_LOAD(&s->mem_kind_waits[k]);
@@ -309,4 +310,12 @@ int krex_mem_grant(struct krex_segment *seg, uint32_t i)
 int krex_mem_deny(struct krex_segment *seg, uint32_t i)
 {
     return mem_poke(seg, i, 1);
+}
+
+int krex_mem_seen(struct krex_segment *seg, uint32_t i)
+{
+    if (!seg || i >= seg->header.n_slots)
+        return KREX_E_ARG;
+    __atomic_add_fetch(&seg->slots[i].mem_seen, 1U, __ATOMIC_SEQ_CST);
+    return KREX_OK;
 }

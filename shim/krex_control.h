@@ -87,6 +87,7 @@ struct krex_slot_view {
     uint32_t mem_oom_alone;
     uint32_t mem_oom_shared;
     uint32_t mem_kind; /* 2.0 */
+    uint32_t mem_seen; /* 2.0 */
     uint64_t drained_calls; /* 2.0 */
     uint32_t mem_kind_waits[KREX_MEM_KIND_SLOTS]; /* 2.0 */
 };
@@ -103,6 +104,8 @@ int krex_slot_reap(struct krex_segment *seg, uint32_t i, struct krex_slot_view *
  * it would have had alone (mem_deny += 1, wake). KREX_E_ARG for a bad index. */
 int krex_mem_grant(struct krex_segment *seg, uint32_t i);
 int krex_mem_deny(struct krex_segment *seg, uint32_t i);
+/* The controller passed over slot `i`'s memory waiter (not its turn): mem_seen += 1, no wake. */
+int krex_mem_seen(struct krex_segment *seg, uint32_t i);
 
 /* /proc/<pid>/stat start time (field 22), or 0 if the process does not exist. */
 uint64_t krex_proc_start_time(uint32_t pid);

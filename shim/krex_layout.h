@@ -131,7 +131,10 @@ struct krex_slot {
                                completed drain: equal to intercepted, nothing was submitted
                                since, so nothing is queued and a region need not drain it */
     uint32_t mem_kind;      /* KREX_MEM_* of the current memory wait (meaningful while mem_want) */
-    uint32_t reserved2;
+    uint32_t mem_seen;      /* the controller adds 1 as it passes over this process's waiter
+                               (not its turn): a live controller, so the waiter does not retry
+                               on its own and take memory out of turn (written by the
+                               controller, in a line the process writes only on memory waits) */
     uint32_t mem_kind_waits[KREX_MEM_KIND_SLOTS]; /* memory waits so far, per KREX_MEM_* */
     uint64_t reserved3[2];
 };

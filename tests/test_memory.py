@@ -25,12 +25,16 @@ class FakeSeg:
     def __init__(self) -> None:
         self.granted: list[int] = []
         self.denied: list[int] = []
+        self.seen: list[int] = []
 
     def mem_grant(self, index: int) -> None:
         self.granted.append(index)
 
     def mem_deny(self, index: int) -> None:
         self.denied.append(index)
+
+    def mem_seen(self, index: int) -> None:
+        self.seen.append(index)
 
 
 def slot(

@@ -22,6 +22,7 @@ import pytest
 from conftest import Node
 
 from krex.gate import exclusive
+from krex.shm import MEM_KINDS
 
 MIB = 1 << 20
 
@@ -29,7 +30,7 @@ MIB = 1 << 20
 WORKER = textwrap.dedent("""
     import sys, traceback
     from krex.simgpu import SimGPU
-    g = SimGPU()
+    g = SimGPU() if sys.argv[1] == "open" else None
     print("ready", flush=True)
     for line in sys.stdin:
         try:
@@ -41,9 +42,9 @@ WORKER = textwrap.dedent("""
 
 
 class Worker:
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], *, open_gpu: bool = True) -> None:
         self.p = subprocess.Popen(
-            [sys.executable, "-c", WORKER],
+            [sys.executable, "-c", WORKER, "open" if open_gpu else "-"],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -63,6 +64,12 @@ class Worker:
         self.p.stdin.write(stmt + "\n")
         self.p.stdin.flush()
         return self.read()
+
+    def start(self, stmt: str) -> None:
+        """Send a statement without waiting for its answer (read() it later)."""
+        assert self.p.stdin is not None
+        self.p.stdin.write(stmt + "\n")
+        self.p.stdin.flush()
 
     def close(self) -> None:
         if self.p.poll() is None:
@@ -140,3 +147,56 @@ def test_a_sibling_waiting_for_memory_stalls_no_region(node: Node, workers: list
     for s in node.seg.slots_of(waiter.p.pid):
         node.seg.mem_grant(s.index)
     assert waiter.read() == "ok"
+
+
+# The driver's own memory, per kind of call: (extra environment of the waiter, statements run
+# before (they fit), the statement whose driver call runs out of memory, the wait's kind).
+DRIVER_CASES = {
+    "context": ({"KREX_SIM_CTX_BYTES": "16M"}, "", "g = SimGPU()", "context"),
+    "created-context": ({"KREX_SIM_CTX_BYTES": "16M"}, "g = SimGPU()", "g.create_context()",
+                        "context"),
+    "module": ({"KREX_SIM_MODULE_BYTES": "16M"}, "g = SimGPU()", "g.load_module()", "module"),
+    "lazy-module": ({"KREX_SIM_MODULE_BYTES": "16M", "CUDA_MODULE_LOADING": "LAZY"},
+                    "g = SimGPU(); m = g.load_module()", "g.function(m, 'k')", "module"),
+    "library": ({"KREX_SIM_MODULE_BYTES": "16M"}, "g = SimGPU()", "g.library_load()", "module"),
+    "launch": ({}, "g = SimGPU(); f = g.function(g.load_module(), 'k@local=16M')",
+               "g.launch_fn(f, 1000)", "launch"),
+    "graph": ({"KREX_SIM_GRAPH_BYTES": "16M"}, "g = SimGPU(); gr = g.graph_create()",
+              "g.graph_instantiate(gr)", "graph"),
+}  # fmt: skip
+
+
+@pytest.mark.node(KREX_SIM_MEM_BYTES="64M")
+@pytest.mark.parametrize("case", sorted(DRIVER_CASES))
+def test_the_drivers_own_memory_waits_as_an_allocation_does(
+    node: Node, workers: list[Worker], case: str
+) -> None:
+    """Issue #47, 1: a context, a module (loaded eagerly or at its first function), a library,
+    a launch's local memory, a graph: where the driver answers out-of-memory because another
+    process holds the memory, the call waits (the slot says which kind), holds no gate
+    announcement meanwhile (a region on its GPU is granted at once and clean), and succeeds
+    once the memory comes back, with no error reaching the program."""
+    env, before, call, kind = DRIVER_CASES[case]
+    holder = Worker(node.env(tenant=3))
+    workers.append(holder)
+    waiter = Worker(node.env(tenant=2, KREX_MEM_WAIT_S="60", **env), open_gpu=False)
+    workers.append(waiter)
+    if before:
+        assert waiter.do(before) == "ok"
+    free = holder.do("q = g.alloc(g.mem_info()[0] - (8 << 20))")  # leave 8 of the 16 MiB asked
+    assert free == "ok"
+    waiter.start(call)
+    deadline = time.monotonic() + 10
+    while not (mine := [s for s in node.seg.slots() if s.tenant == 2 and s.mem_want]):
+        assert time.monotonic() < deadline, f"the {case} call never waited"
+        time.sleep(0.02)
+    assert MEM_KINDS[mine[0].mem_kind] == kind and mine[0].in_flight == 0
+    with exclusive(node.seg, 0, owner=1, quiesce_timeout_s=0.5, drain_timeout_s=0.5) as hold:
+        pass
+    assert hold.clean, hold.problems
+    assert holder.do("g.free(q)") == "ok"
+    node.seg.mem_grant(mine[0].index)
+    assert waiter.read() == "ok"
+    (s,) = [s for s in node.seg.slots() if s.tenant == 2]
+    assert s.mem_kind_waits[MEM_KINDS.index(kind)] == 1 and s.mem_waits == 1
+    assert s.mem_oom_alone == s.mem_oom_shared == 0 and s.mem_want == 0

@@ -68,6 +68,7 @@ LAYOUT = {
             "mem_oom_shared": 124,
             "drained_calls": 128,
             "mem_kind": 136,
+            "mem_seen": 140,
             "mem_kind_waits": 144,
             "reserved3": 176,
         },

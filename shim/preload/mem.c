@@ -301,6 +301,7 @@ int krex_mem_wait_begin(struct krex_mem_wait *w, struct krex_slot *s, uint64_t b
      * mem_want must be seen as a change. */
     w->grant = KREX_LOAD(&s->mem_grant);
     w->deny = KREX_LOAD(&s->mem_deny);
+    w->seen = KREX_LOAD(&s->mem_seen);
     w->start = w->last_grant = w->last_retry = krex_now_ns();
     w->deadline = w->start + wait_limit_ns;
     w->me = join(s, bytes, w->start, kind);
@@ -327,11 +328,15 @@ int krex_mem_wait_next(struct krex_mem_wait *w)
         }
         uint64_t now = krex_now_ns();
         int retry = 0;
+        uint32_t seen = KREX_LOAD(&s->mem_seen);
         if (g != w->grant) {
             w->grant = g;
             w->last_grant = now;
             w->grants++;
             retry = 1;
+        } else if (seen != w->seen) {
+            w->seen = seen; /* the controller is there and it is not our turn: wait on */
+            w->last_grant = now;
         } else if (now - w->last_grant >= SILENT_NS && now - w->last_retry >= RETRY_NS) {
             retry = 1; /* nothing from the controller: see for ourselves */
         }

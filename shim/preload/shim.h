@@ -181,7 +181,7 @@ struct krex_mem_wait {
     struct krex_slot *s;
     const char *what, *how;
     uint64_t bytes, start, deadline, last_grant, last_retry;
-    uint32_t grant, deny;
+    uint32_t grant, deny, seen;
     unsigned kind, grants, retries;
     int me, active;
 };

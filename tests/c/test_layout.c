@@ -81,6 +81,7 @@ int main(void)
     AT(krex_slot, mem_oom_shared, 124);
     AT(krex_slot, drained_calls, 128);
     AT(krex_slot, mem_kind, 136);
+    AT(krex_slot, mem_seen, 140);
     AT(krex_slot, mem_kind_waits, 144);
     AT(krex_slot, reserved3, 176);
 

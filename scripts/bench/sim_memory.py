@@ -1,0 +1,281 @@
+"""Device memory on the simulated GPU (issue #47, docs/memory.md): a benchmark, not a test.
+
+A mix of commands whose peaks add up to three times the simulated GPU (KREX_SIM_MEM_BYTES),
+with the driver's own memory modelled as the H200 showed it (docs/simulator.md): a context
+(KREX_SIM_CTX_BYTES), a lazily loaded module (KREX_SIM_MODULE_BYTES, CUDA_MODULE_LOADING=LAZY),
+a kernel's local memory at launch (`@local=`), and a library that falls back when its
+workspace allocation fails (a 5x slower kernel, as cuDNN and cuBLAS do). Each command: a
+context, its input held through a "compile" (a sleep: import and torch.compile happen off the
+GPU), launches, the workspace, then its timing in a region. Modes side by side in one run:
+
+- `alone`: one command at a time, no krex (what users do today; the reference for fallbacks);
+- `shared8`: 8 at once with no krex (the control: failures and fallbacks expected);
+- `krex8`, `krex16`: every command through `krex run` to a private daemon of 8 / 16 slots.
+
+Per mode: commands that succeeded and failed, those that took the fallback where alone they did
+not, regions and those unclean, drains that timed out, preemptions, reruns, memory waits,
+throughput over successful commands (and as a multiple of `alone`'s).
+
+    python3 scripts/bench/sim_memory.py --json OUT.json [--modes alone,shared8,krex8,krex16]
+        [--commands 32] [--capacity 4G] [--compile-s 1.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from krex.config import parse_size  # noqa: E402
+from krex.paths import sim_library_dir  # noqa: E402
+from krex.simnode import remove as remove_sim_node  # noqa: E402
+
+MIB = 1 << 20
+MODES = {"alone": (1, None), "shared8": (8, None), "krex8": (8, 8), "krex16": (16, 16)}
+DRIVER = {  # the driver's own memory, per process (docs/simulator.md)
+    "KREX_SIM_CTX_BYTES": "256M",
+    "KREX_SIM_MODULE_BYTES": "128M",
+    "CUDA_MODULE_LOADING": "LAZY",
+}
+LOCAL = "64M"  # the kernel's local memory, reserved at its first launch
+FAST_NS, SLOW_NS = 2_000_000, 10_000_000  # the timed kernel with and without its workspace
+
+COMMAND = textwrap.dedent("""
+    import ctypes, json, statistics, sys, time
+    from ctypes import byref, c_size_t, c_uint64
+    import krex
+    from krex.simgpu import SimGPU
+    input_mib, ws_mib, compile_s, local = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+    g = SimGPU()                                  # a context: the driver's own memory
+    fn = g.function(g.load_module(), f"k@local={local}")   # lazy: the module loads here
+    data = g.alloc(input_mib << 20)               # the input, held from here on
+    time.sleep(compile_s)                         # import, torch.compile: off the GPU
+    for _ in range(4):
+        g.launch_fn(fn, 200_000)                  # first launch: its local memory
+    g.sync()
+    ws = c_uint64()
+    rc = g.cu.cuMemAlloc_v2(byref(ws), c_size_t(ws_mib << 20))  # a library's workspace
+    ns = %d if rc == 0 else %d                    # no workspace: the slower path
+    with krex.region():
+        ms = statistics.median(g.measure(ns, reps=5))
+    print(json.dumps({"ms": ms, "fallback": rc != 0}), flush=True)
+""") % (FAST_NS, SLOW_NS)
+
+
+def mix(n: int, capacity: int, seed: int = 47) -> list[tuple[int, int]]:
+    """n commands (input MiB, workspace MiB) whose inputs and workspaces add up to three times
+    the capacity, from a twentieth to two fifths of it each, in a fixed shuffled order."""
+    rng = random.Random(seed)
+    shares = [0.05 + 0.35 * (i / max(1, n - 1)) for i in range(n)]
+    scale = 3 * capacity / sum(shares) / MIB
+    out = []
+    for s in shares:
+        total = max(8, int(s * scale))
+        ws = max(1, total // 4)
+        out.append((total - ws, ws))
+    rng.shuffle(out)
+    return out
+
+
+def run_one(
+    cmd: tuple[int, int], sock: Path | None, env: dict[str, str], report: Path, compile_s: float
+) -> dict[str, Any]:
+    argv = [sys.executable, "-c", COMMAND, str(cmd[0]), str(cmd[1]), str(compile_s), LOCAL]
+    if sock is not None:
+        argv = [sys.executable, "-m", "krex.cli", "run", "--sim", "--socket", str(sock),
+                "--report", str(report), "--", *argv]  # fmt: skip
+    t0 = time.monotonic()
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+    out: dict[str, Any] = {"input_mib": cmd[0], "ws_mib": cmd[1], "rc": p.returncode}
+    out["wall_s"] = time.monotonic() - t0
+    lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
+    if lines:
+        out |= json.loads(lines[-1])  # a rerun prints again: the last attempt's
+    out["oom"] = "SimOutOfMemory" in p.stderr or "out of memory" in p.stderr
+    if p.returncode != 0:
+        out["stderr_tail"] = p.stderr[-400:]
+    if sock is not None and report.exists():
+        rep = json.loads(report.read_text())
+        attempts = [*rep.get("attempts", []), rep]
+        out["memory"] = rep.get("memory")
+        out["reruns"] = len(attempts) - 1
+        out["preemptions"] = sum(bool(a.get("preempted")) for a in attempts)
+        out["oom_shared"] = sum((a.get("memory") or {}).get("oom_shared", 0) for a in attempts)
+        out["wait_s"] = sum((a.get("memory") or {}).get("wait_s", 0.0) for a in attempts)
+        regions = [r for a in attempts for r in a.get("regions", [])]
+        out["regions"] = len(regions)
+        out["unclean"] = sum(not r.get("clean") for r in regions)
+        out["drains_timed_out"] = sum(
+            any("drain" in p for p in r.get("problems", [])) for r in regions
+        )
+        out["clean_fallback"] = bool(out.get("fallback")) and all(
+            r.get("clean") for r in rep.get("regions", [])
+        )
+    return out
+
+
+@contextlib.contextmanager
+def node(capacity: int) -> Iterator[dict[str, str]]:
+    """A private simulated node: the environment its commands (and daemon) run with."""
+    shm = f"/krex-simmem-{uuid.uuid4().hex[:8]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
+    env.pop("LD_PRELOAD", None)
+    env |= DRIVER | {"KREX_SIM_MEM_BYTES": str(capacity), "KREX_SIM_SHM": shm}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    try:
+        yield env
+    finally:
+        remove_sim_node(shm)
+
+
+@contextlib.contextmanager
+def daemon(tmp: Path, slots: int, env: dict[str, str], logs: Path) -> Iterator[Path]:
+    sock = tmp / f"krex-{slots}.sock"
+    log = open(logs / f"daemon-sim-{slots}.log", "wb")  # noqa: SIM115
+    argv = [sys.executable, "-m", "krex.cli", "daemon", "--sim", "--socket", str(sock)]
+    proc = subprocess.Popen([*argv, "--slots", str(slots)], env=env, stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 60
+        while subprocess.run(
+            [sys.executable, "-m", "krex.cli", "status", "--socket", str(sock)],
+            env=env,
+            capture_output=True,
+        ).returncode:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"the daemon did not start: see {log.name}")
+            time.sleep(0.3)
+        yield sock
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.close()
+
+
+def run_mode(
+    name: str, cmds: list[tuple[int, int]], capacity: int, compile_s: float, logs: Path
+) -> dict[str, Any]:
+    concurrency, slots = MODES[name]
+    with tempfile.TemporaryDirectory(prefix=f"krex-simmem-{name}-") as d, node(capacity) as env:
+        tmp = Path(d)
+        with contextlib.ExitStack() as stack:
+            sock = stack.enter_context(daemon(tmp, slots, env, logs)) if slots else None
+            if sock is None:
+                env = env | {"LD_LIBRARY_PATH": str(sim_library_dir())}
+            t0 = time.monotonic()
+            with ThreadPoolExecutor(concurrency) as ex:
+                futs = [
+                    ex.submit(run_one, c, sock, env, tmp / f"{i}.json", compile_s)
+                    for i, c in enumerate(cmds)
+                ]
+                results = [f.result() for f in futs]
+            wall = time.monotonic() - t0
+    return {"mode": name, "concurrency": concurrency, **counts(results, wall)} | {
+        "commands": results
+    }
+
+
+def counts(results: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+    ok = [r for r in results if r["rc"] == 0]
+    waits = sorted(r["wait_s"] for r in results if "wait_s" in r)
+    return {
+        "wall_s": wall,
+        "succeeded": len(ok),
+        "failed": len(results) - len(ok),
+        "oom": sum(r["oom"] for r in results),
+        "fallbacks": sum(bool(r.get("fallback")) for r in ok),
+        "clean_fallbacks": sum(bool(r.get("clean_fallback")) for r in ok),
+        "regions": sum(r.get("regions", 0) for r in results),
+        "unclean": sum(r.get("unclean", 0) for r in results),
+        "drains_timed_out": sum(r.get("drains_timed_out", 0) for r in results),
+        "preemptions": sum(r.get("preemptions", 0) for r in results),
+        "reruns": sum(r.get("reruns", 0) for r in results),
+        "oom_shared": sum(r.get("oom_shared", 0) for r in results),
+        "wait_p50_s": q(waits, 0.5),
+        "wait_p95_s": q(waits, 0.95),
+        "ok_per_min": 60 * len(ok) / wall,
+    }
+
+
+def q(xs: list[float], quantile: float) -> float | None:
+    return xs[min(len(xs) - 1, int(quantile * len(xs)))] if xs else None
+
+
+def summarise(modes: list[dict[str, Any]]) -> None:
+    """Against `alone`: throughput as a multiple, and fallbacks taken where alone took none."""
+    base = next((m for m in modes if m["mode"] == "alone"), None)
+    if base is None:
+        return
+    alone_fell = [bool(c.get("fallback")) for c in base["commands"]]
+    for m in modes:
+        m["x_alone"] = m["ok_per_min"] / base["ok_per_min"] if base["ok_per_min"] else None
+        m["fallbacks_not_alone"] = sum(
+            bool(c.get("fallback")) and c["rc"] == 0 and not fell
+            for c, fell in zip(m["commands"], alone_fell, strict=True)
+        )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path, required=True)
+    ap.add_argument("--modes", default="alone,shared8,krex8,krex16", help=", ".join(MODES))
+    ap.add_argument("--commands", type=int, default=32)
+    ap.add_argument("--capacity", default="4G", help="the simulated GPU's memory")
+    ap.add_argument("--compile-s", type=float, default=1.0)
+    args = ap.parse_args()
+    names = [m for m in args.modes.split(",") if m]
+    if unknown := [m for m in names if m not in MODES]:
+        ap.error(f"unknown mode(s) {', '.join(unknown)}: choose from {', '.join(MODES)}")
+    try:
+        capacity = parse_size(args.capacity)
+    except ValueError as e:
+        ap.error(f"--capacity: {e}")
+    if args.commands < 1 or not args.compile_s >= 0:
+        ap.error("--commands must be >= 1 and --compile-s >= 0")
+    cmds = mix(args.commands, capacity)
+    logs = args.json.resolve().parent
+    modes = []
+    for name in names:
+        print(f"== {name} (simulated GPU)", flush=True)
+        modes.append(run_mode(name, cmds, capacity, args.compile_s, logs))
+        args.json.write_text(json.dumps({"partial": True, "modes": modes}, indent=1))
+    summarise(modes)
+    doc = {
+        "simulated": True,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "command": "python3 scripts/bench/sim_memory.py " + " ".join(sys.argv[1:]),
+        "capacity_bytes": capacity,
+        "peaks_sum_bytes": sum(a + b for a, b in cmds) * MIB,
+        "driver": DRIVER | {"local": LOCAL},
+        "modes": modes,
+    }
+    args.json.write_text(json.dumps(doc, indent=1))
+    cols = ("ok", "fail", "oom", "fallbk", "not-alone", "regions", "unclean", "drain-to",
+            "preempt", "reruns", "wait p95", "wall s", "ok/min", "x alone")  # fmt: skip
+    print("simulated GPU; mode    " + " ".join(f"{c:>9}" for c in cols))
+    for m in modes:
+        vals = (m["succeeded"], m["failed"], m["oom"], m["fallbacks"],
+                m.get("fallbacks_not_alone"), m["regions"], m["unclean"], m["drains_timed_out"],
+                m["preemptions"], m["reruns"], m["wait_p95_s"], m["wall_s"], m["ok_per_min"],
+                m.get("x_alone"))  # fmt: skip
+        cells = ["-" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v) for v in vals]
+        print(f"{m['mode']:22} " + " ".join(f"{c:>9}" for c in cells))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -43,7 +43,8 @@ krex16 ~95 s). exclusive2 and shared8 do not fit beside the default modes in one
 (`--modes krex8,krex16,shared8 --subset 12 --baseline FIRST.json`, ~250 s): the same subset.
 
 The problem files are not in this repository: `--problems DIR` holds copies of PROBLEMS' files,
-made from a KernelBench checkout (https://github.com/ScalingIntelligence/KernelBench) with
+made from a KernelBench checkout (https://github.com/ScalingIntelligence/KernelBench; the sizes
+above were read at its commit 423217d) with
 
     python3 scripts/bench/kb_memory.py --populate KERNELBENCH_CHECKOUT --problems .kb/problems
 

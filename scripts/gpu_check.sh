@@ -52,7 +52,11 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # mgpu-native and mgpu-krex (scripts/bench/multi_gpu.py on a node of two GPUs: the native
 # baselines on both GPUs, then krex over both; mgpu-krex reads MGPU_NATIVE, the first's
 # native.json; MGPU_TASKS picks tasks), mgpu-memory (scripts/bench/memory_check.py --gpus 2:
-# the memory-heavy mix on both GPUs at once; MGPU_MEMORY_MODES, default exclusive,shared8,krex8).
+# the memory-heavy mix on both GPUs at once; MGPU_MEMORY_MODES, default exclusive,shared8,krex8),
+# kbmem (scripts/bench/kb_memory.py: 16 KernelBench problems eager and compiled, from .kb/problems
+# (KB_PROBLEMS), carried with the tree; KB_MODES, default exclusive,krex8,krex16; KB_BUDGET_S,
+# default what is left of 575 s since this script started; KB_SUBSET=N: the first N problems;
+# KB_BASELINE: an earlier run's JSON for exclusive and exclusive2).
 # NCCL_NVLS_ENABLE=0 as the device's KINDS.md asks.
 PARTS=${PARTS:-"shim overhead controller mps demo"}
 rc=0
@@ -174,6 +178,13 @@ if [[ " $PARTS " == *" memory "* ]]; then
     echo "== device memory: the memory-heavy mix ${MEMORY_MODES:-exclusive,shared8,krex8,krex16}"
     python3 scripts/bench/memory_check.py --json "$OUT/memory_check.json" \
         --modes "${MEMORY_MODES:-exclusive,shared8,krex8,krex16}" || rc=1
+fi
+if [[ " $PARTS " == *" kbmem "* ]]; then
+    echo "== KernelBench problems where memory binds: ${KB_MODES:-exclusive,krex8,krex16} (kb_memory.py)"
+    python3 scripts/bench/kb_memory.py --problems "${KB_PROBLEMS:-.kb/problems}" \
+        --json "$OUT/kb_memory.json" --modes "${KB_MODES:-exclusive,krex8,krex16}" \
+        --budget-s "${KB_BUDGET_S:-$((575 - SECONDS))}" ${KB_SUBSET:+--subset "$KB_SUBSET"} \
+        ${KB_BASELINE:+--baseline "$KB_BASELINE"} || rc=1
 fi
 if [[ " $PARTS " == *" mgpu-memory "* ]]; then
     echo "== two GPUs: device memory, the mix on each GPU at once"

@@ -59,6 +59,48 @@ def commands(gpus: int = 1) -> list[tuple[float, str, int]]:
     return [(s, m, g) for g in range(gpus) for s in SIZES_GIB for m in ("eager", "compile")]
 
 
+def command_env(
+    cache: Path, native_gpu: int | None = None, extra_env: dict[str, str] | None = None
+) -> dict[str, str]:
+    """A command's environment: this one without krex's variables, fresh compile caches under
+    `cache`; `native_gpu`: the GPU a native command runs on (by CUDA_VISIBLE_DEVICES, in bus
+    order); `extra_env`: more variables (an MPS daemon's, for a native command that is its
+    client)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
+    env.pop("LD_PRELOAD", None)
+    env |= extra_env or {}
+    env |= {"TRITON_CACHE_DIR": str(cache / "t"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "i")}
+    if native_gpu is not None:
+        env |= {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(native_gpu)}
+    return env
+
+
+def krex_argv(
+    argv: list[str],
+    sock: Path,
+    report: Path,
+    retry: bool = True,
+    gpu: int | None = None,
+    auto_regions: bool = False,
+) -> list[str]:
+    """argv through `krex run` on the daemon at `sock`, its report to `report`."""
+    return [sys.executable, "-m", "krex.cli", "run", "--socket", str(sock),
+            *(["--auto-regions"] if auto_regions else []), "--report", str(report),
+            *([] if retry else ["--no-memory-retry"]),
+            *([] if gpu is None else ["--gpu", str(gpu)]), "--", *argv]  # fmt: skip
+
+
+def report_fields(rep: dict[str, Any]) -> dict[str, Any]:
+    """What a command's record keeps of its `krex run --report`."""
+    return {
+        "memory": rep.get("memory"),
+        "pool": rep.get("pool"),
+        "regions_clean": all(r.get("clean") for r in rep.get("regions", [])),
+        "attempts": len(rep.get("attempts", [])),  # earlier runs (memory retries)
+        "intercepted": rep.get("intercepted"),
+    }
+
+
 def run_one(
     size: float,
     mode: str,
@@ -71,17 +113,10 @@ def run_one(
 ) -> dict[str, Any]:
     """One candidate; `gpu`: the GPU of a node of several it runs on (None: the default);
     `extra_env`: an MPS daemon's variables, for a native command that is its client."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
-    env.pop("LD_PRELOAD", None)
-    env |= extra_env or {}
-    env |= {"TRITON_CACHE_DIR": str(cache / "t"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "i")}
-    if gpu is not None and krex_socket is None:
-        env |= {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(gpu)}
+    env = command_env(cache, gpu if krex_socket is None else None, extra_env)
     argv = [sys.executable, str(CANDIDATE), str(size), mode]
     if krex_socket is not None:
-        argv = [sys.executable, "-m", "krex.cli", "run", "--socket", str(krex_socket),
-                "--report", str(report), *([] if retry else ["--no-memory-retry"]),
-                *([] if gpu is None else ["--gpu", str(gpu)]), "--", *argv]  # fmt: skip
+        argv = krex_argv(argv, krex_socket, report, retry, gpu)
     t0 = time.monotonic()
     p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
     out: dict[str, Any] = {"size_gib": size, "variant": mode, "rc": p.returncode}
@@ -95,17 +130,22 @@ def run_one(
     if p.returncode != 0:
         out["stderr_tail"] = p.stderr[-600:]
     if krex_socket is not None and report.exists():
-        rep = json.loads(report.read_text())
-        out["memory"] = rep.get("memory")
-        out["pool"] = rep.get("pool")
-        out["regions_clean"] = all(r.get("clean") for r in rep.get("regions", []))
-        out["attempts"] = len(rep.get("attempts", []))  # earlier runs (memory retries)
-        out["intercepted"] = rep.get("intercepted")
+        out |= report_fields(json.loads(report.read_text()))
     return out
 
 
 @contextlib.contextmanager
-def daemon(tmp: Path, slots: int, waits: bool = True, mps: bool = False) -> Iterator[Path]:
+def daemon(
+    tmp: Path,
+    slots: int,
+    waits: bool = True,
+    mps: bool = False,
+    start_s: float = 120,
+    stop_s: float = 60,
+) -> Iterator[Path]:
+    """A private daemon of `slots` slots (default configuration, or memory waits of 1 ms when
+    not `waits`), its log in LOGS; yields its socket once its warm workers are ready, at most
+    `start_s` seconds (RuntimeError then); stopped on exit, killed after `stop_s`."""
     name = f"{slots}{'' if waits else '-nowait'}{'-mps' if mps else ''}"
     sock = tmp / f"krex-{name}.sock"
     cfg = tmp / f"krex-{name}.toml"
@@ -119,7 +159,7 @@ def daemon(tmp: Path, slots: int, waits: bool = True, mps: bool = False) -> Iter
         stderr=log,
     )
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + start_s
         while True:
             st = subprocess.run(
                 [sys.executable, "-m", "krex.cli", "status", "--json", "--socket", str(sock)],
@@ -139,7 +179,11 @@ def daemon(tmp: Path, slots: int, waits: bool = True, mps: bool = False) -> Iter
         yield sock
     finally:
         proc.terminate()
-        proc.wait(timeout=60)
+        try:
+            proc.wait(timeout=stop_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         log.close()
 
 

@@ -1,0 +1,268 @@
+"""scripts/bench/kb_memory.py without a GPU: its problem list, its summary's maths, the krex
+reports' figures and its time budget, with a fake command in place of the KernelBench runner
+(the GPU runs themselves are for docs/results/)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import load_script
+
+FAKE = """
+import os, subprocess, sys, time
+name = os.path.basename(sys.argv[1])
+if name.startswith("ok"):
+    print("warming up")
+    print('{"median_ms": 1.0, "problem": "%s"}' % name)
+    print('{"median_ms": %s, "problem": "%s"}' % (2.0 if sys.argv[2] == "compile" else 1.5, name))
+elif name.startswith("oom"):
+    print("Traceback (most recent call last):", file=sys.stderr)
+    print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB", file=sys.stderr)
+    sys.exit(1)
+elif name.startswith("bad"):
+    print("error: RuntimeError: boom", file=sys.stderr)
+    sys.exit(1)
+elif name.startswith("hang"):
+    child = subprocess.Popen(["sleep", "60"])  # in the command's process group
+    open(sys.argv[3], "w").write(str(child.pid))
+    time.sleep(60)
+"""
+
+
+@pytest.fixture
+def kb() -> Any:
+    return load_script("scripts/bench/kb_memory.py")
+
+
+def fake_argv(tmp: Path) -> Any:
+    script = tmp / "fake.py"
+    script.write_text(textwrap.dedent(FAKE))
+    return lambda c: [sys.executable, str(script), c.problem, c.variant, str(tmp / "grandchild")]
+
+
+def test_the_problems_are_16_level1_files_from_under_1_to_24_gib(kb: Any) -> None:
+    files = [p.file for p in kb.PROBLEMS]
+    assert len(files) == len(set(files)) == 16
+    assert all(re.fullmatch(r"[1-9][0-9]?_\w+\.py", f) for f in files), files
+    assert all(0 < p.eager_gib <= p.compile_gib <= 24 for p in kb.PROBLEMS)
+    assert min(p.eager_gib for p in kb.PROBLEMS) < 1 <= max(p.eager_gib for p in kb.PROBLEMS)
+    assert max(p.compile_gib for p in kb.PROBLEMS) == 24
+    sizes = [g for p in kb.PROBLEMS for g in (p.eager_gib, p.compile_gib)]
+    assert 13.5 < sum(sizes) / len(sizes) < 14.5  # the docstring's average
+    cmds = kb.commands()
+    assert len(cmds) == 32 and cmds == kb.commands()  # one fixed order, every time
+    assert {(c.problem, c.variant) for c in cmds} == {
+        (f, v) for f in files for v in ("eager", "compile")
+    }
+    assert [c.key for c in cmds] != [f"{f}:{v}" for f in files for v in ("eager", "compile")]
+    assert {c.problem for c in kb.commands(kb.PROBLEMS[:3])} == set(files[:3])  # --subset
+
+
+def test_populate_copies_the_listed_files_and_names_the_missing(kb: Any, tmp_path: Path) -> None:
+    level1 = tmp_path / "KernelBench" / "KernelBench" / "level1"
+    level1.mkdir(parents=True)
+    for p in kb.PROBLEMS[1:]:
+        (level1 / p.file).write_text(f"# {p.file}\n")
+    (level1 / "99_TripletMarginLoss.py").write_text("# not ours\n")
+    dest = tmp_path / ".kb" / "problems"
+    missing = kb.populate(tmp_path / "KernelBench", dest)
+    assert missing == [kb.PROBLEMS[0].file]
+    assert sorted(x.name for x in dest.iterdir()) == sorted(p.file for p in kb.PROBLEMS[1:])
+
+
+def test_the_budget_is_shared_by_the_estimates(kb: Any) -> None:
+    cmds = kb.commands()
+    est = {m: kb.estimate_s(m, cmds) for m in ("exclusive", "krex8", "krex16")}
+    assert est["exclusive"] == pytest.approx(16 * 5.0 + 16 * 14.0)
+    assert est["krex8"] == pytest.approx(20 + est["exclusive"] / 4)
+    assert sum(est.values()) < 540 - kb.RESERVE_S  # the default modes' estimate fits
+    # The first mode's share of 100 s, 3:1 against the rest; the last mode gets all that is left.
+    assert kb.share_deadline(1000.0, 1100.0, 300.0, 100.0) == pytest.approx(1075.0)
+    assert kb.share_deadline(1000.0, 1100.0, 300.0, 0.0) == pytest.approx(1100.0)
+    assert kb.share_deadline(1200.0, 1100.0, 300.0, 100.0) == pytest.approx(1200.0)  # past
+
+
+def _mode(name: str, cpm: float, medians: dict[str, float], **krex: Any) -> dict[str, Any]:
+    rows = []
+    for key, ms in medians.items():
+        problem, variant = key.split(":")
+        row = {"problem": problem, "variant": variant, "status": "ok", "median_ms": ms}
+        if key in krex:
+            row["krex"] = krex[key]
+        rows.append(row)
+    slots = int(name[4:]) if name.startswith("krex") else None
+    return {"mode": name, "slots": slots, "cmds_per_min_ok": cpm, "commands": rows}
+
+
+def test_summary_throughput_percent_differences_and_the_native_repeat_rule(kb: Any) -> None:
+    ex = _mode("exclusive", 2.0, {"a:eager": 1.0, "b:compile": 2.0, "c:eager": 4.0, "e:eager": 1})
+    ex2 = _mode("exclusive2", 1.8, {"a:eager": 1.01, "b:compile": 2, "c:eager": 4, "e:eager": 1})
+    clean = kb.krex_summary({"regions": [{"clean": True}]})
+    unclean = kb.krex_summary({"regions": [{"clean": False, "problems": ["revoked"]}]})
+    krex8 = _mode(
+        "krex8",
+        8.0,
+        {"a:eager": 1.02, "b:compile": 2.004, "c:eager": 5.0, "e:eager": 1.0},
+        **{"a:eager": clean, "b:compile": clean, "c:eager": unclean},  # e: no report
+    )
+    krex8["commands"].append({"problem": "d", "variant": "eager", "status": "oom"})
+    doc = kb.summarise([ex, ex2, krex8])
+    assert doc["native_spread_pct"]["a:eager"] == pytest.approx(1.0)
+    assert krex8["throughput_vs_exclusive"] == pytest.approx(4.0)
+    assert ex2["throughput_vs_exclusive"] == pytest.approx(0.9)
+    a, b, c, e, d = krex8["commands"]
+    assert a["diff_pct"] == pytest.approx(2.0) and a["off"]  # 2 % > 1 % spread + 0.3
+    assert b["diff_pct"] == pytest.approx(0.2) and not b["off"]  # 0.2 % <= 0 % + 0.3
+    assert c["diff_pct"] == pytest.approx(25.0) and "off" not in c  # unclean: not counted
+    assert "diff_pct" not in d and e["diff_pct"] == 0 and "off" not in e  # e: no report
+    assert (krex8["off"], krex8["off_of"]) == (1, 2)
+    assert krex8["diff_pct_abs_max"] == pytest.approx(25.0)
+    assert "off" not in ex2 and ex2["diff_pct_abs_max"] == pytest.approx(1.0)
+    # Without a native repeat the rule has nothing to go by, and says so.
+    alone = _mode("krex16", 4.0, {"a:eager": 1.02}, **{"a:eager": clean})
+    kb.summarise([_mode("exclusive", 2.0, {"a:eager": 1.0}), alone])
+    assert alone["off"] == "no native repeat" and alone["diff_pct_abs_p50"] == pytest.approx(2.0)
+    assert "no native repeat" in kb.table({"modes": [_counted(kb, alone)]})
+
+
+def _counted(kb: Any, mode: dict[str, Any]) -> dict[str, Any]:
+    counted: dict[str, Any] = kb.counts(mode["commands"], 60.0)
+    return mode | counted
+
+
+def test_krex_reports_in_figures_old_and_new_fields(kb: Any) -> None:
+    earlier = {
+        "exit_code": 1,
+        "preempted": True,
+        "memory": {"wait_s": 2.0, "waits": 3, "oom_shared": 1, "waits_by_kind": {"alloc": 2.0}},
+        "regions": [{"clean": False, "revoked": True, "problems": ["the owner waited 5 s"]}],
+    }
+    rep = {
+        "exit_code": 0,
+        "pool": "warm",
+        "attempts": [earlier],
+        "memory": {"peak_bytes": 8 << 30, "wait_s": 1.5, "waits": 1, "waits_by_kind": {"room": 1}},
+        "regions": [
+            {"clean": True, "candidate": True, "duration_s": 0.1},
+            {"clean": False, "problems": ["drain timed out after 2 s"], "wait_s": 0.5},
+        ],
+    }
+    k = kb.krex_summary(rep)
+    assert (k["attempts"], k["preempted"], k["mem_wait_s"], k["mem_waits"]) == (1, 1, 3.5, 4)
+    assert (k["regions"], k["unclean"], k["revoked"], k["drain_timeouts"]) == (3, 2, 1, 1)
+    assert k["timing_clean"] is False  # the timing region (not the candidate's) is unclean
+    assert k["waits_by_kind"] == {"alloc": 2.0, "room": 1.0} and k["oom_shared"] == 1
+    assert k["peak_bytes"] == 8 << 30 and k["pool"] == "warm"
+    old = kb.krex_summary({"exit_code": 0, "memory": {"wait_s": 0.25}, "regions": [{"clean": 1}]})
+    assert (old["attempts"], old["preempted"], old["timing_clean"]) == (0, 0, True)
+    assert "waits_by_kind" not in old and old["nvml_peak_bytes"] is None
+    assert kb.krex_summary({})["timing_clean"] is False  # no region: not a clean timing
+    memory_preempted = kb.krex_summary({"memory": {"preempted": "for room"}, "regions": []})
+    assert memory_preempted["preempted"] == 1
+    rows = [{"status": "ok", "krex": k}, {"status": "ok", "krex": old}, {"status": "not_run"}]
+    c = kb.counts(rows, 30.0)
+    assert (c["reruns"], c["preempted"], c["regions"], c["drain_timeouts"]) == (1, 1, 4, 1)
+    assert c["mem_wait_p50_s"] == 3.5 and c["not_run"] == 1 and c["cmds_per_min_ok"] == 4.0
+
+
+def test_a_mode_out_of_time_kills_what_runs_and_records_the_rest_not_run(
+    kb: Any, tmp_path: Path
+) -> None:
+    """The hanging command is killed with its process group at the deadline; what comes after
+    it is not started; every command's line is in the log; the others are classified."""
+    cmds = [kb.Command(p, "eager") for p in ("ok_a", "oom_b", "bad_c", "hang_d", "ok_e")]
+    out, log = tmp_path / "out", kb.Log(tmp_path / "commands.jsonl")
+    t0 = time.monotonic()
+    m = kb.run_mode("exclusive", cmds, fake_argv(tmp_path), out, tmp_path, t0 + 3.0, log)
+    assert time.monotonic() - t0 < 3.0 + kb.KILL_GRACE_S + 5
+    status = [r["status"] for r in m["commands"]]
+    assert status == ["ok", "oom", "failed", "not_run", "not_run"]
+    ok, oom, bad, hang, later = m["commands"]
+    assert ok["median_ms"] == 1.5  # the last JSON line
+    assert oom["error"].startswith("torch.OutOfMemoryError: CUDA out of memory")
+    assert bad["error"] == "error: RuntimeError: boom"
+    assert hang["why"].startswith("budget (killed") and later["why"] == "budget (not started)"
+    assert (m["ok"], m["failed"], m["oom"], m["not_run"]) == (1, 2, 1, 2)
+    assert m["oom_errors"] == [f"oom_b eager: {oom['error']}"]
+    grandchild = int((tmp_path / "grandchild").read_text())
+    with pytest.raises(ProcessLookupError):
+        for _ in range(100):  # killed with its group; reaped by init shortly after
+            os.kill(grandchild, 0)
+            time.sleep(0.05)
+    lines = [json.loads(x) for x in (tmp_path / "commands.jsonl").read_text().splitlines()]
+    assert sorted(x["index"] for x in lines) == [0, 1, 2, 3, 4]
+    assert (out / "logs" / "exclusive" / "oom_b-eager.err").exists()
+    # A mode whose deadline has passed starts nothing.
+    late = kb.run_mode("shared8", cmds, fake_argv(tmp_path), out, tmp_path, t0, log)
+    assert {r["why"] for r in late["commands"]} == {"budget (not started)"}
+    assert late["not_run"] == 5 and late["cmds_per_min_ok"] == 0
+
+
+@contextlib.contextmanager
+def fake_daemon(tmp: Path, slots: int, **kw: Any) -> Iterator[Path]:
+    yield tmp / f"krex-{slots}.sock"
+
+
+def test_krex_modes_run_each_command_through_krex_run_with_auto_regions(
+    kb: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[list[str]] = []
+
+    def fake_run(
+        cmd: Any, argv: list[str], env: dict[str, str], logs: Path, deadline: float
+    ) -> Any:
+        seen.append(argv)
+        report = Path(argv[argv.index("--report") + 1])
+        report.write_text(json.dumps({"exit_code": 0, "regions": [{"clean": True}]}))
+        assert env["TORCHINDUCTOR_CACHE_DIR"].startswith(str(tmp_path))
+        return {"rc": 0, "status": "ok", "median_ms": 1.0}
+
+    monkeypatch.setattr(kb.memory_check, "daemon", fake_daemon)
+    monkeypatch.setattr(kb, "run_command", fake_run)
+    cmds = kb.commands(kb.PROBLEMS[:2])
+    argv_for = kb.candidate(tmp_path / "problems")
+    log = kb.Log(tmp_path / "c.jsonl")
+    m = kb.run_mode("krex16", cmds, argv_for, tmp_path, tmp_path, time.monotonic() + 60, log)
+    assert m["ok"] == 4 and m["regions"] == 4 and m["unclean"] == 0 and m["slots"] == 16
+    for argv in seen:
+        run = argv.index("run")
+        assert argv[run - 2 : run] == ["-m", "krex.cli"] and "--auto-regions" in argv
+        assert argv[argv.index("--socket") + 1] == str(tmp_path / "krex-16.sock")
+        cmd = argv[argv.index("--") + 1 :]
+        assert cmd[1].endswith("scripts/bench/kb_candidate.py") and cmd[3] in ("eager", "compile")
+        assert Path(cmd[2]).parent == tmp_path / "problems"
+
+
+def test_a_whole_run_writes_its_json_and_ends_with_the_table(
+    kb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cmds = [
+        kb.Command("ok_a", "eager"),
+        kb.Command("ok_b", "compile"),
+        kb.Command("oom_c", "eager"),
+    ]
+    out = tmp_path / "r.json"
+    names = ["exclusive", "exclusive2", "shared8"]
+    doc = kb.run(names, cmds, fake_argv(tmp_path), out, tmp_path / "o", 120.0)
+    assert json.loads(out.read_text())["partial"] and len(json.loads(out.read_text())["modes"]) == 3
+    assert [m["mode"] for m in doc["modes"]] == names
+    shared8 = doc["modes"][2]
+    assert shared8["ok"] == 2 and shared8["oom"] == 1 and shared8["off"] == 0
+    assert shared8["off_of"] == 2 and shared8["throughput_vs_exclusive"] > 0
+    text = kb.table(doc)
+    assert text.splitlines()[-1].startswith("shared8") and "+0.00%" in text
+    assert "== exclusive2" in capsys.readouterr().out
+    # An earlier run's native modes as the baseline of a later one.
+    earlier = [m | {"from_baseline": "r.json"} for m in doc["modes"][:2]]
+    again = kb.run(["shared8"], cmds, fake_argv(tmp_path), out, tmp_path / "o2", 60.0, earlier)
+    assert [m["mode"] for m in again["modes"]] == names and again["modes"][2]["off"] == 0

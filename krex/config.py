@@ -61,6 +61,8 @@ deadlock_s = 30.0  # no memory freed this long with waiters though some holder r
 room_gib = 1.0     # free device memory a region's owner waits for before its siblings are
                    # frozen (default: 1, at most 1/16 of the GPU; 0: off)
 room_wait_s = 10.0 # the longest that wait lasts (then the region goes ahead)
+unknown_gib = 17.0 # what a command never seen is expected to need until a few peaks are
+                   # learned (default: an eighth of the GPU; 0: admitted whatever)
 
 [metrics]
 port = 0           # Prometheus endpoint (0: off; needs prometheus-client)
@@ -177,6 +179,7 @@ class Config:
     memory_deadlock_s: float = 30.0
     memory_room_gib: float | None = None
     memory_room_wait_s: float = 10.0
+    memory_unknown_gib: float | None = None
     metrics_port: int = 0
     metrics_address: str = "127.0.0.1"
     log_format: str = "text"
@@ -214,6 +217,13 @@ class Config:
             return int(self.memory_room_gib * (1 << 30))
         return min(1 << 30, capacity // 16)
 
+    def unknown_bytes(self, capacity: int) -> int:
+        """What a command never seen is expected to need until a few peaks are learned:
+        configured, else an eighth of the GPU's `capacity` (0: unknown)."""
+        if self.memory_unknown_gib is not None:
+            return int(self.memory_unknown_gib * (1 << 30))
+        return capacity // 8
+
     def preload(self) -> tuple[str, ...]:
         """Modules each worker imports (those not installed are skipped by the daemon)."""
         if self.pool_preload is not None:
@@ -245,6 +255,7 @@ _SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
         "deadlock_s": (int, float),
         "room_gib": (int, float),
         "room_wait_s": (int, float),
+        "unknown_gib": (int, float),
     },
 }
 # Each TOML key's Config field (the file's names are the operators'; the fields say what they are).
@@ -272,6 +283,7 @@ _FIELDS: dict[tuple[str, str], str] = {
     ("memory", "deadlock_s"): "memory_deadlock_s",
     ("memory", "room_gib"): "memory_room_gib",
     ("memory", "room_wait_s"): "memory_room_wait_s",
+    ("memory", "unknown_gib"): "memory_unknown_gib",
     ("metrics", "port"): "metrics_port",
     ("metrics", "address"): "metrics_address",
 }
@@ -404,7 +416,7 @@ def validate(cfg: Config) -> None:
             raise ConfigError(
                 f"{cfg.source}: memory.{key} must be > 0 and finite (seconds), got {value!r}"
             )
-    for key in ("headroom_gib", "room_gib"):
+    for key in ("headroom_gib", "room_gib", "unknown_gib"):
         gib = getattr(cfg, _FIELDS["memory", key])
         if gib is not None and not (math.isfinite(gib) and gib >= 0):
             raise ConfigError(f"{cfg.source}: memory.{key} must be >= 0 and finite, got {gib!r}")

@@ -151,6 +151,7 @@ class Daemon:
             room_wait_s=cfg.memory_room_wait_s,
             device_free=self._device_free,
             device_users=self.machinery.device_users,
+            unknown=cfg.unknown_bytes(min(map(self._capacity, range(n)), default=0)),
         )
         self.machinery.room = self._make_room
         self.mps: Mps | None = None

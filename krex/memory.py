@@ -25,8 +25,8 @@ could have had the memory (shim/preload, docs/shim.md). This module is the daemo
   memory freed is not handed to other waiters.
 - Admission: a GPU with waiters admits nobody; otherwise a command is admitted when the memory
   it is expected to need (`--mem`, else the peak learned from earlier runs of the same command,
-  else the median of all learned peaks) fits beside what the GPU's tenants hold or are expected
-  to need, and the driver's free figure (NVML) has room for it.
+  else the median of all learned peaks, else an eighth of the GPU) fits beside what the GPU's
+  tenants hold or are expected to need, and the driver's free figure (NVML) has room for it.
 """
 
 from __future__ import annotations
@@ -157,6 +157,7 @@ class Memory:
         room_wait_s: float = 10.0,
         device_free: Callable[[int], int | None] = lambda gpu: None,
         device_users: Callable[[int], dict[int, int] | None] = lambda gpu: None,
+        unknown: int = 0,
     ) -> None:
         self.gpus = gpus
         self.slots = slots  # every process slot that is not free, with its segment
@@ -174,6 +175,7 @@ class Memory:
         self.device_free = device_free  # the driver's free bytes (NVML), None where unknown
         self.device_users = device_users  # the driver's bytes per pid, None where unknown
         self.verdicts: dict[tuple[int, int], Verdict] = {}  # (slot's pid, index) -> its wait
+        self.unknown = unknown  # what a command never seen needs while few peaks are learned
 
     # The arbiter.
     def tick(self, now_ns: int) -> bool:
@@ -417,7 +419,7 @@ class Memory:
     # Admission.
     def expected(self, t: Tenant) -> int:
         """What t is expected to need: its declared budget, else its learned peak, else the
-        median of the learned peaks, else 0."""
+        prior (what a command never seen is expected to need)."""
         return self.need(t.mem_key or argv_key(t.argv), t.mem_declared, t.mem_rerun_need)
 
     def need(self, key: str, declared: int, rerun: int = 0) -> int:
@@ -428,9 +430,11 @@ class Memory:
 
     def prior(self) -> int:
         """What a command never seen is expected to need: the median of the learned peaks,
-        once there are a few (0 before)."""
+        once there are a few; before, `unknown` (an eighth of the GPU by default: a fresh node
+        admits no more than eight commands it knows nothing of at once, whatever its slots, and
+        a first wave of them does not oversubscribe the GPU by its number alone)."""
         if len(self.learned) < _PRIOR_MIN:
-            return 0
+            return self.unknown
         return int(statistics.median(self.learned.values()))
 
     def fits(

@@ -155,6 +155,7 @@ def effective_config(cfg: Config) -> dict[str, Any]:
             "deadlock_s": cfg.memory_deadlock_s,
             "room_gib": cfg.memory_room_gib,
             "room_wait_s": cfg.memory_room_wait_s,
+            "unknown_gib": cfg.memory_unknown_gib,
         },
         "metrics": {"port": cfg.metrics_port, "address": cfg.metrics_address},
         "cores_available": sorted(os.sched_getaffinity(0)),
@@ -173,9 +174,10 @@ def config_toml(doc: dict[str, Any]) -> str:
         "freezer": ("backend",),
         "pool": ("workers", "preload", "max_uses"),
         "mps": ("enabled",),
-        "memory": ("headroom_gib", "wait_s", "deadlock_s", "room_gib", "room_wait_s"),
+        "memory": ("headroom_gib", "wait_s", "deadlock_s", "room_gib", "room_wait_s",
+                   "unknown_gib"),
         "metrics": ("port", "address"),
-    }
+    }  # fmt: skip
     for section, keys in settable.items():
         lines.append(f"\n[{section}]")
         for k in keys:

@@ -56,7 +56,9 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # kbmem (scripts/bench/kb_memory.py: 16 KernelBench problems eager and compiled, from .kb/problems
 # (KB_PROBLEMS), carried with the tree; KB_MODES, default exclusive,krex8,krex16; KB_BUDGET_S,
 # default what is left of 575 s since this script started; KB_SUBSET=N: the first N problems;
-# KB_BASELINE: an earlier run's JSON for exclusive and exclusive2).
+# KB_BASELINE: an earlier run's JSON for exclusive and exclusive2), drvoom
+# (scripts/gpu/driver_oom_check.py: a command's first CUDA work beside a full GPU, natively and
+# under krex).
 # NCCL_NVLS_ENABLE=0 as the device's KINDS.md asks.
 PARTS=${PARTS:-"shim overhead controller mps demo"}
 rc=0
@@ -178,6 +180,10 @@ if [[ " $PARTS " == *" memory "* ]]; then
     echo "== device memory: the memory-heavy mix ${MEMORY_MODES:-exclusive,shared8,krex8,krex16}"
     python3 scripts/bench/memory_check.py --json "$OUT/memory_check.json" \
         --modes "${MEMORY_MODES:-exclusive,shared8,krex8,krex16}" || rc=1
+fi
+if [[ " $PARTS " == *" drvoom "* ]]; then
+    echo "== the driver's own out-of-memory: a command's first CUDA work beside a full GPU"
+    python3 scripts/gpu/driver_oom_check.py --json "$OUT/driver_oom.json" || rc=1
 fi
 if [[ " $PARTS " == *" kbmem "* ]]; then
     echo "== KernelBench problems where memory binds: ${KB_MODES:-exclusive,krex8,krex16} (kb_memory.py)"

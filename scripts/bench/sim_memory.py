@@ -47,12 +47,14 @@ from krex.simnode import remove as remove_sim_node  # noqa: E402
 
 MIB = 1 << 20
 MODES = {"alone": (1, None), "shared8": (8, None), "krex8": (8, 8), "krex16": (16, 16)}
-DRIVER = {  # the driver's own memory, per process (docs/simulator.md)
-    "KREX_SIM_CTX_BYTES": "256M",
-    "KREX_SIM_MODULE_BYTES": "128M",
+# The driver's own memory, per process (docs/simulator.md), at about ten times the H200's
+# proportions (a context of about 0.5 GiB and its modules in 141 GiB) so that it matters here.
+DRIVER = {
+    "KREX_SIM_CTX_BYTES": "96M",
+    "KREX_SIM_MODULE_BYTES": "32M",
     "CUDA_MODULE_LOADING": "LAZY",
 }
-LOCAL = "64M"  # the kernel's local memory, reserved at its first launch
+LOCAL = "32M"  # the kernel's local memory, reserved at its first launch
 FAST_NS, SLOW_NS = 2_000_000, 10_000_000  # the timed kernel with and without its workspace
 
 COMMAND = textwrap.dedent("""

@@ -179,7 +179,7 @@ def test_the_drivers_own_memory_waits_as_an_allocation_does(
     env, before, call, kind = DRIVER_CASES[case]
     holder = Worker(node.env(tenant=3))
     workers.append(holder)
-    waiter = Worker(node.env(tenant=2, KREX_MEM_WAIT_S="60", **env), open_gpu=False)
+    waiter = Worker(node.env(2, 0, KREX_MEM_WAIT_S="60", **env), open_gpu=False)
     workers.append(waiter)
     if before:
         assert waiter.do(before) == "ok"

@@ -62,7 +62,8 @@ COMMAND = textwrap.dedent("""
     from ctypes import byref, c_size_t, c_uint64
     import krex
     from krex.simgpu import SimGPU
-    input_mib, ws_mib, compile_s, local = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+    input_mib, ws_mib = int(sys.argv[1]), int(sys.argv[2])
+    compile_s, local = float(sys.argv[3]), sys.argv[4]
     g = SimGPU()                                  # a context: the driver's own memory
     fn = g.function(g.load_module(), f"k@local={local}")   # lazy: the module loads here
     data = g.alloc(input_mib << 20)               # the input, held from here on

@@ -115,6 +115,7 @@ class GpuMemory:
 
     capacity: int
     held: int = 0  # bytes the tenants' processes hold (their allocations less frees)
+    used: int = 0  # bytes in use by the driver's count where known (else `held`)
     waiters: list[Waiter] = field(default_factory=list)
     progress_ns: int = 0  # last time memory was freed (or nobody waited)
     preempted_ns: int = 0  # last preemption
@@ -201,17 +202,21 @@ class Memory:
         self._forget_ended(waiters)
         anyone = False
         for i, st in enumerate(self.state):
-            if held[i] < st.held or not st.waiters or len(waiters[i]) < len(st.waiters):
-                # Memory came back, a waiter was served, or the waiting has just begun.
+            users = self.device_users(i) if waiters[i] or st.waiters else None
+            used = sum(users.values()) if users is not None else None
+            came_back = held[i] < st.held or (used is not None and used < st.used)
+            if came_back or not st.waiters or len(waiters[i]) < len(st.waiters):
+                # Memory came back (by the shims' count or the driver's: a process that held
+                # only its context exited), a waiter was served, or the waiting just began.
                 st.progress_ns = now_ns
             st.held, st.others_can_free = held[i], freeing[i]
+            st.used = used if used is not None else held[i]
             st.waiters = sorted(waiters[i], key=lambda w: (not w.owner, w.slot.mem_since_ns))
             if st.room_for:
                 anyone = True
             if not st.waiters:
                 continue
             anyone = True
-            users = self.device_users(i)
             live = [
                 w for w in st.waiters if not self._judge(i, st, w, now_ns, by_tenant, pids, users)
             ]

@@ -516,3 +516,50 @@ def test_learned_peaks_are_kept_under_the_command_key(tmp_path: Path) -> None:
     assert node.mem.learned == {"a" * 32: 7 * GIB}
     assert node.mem.need("a" * 32, 0) == 7 * GIB
     assert node.mem.need("b" * 32, 0) == 0
+
+
+def test_the_admission_pass_that_admits_an_alone_rerun_admits_nobody_else() -> None:
+    """Issue #47, 6, in the daemon's own admission pass: the GPU empties with an alone rerun at
+    the head of its queue and others behind it. The rerun is promised the slot; before, the
+    same pass went on to admit the others beside it (it was not a tenant yet)."""
+    from types import SimpleNamespace
+
+    from krex.daemon import Daemon
+    from krex.model import AdmissionTicket
+
+    async def scenario() -> list[bool]:
+        node = Node()
+        d = SimpleNamespace(memory=node.mem)
+        d._room = lambda g, r: Daemon._room(d, g, r)  # type: ignore[arg-type]
+        d._reserve = lambda g, r, sign=1: Daemon._reserve(d, g, r, sign)  # type: ignore[arg-type]
+        loop = asyncio.get_running_loop()
+        reqs = [req(["again"], alone=True), req(["a"], GIB), req(["b"], GIB)]
+        tickets = [AdmissionTicket(granted=loop.create_future(), req=r) for r in reqs]
+        node.gpu.admission.extend(tickets)
+        Daemon._admit_next(d, node.gpu)  # type: ignore[arg-type]
+        return [t.granted.done() for t in tickets]
+
+    assert asyncio.run(scenario()) == [True, False, False]
+
+
+def test_a_commands_key_is_its_argv_and_the_contents_of_the_files_it_names(
+    tmp_path: Path,
+) -> None:
+    """Issue #47, 5: what identifies a command for its learned peak. An agent's `python
+    bench.py` is another command once bench.py changes (its argv alone was the key: one
+    candidate's peak stood for every other's), and the same one in another directory."""
+    from krex.client import command_key
+    from krex.memory import is_key
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    (a / "bench.py").write_text("x = 1\n")
+    (b / "bench.py").write_text("x = 1\n")
+    argv = ["python", "bench.py"]
+    key = command_key(argv, str(a))
+    assert is_key(key)
+    assert command_key(argv, str(b)) == key  # same program, another directory
+    (b / "bench.py").write_text("x = 2\n")
+    assert command_key(argv, str(b)) != key  # rewritten: another command
+    assert command_key(["python", "other.py"], str(a)) != key
+    assert command_key(["python", "caf\udce9.py"], str(a))  # a non-UTF-8 name: still a key

@@ -458,3 +458,53 @@ def test_no_error_sends_a_library_down_its_slower_path_under_a_clean_region(
             assert attempt["memory"]["oom_shared"] == 0, attempt["memory"]
         assert all(reg["clean"] for reg in r["report"]["regions"]), r["report"]["regions"]
     assert sum(bool(r["report"].get("attempts")) for r in runs) == 1  # one preempted, rerun
+
+
+# A command that gets an out-of-memory error and goes on: a library that falls back to its
+# slower path (as FALLBACK), with no input of its own; prints what it timed.
+GOES_ON = textwrap.dedent("""
+    import ctypes, json, statistics, sys
+    from ctypes import byref, c_size_t, c_uint64
+    import krex
+    from krex.simgpu import SimGPU
+    g = SimGPU()
+    p = c_uint64()
+    rc = g.cu.cuMemAlloc_v2(byref(p), c_size_t(int(sys.argv[1]) << 20))
+    with krex.region():
+        ms = statistics.median(g.measure(2_000_000 if rc == 0 else 10_000_000, reps=3))
+    print(json.dumps({"ms": ms, "fallback": rc != 0}), flush=True)
+""")
+
+
+def test_a_command_that_got_a_shared_error_and_went_on_is_flagged_and_runs_again_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #47, 3: a wait that runs out (memory.wait_s) hands the command the driver's error
+    though alone it would have had the memory; the command goes on down its slower path and
+    exits 0. Its region after the error is not clean (the reason in its problems), its report
+    counts the error, and krex run runs it again with the GPU's memory to itself, where it
+    takes the fast path in a clean region."""
+    monkeypatch.setenv("KREX_SIM_MEM_BYTES", str(CAPACITY))
+    cfg = tmp_path / "krex.toml"
+    cfg.write_text("[memory]\nwait_s = 0.5\nunknown_gib = 0\n")  # admitted whatever
+    d = Daemon(tmp_path / "krex.sock", "--slots", "4", "--config", str(cfg))
+    d.start()
+    try:
+        with ThreadPoolExecutor(2) as ex:
+            hog = ex.submit(through, d, memhog([900], hold=2.5), tmp_path / "hog.json")
+            time.sleep(1.0)
+            argv = [sys.executable, "-c", GOES_ON, "300"]
+            r = ex.submit(through, d, argv, tmp_path / "goes-on.json").result()
+            assert hog.result()["rc"] == 0
+    finally:
+        d.stop()
+    assert r["rc"] == 0, r["err"][-400:]
+    rep = r["report"]
+    (first,) = rep["attempts"]
+    assert first["memory"]["oom_shared"] >= 1, first["memory"]
+    (region,) = first["regions"]
+    assert not region["clean"] and any("only sharing caused" in p for p in region["problems"])
+    assert "out-of-memory error(s) only sharing caused" in r["err"]
+    assert rep["memory"]["oom_shared"] == 0 and all(x["clean"] for x in rep["regions"])
+    outs = [json.loads(line) for line in r["out"].splitlines() if line.startswith("{")]
+    assert [o["fallback"] for o in outs] == [True, False]  # the rerun took the fast path

@@ -552,7 +552,8 @@ def test_a_commands_key_is_its_argv_and_the_contents_of_the_files_it_names(
     from krex.memory import is_key
 
     a, b = tmp_path / "a", tmp_path / "b"
-    a.mkdir(), b.mkdir()
+    a.mkdir()
+    b.mkdir()
     (a / "bench.py").write_text("x = 1\n")
     (b / "bench.py").write_text("x = 1\n")
     argv = ["python", "bench.py"]

@@ -142,11 +142,14 @@ def daemon(
     mps: bool = False,
     start_s: float = 120,
     stop_s: float = 60,
+    sim: bool = False,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Path]:
     """A private daemon of `slots` slots (default configuration, or memory waits of 1 ms when
     not `waits`), its log in LOGS; yields its socket once its warm workers are ready, at most
-    `start_s` seconds (RuntimeError then); stopped on exit, killed after `stop_s`."""
-    name = f"{slots}{'' if waits else '-nowait'}{'-mps' if mps else ''}"
+    `start_s` seconds (RuntimeError then); stopped on exit, killed after `stop_s`. `sim`: of
+    the simulated GPU, its node and driver's settings in `env` (the daemon's environment)."""
+    name = f"{'sim-' if sim else ''}{slots}{'' if waits else '-nowait'}{'-mps' if mps else ''}"
     sock = tmp / f"krex-{name}.sock"
     cfg = tmp / f"krex-{name}.toml"
     cfg.write_text("" if waits else "[memory]\nwait_s = 0.001\n")
@@ -154,10 +157,12 @@ def daemon(
     log = open(log_path, "wb")  # noqa: SIM115
     argv = [sys.executable, "-m", "krex.cli", "daemon", "--socket", str(sock)]
     proc = subprocess.Popen(
-        [*argv, "--slots", str(slots), "--config", str(cfg), *(["--mps"] if mps else [])],
+        [*argv, "--slots", str(slots), "--config", str(cfg), *(["--mps"] if mps else []),
+         *(["--sim"] if sim else [])],
         stdout=log,
         stderr=log,
-    )
+        env=env,
+    )  # fmt: skip
     try:
         deadline = time.monotonic() + start_s
         while True:
@@ -165,6 +170,7 @@ def daemon(
                 [sys.executable, "-m", "krex.cli", "status", "--json", "--socket", str(sock)],
                 capture_output=True,
                 text=True,
+                env=env,
             )
             if st.returncode == 0:
                 doc = json.loads(st.stdout)

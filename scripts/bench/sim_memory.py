@@ -39,7 +39,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts" / "bench")]
+
+import memory_check  # noqa: E402  (scripts/bench: its private daemons)
 
 from krex.config import parse_size  # noqa: E402
 from krex.paths import sim_library_dir  # noqa: E402
@@ -146,37 +148,18 @@ def node(capacity: int) -> Iterator[dict[str, str]]:
         remove_sim_node(shm)
 
 
-@contextlib.contextmanager
-def daemon(tmp: Path, slots: int, env: dict[str, str], logs: Path) -> Iterator[Path]:
-    sock = tmp / f"krex-{slots}.sock"
-    log = open(logs / f"daemon-sim-{slots}.log", "wb")  # noqa: SIM115
-    argv = [sys.executable, "-m", "krex.cli", "daemon", "--sim", "--socket", str(sock)]
-    proc = subprocess.Popen([*argv, "--slots", str(slots)], env=env, stdout=log, stderr=log)
-    try:
-        deadline = time.monotonic() + 60
-        while subprocess.run(
-            [sys.executable, "-m", "krex.cli", "status", "--socket", str(sock)],
-            env=env,
-            capture_output=True,
-        ).returncode:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError(f"the daemon did not start: see {log.name}")
-            time.sleep(0.3)
-        yield sock
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-        log.close()
-
-
 def run_mode(
-    name: str, cmds: list[tuple[int, int]], capacity: int, compile_s: float, logs: Path
+    name: str, cmds: list[tuple[int, int]], capacity: int, compile_s: float
 ) -> dict[str, Any]:
     concurrency, slots = MODES[name]
     with tempfile.TemporaryDirectory(prefix=f"krex-simmem-{name}-") as d, node(capacity) as env:
         tmp = Path(d)
         with contextlib.ExitStack() as stack:
-            sock = stack.enter_context(daemon(tmp, slots, env, logs)) if slots else None
+            sock = (
+                stack.enter_context(memory_check.daemon(tmp, slots, sim=True, env=env))
+                if slots
+                else None
+            )
             if sock is None:
                 env = env | {"LD_LIBRARY_PATH": str(sim_library_dir())}
             t0 = time.monotonic()
@@ -250,11 +233,11 @@ def main() -> int:
     if args.commands < 1 or not args.compile_s >= 0:
         ap.error("--commands must be >= 1 and --compile-s >= 0")
     cmds = mix(args.commands, capacity)
-    logs = args.json.resolve().parent
+    memory_check.LOGS = args.json.resolve().parent  # the daemons' logs
     modes = []
     for name in names:
         print(f"== {name} (simulated GPU)", flush=True)
-        modes.append(run_mode(name, cmds, capacity, args.compile_s, logs))
+        modes.append(run_mode(name, cmds, capacity, args.compile_s))
         args.json.write_text(json.dumps({"partial": True, "modes": modes}, indent=1))
     summarise(modes)
     doc = {

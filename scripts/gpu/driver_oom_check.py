@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+import memory_check  # noqa: E402  (its private daemons)
+
 SLIVER_MIB = 128  # left free: less than a context and its first modules take
 HOLD_S = 8.0
 
@@ -96,6 +99,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, required=True)
     args = ap.parse_args()
+    memory_check.LOGS = args.json.resolve().parent  # the daemon's log
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "command": "python3 scripts/gpu/driver_oom_check.py " + " ".join(sys.argv[1:]),
@@ -104,34 +108,9 @@ def main() -> int:
         tmp = Path(d)
         print("== native", flush=True)
         results["native"] = run_pair(None, tmp, "native")
-        sock = tmp / "krex.sock"
-        log = open(args.json.with_suffix(".daemon.log"), "wb")  # noqa: SIM115
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "krex.cli", "daemon", "--socket", str(sock), "--slots", "2"],
-            stdout=log,
-            stderr=log,
-        )
-        try:
-            deadline = time.monotonic() + 120
-            while True:
-                st = subprocess.run(
-                    [sys.executable, "-m", "krex.cli", "status", "--json", "--socket", str(sock)],
-                    capture_output=True,
-                    text=True,
-                )
-                if st.returncode == 0 and all(
-                    g["pool"]["idle"] >= g["pool"]["target"] for g in json.loads(st.stdout)["gpus"]
-                ):
-                    break
-                if time.monotonic() > deadline or daemon.poll() is not None:
-                    raise RuntimeError("the daemon did not start")
-                time.sleep(0.5)
+        with memory_check.daemon(tmp, 2) as sock:
             print("== krex", flush=True)
             results["krex"] = run_pair(sock, tmp, "krex")
-        finally:
-            daemon.terminate()
-            daemon.wait(timeout=60)
-            log.close()
     args.json.write_text(json.dumps(results, indent=1))
     for mode in ("native", "krex"):
         r = results[mode]

@@ -21,6 +21,7 @@ import select
 import signal
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -35,7 +36,7 @@ from krex.autoregions import DEFAULT_AUTO_REGIONS, unresolved
 from krex.autoregions import LOG_VAR as AUTO_LOG_VAR
 from krex.config import default_socket, load
 from krex.errors import KrexError, ProtocolError
-from krex.pool import Invocation, plan
+from krex.pool import Invocation, ProcState, plan
 from krex.trust import TrustError, check_daemon, check_env
 from krex.watch import DaemonWatch
 
@@ -231,17 +232,50 @@ def _stdio_fds() -> list[int]:
     return fds
 
 
+_REAPED_S = 2.0  # a warm child that ended: its fork server reaps it and says how within this
+
+
 class WarmRefused(Exception):
     """The fork server did not start the command (it then runs cold, saying why)."""
 
 
+@dataclass
+class WarmEnd:
+    """How a warm command ended: its status (None: unknown, the daemon knows), whether the
+    command reported it itself (its own work done; else it died without a word: a signal,
+    os._exit, a crash, and what it left is ended at once), and why it started a fresh
+    interpreter after all ("": it ran warm)."""
+
+    status: int | None
+    reported: bool
+    cold: str
+
+
 def _run_warm(
-    lease: dict[str, Any], inv: Invocation, env: dict[str, str], conn: Connection
-) -> int | None:
+    lease: dict[str, Any], inv: Invocation, argv: list[str], env: dict[str, str], conn: Connection
+) -> WarmEnd:
     """Hand the command to its fork server, have the daemon place the child it forks, let it
-    go and wait, forwarding each signal sent to us; its exit status, or None when the child
-    vanished without one (the daemon then knows how it ended). WarmRefused when no child
-    started the command."""
+    go and wait, forwarding each signal sent to us. WarmRefused when no child started it."""
+    state = ProcState.capture()  # what a cold command would inherit from us (issue #48)
+    with tempfile.TemporaryDirectory(prefix="krex-run-") as d:
+        # Where the child reports (a connection of its own at that moment: while the command
+        # runs it holds no descriptor of krex's, and a dead fork server loses nothing).
+        reports = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with reports:
+            reports.bind(os.path.join(d, "report"))
+            reports.listen(4)
+            return _warm(lease, inv, argv, env, conn, state, reports)
+
+
+def _warm(
+    lease: dict[str, Any],
+    inv: Invocation,
+    argv: list[str],
+    env: dict[str, str],
+    conn: Connection,
+    state: ProcState,
+    reports: socket.socket,
+) -> WarmEnd:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(30)
     try:
@@ -250,10 +284,13 @@ def _run_warm(
         job = {
             "token": lease["token"],
             "invocation": dataclasses.asdict(inv),
+            "argv": argv,
             "cwd": os.getcwd(),
             "env": env,
+            "state": dataclasses.asdict(state),
+            "report": reports.getsockname(),
         }
-        wire.send_frame(sock, job, _stdio_fds())
+        wire.send_frame(sock, job, [*_stdio_fds(), *state.fds])
         msg, _ = wire.recv_frame(sock)
     except (OSError, ProtocolError, TrustError) as e:
         sock.close()
@@ -261,7 +298,10 @@ def _run_warm(
     pid = msg.get("pid") if msg is not None else None
     if not wire.is_int(pid):
         sock.close()
-        raise WarmRefused("the warm worker refused the command")
+        why = msg.get("refused") if msg is not None else None
+        raise WarmRefused(
+            f"a warm worker cannot run it: {why}" if why else "the warm worker refused it"
+        )
     try:
         conn.send({"op": "started", "pid": pid, "warm": True})
         conn.recv(conn.step_s)
@@ -271,36 +311,65 @@ def _run_warm(
         sock.close()
         raise WarmRefused(f"the daemon could not take the warm command in: {e}") from e
     try:
-        # Its exit too, not only its connection: processes it forked hold the connection.
-        child = os.pidfd_open(pid)
+        child = os.pidfd_open(pid)  # its exit too, not only its reports
     except OSError:
         child = None
+    cold, status, reported = "", None, False
     try:
         wire.send_frame(sock, {"go": True})
         sock.settimeout(None)
-        # The child is in no terminal's process group: every signal meant for the command,
-        # Ctrl-C too, reaches it through us (held since admission: none is lost).
-        waited = [sock.fileno(), *([child] if child is not None else [])]
-        while True:
+        # The child is in a session of its own: every signal meant for the command, Ctrl-C
+        # too, reaches it through us (held since admission: none is lost).
+        waited = [sock.fileno(), reports.fileno(), *([child] if child is not None else [])]
+        until = None  # once it has ended: how long its reports may take to come
+        while status is None:
             ready, _, _ = select.select(waited, [], [], 0.05)
             for n in _take_pending():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, n)
-            if sock.fileno() in ready:
-                msg, _ = wire.recv_frame(sock)
-                break
-            if ready:  # it ended without a word (a signal, os._exit, a crash)
-                msg = None
+            for fd in ready:
+                msg = _warm_message(fd, sock, reports, pid)
+                if fd == sock.fileno() and msg is None:
+                    waited.remove(fd)  # its fork server is done with it, or gone
+                elif msg is not None and isinstance(msg.get("cold"), str):
+                    cold = msg["cold"]  # a fresh interpreter in its place: it goes on
+                elif msg is not None and wire.is_int(msg.get("status")):
+                    status, reported = int(msg["status"]), fd == reports.fileno()
+                elif child is not None and fd == child:
+                    waited.remove(child)  # ended without a word (a signal, os._exit, a
+                    until = time.monotonic() + _REAPED_S  # crash): its server says how
+            if until is not None and time.monotonic() > until:
                 break
     except (OSError, ProtocolError):
-        msg = None
+        pass
     finally:
+        if reported:  # the command is over: its teardown is not ours to cut short
+            with contextlib.suppress(OSError):
+                wire.send_frame(sock, {"done": True})
         sock.close()
         if child is not None:
             os.close(child)
-    if msg is None or not wire.is_int(msg.get("status")):
+    return WarmEnd(status, reported, cold)
+
+
+def _warm_message(
+    fd: int, sock: socket.socket, reports: socket.socket, pid: int
+) -> dict[str, Any] | None:
+    """What a ready descriptor of a warm run says: its fork server's message (None at EOF),
+    or the child's report (from the child alone: its pid is checked)."""
+    if fd == sock.fileno():
+        msg, _ = wire.recv_frame(sock)
+        return msg
+    if fd != reports.fileno():
         return None
-    return int(msg["status"])
+    peer, _ = reports.accept()
+    with peer:
+        creds = peer.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        if struct.unpack("3i", creds)[0] != pid:
+            return None
+        peer.settimeout(5)
+        msg, _ = wire.recv_frame(peer)
+        return msg
 
 
 def _wait(pid: int, flags: int = 0) -> int | None:
@@ -603,9 +672,10 @@ def _run_once(opts: RunOptions, key: str = "") -> tuple[int, dict[str, Any]]:
             return EXIT_KREX, {}
         if "socket" in lease:
             try:
-                warm_status = _run_warm(lease, how.invocation, env, conn)
-                lost = warm_status is None
-                return _finish(opts, conn, reply, t0, warm_status, lost, how.reason, warm=True)
+                end = _run_warm(lease, how.invocation, opts.argv, env, conn)
+                reason = end.cold or how.reason
+                lost = not end.reported  # the daemon ends what it left at once
+                return _finish(opts, conn, reply, t0, end.status, lost, reason, warm=not end.cold)
             except WarmRefused as e:
                 how.reason = str(e)
         else:

@@ -10,6 +10,7 @@ whether that holds, and if not, why: the command then runs cold, as its own proc
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -185,3 +186,125 @@ def plan(
     if own_preload:
         return Plan(False, "LD_PRELOAD of the command's own")
     return Plan(True, "warm worker", inv)
+
+
+# The caller's process state a cold command inherits from `krex run` (fork and exec keep it),
+# which a warm child must take on (issue #48): what a program or its harness can observe or
+# rely on besides argv, environment, cwd and stdio.
+_RLIMITS = tuple(
+    name
+    for name in (
+        "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_DATA", "RLIMIT_STACK", "RLIMIT_CORE",
+        "RLIMIT_RSS", "RLIMIT_NPROC", "RLIMIT_NOFILE", "RLIMIT_MEMLOCK", "RLIMIT_AS",
+        "RLIMIT_LOCKS", "RLIMIT_SIGPENDING", "RLIMIT_MSGQUEUE", "RLIMIT_NICE", "RLIMIT_RTPRIO",
+        "RLIMIT_RTTIME",
+    )
+    if hasattr(resource, name)
+)  # fmt: skip
+MAX_PASSED_FDS = 64  # descriptors beyond stdio a warm command can be handed (else: cold)
+_SCHED_UNPRIVILEGED = {os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_IDLE}
+
+
+@dataclass
+class ProcState:
+    """What a process passes on to its children besides argv, environment, cwd and stdio."""
+
+    uid: int
+    gid: int
+    groups: list[int]
+    umask: int
+    nice: int
+    sched: int  # scheduling policy (os.SCHED_*)
+    rlimits: dict[str, list[int]]  # name -> [soft, hard] (RLIM_INFINITY: -1)
+    oom_score_adj: int | None
+    fds: list[int]  # inheritable descriptors beyond 0-2, in the order they are passed
+
+    @classmethod
+    def capture(cls) -> ProcState:
+        """This process's state, as a child it forks and execs would inherit it."""
+        mask = os.umask(0)
+        os.umask(mask)
+        return cls(
+            uid=os.getuid(),
+            gid=os.getgid(),
+            groups=sorted(os.getgroups()),
+            umask=mask,
+            nice=os.getpriority(os.PRIO_PROCESS, 0),
+            sched=os.sched_getscheduler(0),
+            rlimits={n: list(resource.getrlimit(getattr(resource, n))) for n in _RLIMITS},
+            oom_score_adj=_oom_score_adj(),
+            fds=_inheritable_fds(),
+        )
+
+    def unfit(self) -> str | None:
+        """Why a child of *this* process could not take on the state (a cold command then
+        gets it, from krex run itself), or None."""
+        me = ProcState.capture()
+        root = os.geteuid() == 0
+        if self.uid != me.uid:
+            return f"the command's user ({self.uid}) is not the warm worker's ({me.uid})"
+        if not root and (self.gid != me.gid or self.groups != me.groups):
+            return "the command's groups are not the warm worker's"
+        if len(self.fds) > MAX_PASSED_FDS:
+            return f"more than {MAX_PASSED_FDS} inherited descriptors"
+        for name, (_, hard) in self.rlimits.items():
+            mine = me.rlimits.get(name)
+            if mine is not None and not root and _above(hard, mine[1]):
+                return f"{name}'s hard limit is above the warm worker's"
+        if not root and self.nice < me.nice:
+            return f"nice {self.nice} is below the warm worker's {me.nice}"
+        if not root and self.sched not in _SCHED_UNPRIVILEGED and self.sched != me.sched:
+            return "a real-time scheduling policy"
+        own, theirs = me.oom_score_adj, self.oom_score_adj
+        if not root and own is not None and theirs is not None and theirs < own:
+            return "an oom_score_adj below the warm worker's"
+        return None
+
+    def apply(self) -> None:
+        """Take the state on, in a freshly forked child (unfit() said it can)."""
+        if os.geteuid() == 0:
+            if sorted(os.getgroups()) != self.groups:
+                os.setgroups(self.groups)
+            if os.getgid() != self.gid:
+                os.setgid(self.gid)
+        os.umask(self.umask)
+        for name, (soft, hard) in self.rlimits.items():
+            which = getattr(resource, name)
+            if resource.getrlimit(which) != (soft, hard):
+                resource.setrlimit(which, (soft, hard))
+        if os.getpriority(os.PRIO_PROCESS, 0) != self.nice:
+            os.setpriority(os.PRIO_PROCESS, 0, self.nice)
+        if os.sched_getscheduler(0) != self.sched:
+            os.sched_setscheduler(0, self.sched, os.sched_param(0))
+        if self.oom_score_adj is not None and _oom_score_adj() != self.oom_score_adj:
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write(str(self.oom_score_adj))
+
+
+def _above(a: int, b: int) -> bool:
+    """Whether limit a is above limit b (RLIM_INFINITY above all)."""
+    inf = resource.RLIM_INFINITY
+    return b != inf and (a == inf or a > b)
+
+
+def _oom_score_adj() -> int | None:
+    try:
+        with open("/proc/self/oom_score_adj") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _inheritable_fds() -> list[int]:
+    """This process's descriptors beyond 0-2 that a child it execs would keep (krex run's own
+    are close-on-exec)."""
+    out = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2:
+            try:
+                if os.get_inheritable(fd):
+                    out.append(fd)
+            except OSError:  # the listing's own, closed by now
+                continue
+    return sorted(out)

@@ -28,7 +28,9 @@ import atexit
 import contextlib
 import ctypes
 import errno
+import fcntl
 import importlib
+import importlib.machinery
 import io
 import os
 import random
@@ -36,6 +38,7 @@ import runpy
 import select
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -48,7 +51,7 @@ from typing import Any
 
 from krex import wire
 from krex.errors import ProtocolError
-from krex.pool import Invocation
+from krex.pool import MAX_PASSED_FDS, Invocation, ProcState
 
 JOB_ACCEPT_S = 30.0  # an authorised job waits this long for its client
 FRAME_S = 5.0  # a connected client sends its job within this
@@ -131,23 +134,54 @@ def warm_up(preload: list[str]) -> list[str]:
 
 @dataclass
 class Job:
-    """A command handed to a forked child: what krex run sent, and its connection."""
+    """A command handed to a forked child: what krex run sent, and the pipe that lets it go."""
 
-    conn: socket.socket
     inv: Invocation
+    argv: list[str]  # the command line as krex run got it (for a fresh interpreter)
     cwd: str
     env: dict[str, str]
-    fds: list[int]
+    state: ProcState  # what the command inherits from krex run besides the above
+    fds: list[int]  # stdin, stdout, stderr, then state.fds's descriptors, as received
+    go: int  # read end: a byte when krex run lets the command start, EOF when it does not
+    report: str  # krex run's socket, where the child reports its status (or a cold start)
+
+
+@dataclass
+class Child:
+    """A forked child as the fork server keeps it: its client's connection and pid."""
+
+    conn: socket.socket
+    client: int  # krex run's pid: a signal the child sends its parent (us) is forwarded there
+    go: int | None  # write end of its go pipe until krex run lets it go
+    done: bool = False  # its status went to krex run
+
+
+# Signals a child may send its parent (the fork server): forwarded to its krex run, as a cold
+# command's reach krex run (which passes them on to the command). The fork server keeps them
+# blocked and takes them with their sender; from anyone else they act as their default would.
+RELAYED = frozenset(
+    {
+        signal.SIGHUP,
+        signal.SIGINT,
+        signal.SIGQUIT,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+        signal.SIGALRM,
+        signal.SIGTERM,
+        signal.SIGTSTP,
+        signal.SIGCONT,
+    }
+)
 
 
 @dataclass
 class Zygote:
-    """The fork server's state: its sockets and the jobs the daemon authorised."""
+    """The fork server's state: its sockets, the jobs the daemon authorised, its children."""
 
     listener: socket.socket
     ctl: socket.socket
     tokens: dict[str, float] = field(default_factory=dict)  # token -> deadline
-    children: set[int] = field(default_factory=set)
+    children: dict[int, Child] = field(default_factory=dict)
     buf: bytes = b""
 
     def tell(self, msg: dict[str, Any]) -> None:
@@ -157,13 +191,19 @@ class Zygote:
         """Serve until the daemon lets us go (None), or, in a forked child, its job."""
         while True:
             self.reap()
-            fds = [self.ctl.fileno(), self.listener.fileno(), wake]
-            ready, _, _ = select.select(fds, [], [], 1.0)
+            self.relay()
+            conns = {c.conn.fileno(): pid for pid, c in self.children.items() if not c.done}
+            fds = [self.ctl.fileno(), self.listener.fileno(), wake, *conns]
+            # Briefly while children live: a signal they send us is taken by polling.
+            ready, _, _ = select.select(fds, [], [], 0.05 if self.children else 1.0)
             if wake in ready:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake, 512)
             if fds[0] in ready and not self.control():
                 return None
+            for fd in ready:
+                if fd in conns:
+                    self.client_says(conns[fd])
             if fds[1] in ready:
                 job = self.accept()
                 if job is not None:
@@ -187,7 +227,8 @@ class Zygote:
         return True
 
     def accept(self) -> Job | None:
-        """A client's job: checked, then forked. In the parent None; in the child its Job."""
+        """A client's job (checked, then forked: in the parent None, in the child its Job), or
+        a child's report of its status."""
         try:
             conn, _ = self.listener.accept()
         except BlockingIOError:
@@ -195,32 +236,90 @@ class Zygote:
         conn.settimeout(FRAME_S)
         fds: list[int] = []
         try:
-            msg, fds = wire.recv_frame(conn, max_fds=3)
+            peer = _peer_pid(conn)
+            msg, fds = wire.recv_frame(conn, max_fds=3 + MAX_PASSED_FDS)
             if msg is None or self.tokens.pop(str(msg.get("token")), None) is None:
                 raise ProtocolError("no job for its token")
-            if len(fds) != 3:
-                raise ProtocolError("no stdin, stdout and stderr with it")
+            state = ProcState(**msg["state"])
+            if len(fds) != 3 + len(state.fds):
+                raise ProtocolError("not the descriptors announced (stdio, then the others)")
+            if why := state.unfit():
+                wire.send_frame(conn, {"refused": why})
+                _close(conn, fds)
+                return None
             job = Job(
-                conn=conn,
                 inv=Invocation(**msg["invocation"]),
+                argv=[str(a) for a in msg["argv"]],
                 cwd=str(msg["cwd"]),
                 env={str(k): str(v) for k, v in msg["env"].items()},
+                state=state,
                 fds=fds,
+                go=-1,
+                report=str(msg["report"]),
             )
-        except (OSError, ProtocolError, KeyError, TypeError, AttributeError) as e:
+        except (OSError, ProtocolError, KeyError, TypeError, AttributeError, ValueError) as e:
             print(f"krex worker: refused a client: {e}", file=sys.stderr)
             _close(conn, fds)
             return None
+        go_r, go_w = os.pipe()
         pid = os.fork()
         if pid == 0:
+            os.close(go_w)
+            job.go = go_r
+            conn.close()
             return job
-        self.children.add(pid)
-        _close(conn, fds)
+        os.close(go_r)
+        for fd in fds:
+            os.close(fd)
+        self.children[pid] = Child(conn=conn, client=peer, go=go_w)
+        try:
+            conn.settimeout(FRAME_S)
+            wire.send_frame(conn, {"pid": pid})
+            conn.settimeout(None)
+        except OSError:
+            self.end(pid)
         return None
 
+    def client_says(self, pid: int) -> None:
+        """krex run lets its child go; or has its status (the child's framework teardown
+        goes on); or is gone: then the child goes too (a cold command dies with its client)."""
+        child = self.children[pid]
+        try:
+            msg, _ = wire.recv_frame(child.conn)
+        except (OSError, ProtocolError):
+            msg = None
+        if msg is not None and msg.get("go") is True and child.go is not None:
+            os.write(child.go, b"g")
+            os.close(child.go)
+            child.go = None
+            return
+        if msg is not None and msg.get("done") is True and child.go is None:
+            self._finish(child, {})
+            return
+        self.end(pid)
+
+    def _finish(self, child: Child, msg: dict[str, Any]) -> None:
+        child.done = True
+        with contextlib.suppress(OSError):
+            wire.send_frame(child.conn, msg)
+            child.conn.shutdown(socket.SHUT_RDWR)
+        child.conn.close()
+        if child.go is not None:
+            os.close(child.go)
+            child.go = None
+
+    def end(self, pid: int) -> None:
+        """Its krex run is gone (or never let it go): the child ends now."""
+        child = self.children[pid]
+        if child.done:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        self._finish(child, {})
+
     def reap(self) -> None:
-        """Each child that ended: its exit status to the daemon (the client asks it when the
-        child vanished without a report: os._exit, a signal, a crash)."""
+        """Each child that ended: its exit status to its krex run (where the child did not
+        report it: os._exit, a signal, a crash) and to the daemon."""
         for pid in list(self.children):
             try:
                 done, status = os.waitpid(pid, os.WNOHANG)
@@ -228,9 +327,30 @@ class Zygote:
                 done, status = pid, 0
             if done == 0:
                 continue
-            self.children.discard(pid)
+            child = self.children.pop(pid)
             code = os.waitstatus_to_exitcode(status) if done == pid else 0
-            self.tell({"op": "exited", "pid": pid, "status": code if code >= 0 else 128 - code})
+            code = code if code >= 0 else 128 - code
+            if not child.done:
+                self._finish(child, {"status": code})
+            self.tell({"op": "exited", "pid": pid, "status": code})
+
+    def relay(self) -> None:
+        """Signals sent to us: a child's go to its krex run; anyone else's act as they would
+        on a process that never blocked them."""
+        while (info := signal.sigtimedwait(RELAYED, 0)) is not None:
+            child = self.children.get(info.si_pid)
+            if child is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.client, info.si_signo)
+                continue
+            signal.signal(info.si_signo, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {info.si_signo})
+            os.kill(os.getpid(), info.si_signo)
+
+
+def _peer_pid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[0])
 
 
 def _close(conn: socket.socket, fds: list[int]) -> None:
@@ -239,15 +359,36 @@ def _close(conn: socket.socket, fds: list[int]) -> None:
     conn.close()
 
 
+def _report(path: str, msg: dict[str, Any]) -> None:
+    """Tell krex run (a connection of its own: the child keeps no descriptor of krex's while
+    the command runs, so closing every descriptor is harmless, and a fork server the command
+    killed loses nothing)."""
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(FRAME_S)
+        s.connect(path)
+        wire.send_frame(s, msg)
+
+
 # The child: from the worker's state to the command's.
-def become(job: Job, zygote: Zygote, pipe: tuple[int, int]) -> None:
-    """In a forked child: drop the worker's sockets and handlers, take the command's stdio,
-    environment, cwd, argv and path, as a fresh interpreter would have them."""
+def become(job: Job, zygote: Zygote, pipe: tuple[int, int]) -> list[str]:
+    """In a forked child: a session of its own, the worker's sockets, handlers and
+    descriptors dropped, the caller's descriptors at their numbers, its limits, umask, nice and
+    the rest of its process state, and the command's environment, cwd, argv and path, as a
+    fresh interpreter started by krex run would have them. Returns the command's own entries
+    of sys.path (its script's directory or cwd, PYTHONPATH's), before the worker's."""
+    os.setsid()  # signals to its group reach it and its descendants, not the fork server's
     signal.set_wakeup_fd(-1)
     zygote.listener.close()
     zygote.ctl.close()
+    for child in zygote.children.values():
+        child.conn.close()
+        if child.go is not None:
+            os.close(child.go)
+    zygote.children.clear()
     for fd in pipe:
         os.close(fd)
+    _take_descriptors(job)
+    job.state.apply()
     for s in signal.valid_signals():
         if s in (signal.SIGKILL, signal.SIGSTOP):
             continue
@@ -258,9 +399,6 @@ def become(job: Job, zygote: Zygote, pipe: tuple[int, int]) -> None:
     for s in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(s, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
-    for i, fd in enumerate(job.fds):
-        os.dup2(fd, i)
-        os.close(fd)
     inv, env = job.inv, job.env
     unbuffered = inv.unbuffered or bool(env.get("PYTHONUNBUFFERED"))
     sys.stdin, sys.stdout, sys.stderr = _stdio(unbuffered)
@@ -292,6 +430,66 @@ def become(job: Job, zygote: Zygote, pipe: tuple[int, int]) -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.manual_seed(_TORCH_DEFAULT_SEED)
+    return [first, *extra]
+
+
+def _take_descriptors(job: Job) -> None:
+    """Exactly what a cold command has open: stdin, stdout, stderr and the caller's other
+    inheritable descriptors, at their numbers; nothing of the worker's (its sockets, what its
+    preloaded modules opened), and only the go pipe of krex's own until the command starts."""
+    wanted = [0, 1, 2, *job.state.fds]
+    # First out of the way (a received descriptor may sit on a wanted number), then in place.
+    floor = max([*wanted, *job.fds, job.go]) + 1
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor) for fd in job.fds]
+    go = fcntl.fcntl(job.go, fcntl.F_DUPFD_CLOEXEC, floor)
+    keep = set(moved) | {go}
+    for fd in _open_fds():
+        if fd not in keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    for src, dst in zip(moved, wanted, strict=True):
+        os.dup2(src, dst, inheritable=True)
+        os.close(src)
+    job.go = go
+
+
+def _open_fds() -> list[int]:
+    return [int(n) for n in os.listdir("/proc/self/fd")]
+
+
+_MODULE_SUFFIXES = tuple(importlib.machinery.all_suffixes())
+
+
+def _shadowed(own: list[str]) -> str | None:
+    """A module the worker imported that the command's own path entries (`own`: its script's
+    directory or cwd, PYTHONPATH's entries) give in another file: natively the project's
+    json.py shadows the stdlib's, in the command and in every module that imports it. None
+    when there is none."""
+    names: dict[str, str] = {}
+    for entry in own:
+        d = entry or os.getcwd()
+        try:
+            listing = os.listdir(d)
+        except OSError:
+            continue
+        for item in listing:
+            path = os.path.join(d, item)
+            if os.path.isfile(os.path.join(path, "__init__.py")):
+                names.setdefault(item, os.path.realpath(path))
+            for suffix in _MODULE_SUFFIXES:
+                if item.endswith(suffix) and os.path.isfile(path):
+                    names.setdefault(item[: -len(suffix)].split(".")[0], os.path.realpath(path))
+    for name, module in list(sys.modules.items()):
+        if "." in name or name not in names or module is None:
+            continue
+        spec = getattr(module, "__spec__", None)
+        origin = getattr(spec, "origin", None)
+        if origin in (None, "built-in", "frozen"):
+            continue  # found before any path entry: nothing on a path shadows it
+        where = os.path.realpath(origin)
+        if where != names[name] and not where.startswith(names[name] + os.sep):
+            return f"the command's own {name} ({names[name]}) shadows a module warm workers import"
+    return None
 
 
 class ExitHandlers:
@@ -339,24 +537,21 @@ def _own(func: Callable[..., Any]) -> bool:
     return module.split(".")[0] not in _FRAMEWORK
 
 
-def run_child(job: Job) -> int:
+def run_child(job: Job, own_path: list[str]) -> int:
     """The command, in its forked child; returns the process's exit status."""
-    conn = job.conn
-    conn.settimeout(None)
-    wire.send_frame(conn, {"pid": os.getpid()})
-    conn.settimeout(GO_S)
-    try:
-        go, _ = wire.recv_frame(conn)
-    except (OSError, ProtocolError):
-        go = None
-    if not go or go.get("go") is not True:
+    go = os.read(job.go, 1) if job.go >= 0 else b""
+    os.close(job.go)
+    if go != b"g":
         return 125  # krex run did not let it start (it reports why)
-    conn.settimeout(None)
-    # Processes the command forks (a process pool's workers) must not hold krex run's
-    # connection: it ends when the command has.
-    os.register_at_fork(after_in_child=lambda: os.close(conn.detach()))
-    reported = threading.Event()
-    threading.Thread(target=_watch_client, args=(conn, reported), daemon=True).start()
+    if why := _shadowed(own_path):
+        # Natively its own module would be the one everybody imports: a fresh interpreter,
+        # here in the command's process, is the command (a cold start, and krex run says so).
+        _report(job.report, {"cold": why})
+        try:
+            os.execvpe(job.argv[0], job.argv, job.env)
+        except OSError as e:
+            print(f"krex: cannot start {job.argv[0]}: {e}", file=sys.stderr)
+            return 127
     with ExitHandlers() as handlers:
         if os.environ.get("KREX_AUTO_REGIONS", "").strip():
             _auto_regions(os.environ["KREX_AUTO_REGIONS"])  # its exit note is ours: before
@@ -372,11 +567,7 @@ def run_child(job: Job) -> int:
     # The command is over: report, then let go of its stdio (whoever reads it to its end, the
     # agent's harness, stops waiting) before the framework's teardown.
     _detach_stdio()
-    reported.set()
-    with contextlib.suppress(OSError):
-        wire.send_frame(conn, {"status": status})
-        conn.shutdown(socket.SHUT_RDWR)
-    conn.close()
+    _report(job.report, {"status": status})
     _end_helpers()
     handlers.run(own=False)
     return status
@@ -436,20 +627,6 @@ def _end_helpers() -> None:
                     for q in [p, *p.children(recursive=True)]:
                         with contextlib.suppress(psutil.Error):
                             q.kill()
-
-
-def _watch_client(conn: socket.socket, reported: threading.Event) -> None:
-    """A vanished `krex run` ends the command (as a cold one dies with its client)."""
-    while True:
-        try:
-            data = conn.recv(1)
-        except OSError:
-            data = b""
-        if reported.is_set():
-            return
-        if not data:
-            os.kill(os.getpid(), signal.SIGKILL)
-            return
 
 
 def _stdio(unbuffered: bool) -> tuple[io.TextIOWrapper, io.TextIOWrapper, io.TextIOWrapper]:
@@ -554,6 +731,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the pipe
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    # A child's signals to its parent are its krex run's (Zygote.relay): taken with their sender.
+    signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)
     z = Zygote(listener, ctl)
     z.tell(
         {
@@ -575,8 +754,8 @@ def main(argv: list[str] | None = None) -> int:
                 os.unlink(args.listen)
     if job is None:
         return 0
-    become(job, z, (wake_r, wake_w))
-    return run_child(job)
+    own = become(job, z, (wake_r, wake_w))
+    return run_child(job, own)
 
 
 if __name__ == "__main__":

@@ -221,8 +221,10 @@ class Pool:
         self.d.regions.tenant_joined(pool)
 
     def end_leftovers(self) -> None:
-        """Kill what warm commands left running past its time (the daemon's tick)."""
+        """Kill what warm commands left running past its time (the daemon's tick), their
+        processes started since included."""
         now = time.monotonic()
+        self._adopt_late(now)
         for pid, (started, kill_at) in list(self.leftovers.items()):
             if start_time(pid) != started:
                 del self.leftovers[pid]  # gone (or its pid reused)
@@ -231,6 +233,35 @@ class Pool:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                 del self.leftovers[pid]
+
+    def _adopt_late(self, now: float) -> None:
+        """Processes a leftover started after its command ended (a late grandchild, even in a
+        session of its own) are in the pool tenant's group but not yet among the leftovers:
+        each ends when the leftover it descends from does; one whose ancestors are all gone
+        ends with the last of the leftovers (no later than any command's bound), at once when
+        there is none (issue #48: one lived 717 s past the 120 s promised)."""
+        for g in self.d.gpus:
+            if g.pool_tenant is None:
+                continue
+            try:
+                pids = g.pool_tenant.group.pids()
+            except TenantsError:
+                continue
+            for pid in pids:
+                if pid in self.leftovers:
+                    continue
+                kill_at = None
+                p: int | None = pid
+                for _ in range(64):  # up its ancestry, to a leftover we know
+                    p = parent(p) if p else None
+                    if not p:
+                        break
+                    if p in self.leftovers:
+                        kill_at = self.leftovers[p][1]
+                        break
+                if kill_at is None:
+                    kill_at = max((k for _, k in self.leftovers.values()), default=now)
+                self.leftovers[pid] = (start_time(pid), kill_at)
 
     def _gone(self, g: Gpu, w: PoolWorker, rc: int) -> None:
         was = w.state

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import resource
 import shutil
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -218,6 +219,8 @@ class ProcState:
     rlimits: dict[str, list[int]]  # name -> [soft, hard] (RLIM_INFINITY: -1)
     oom_score_adj: int | None
     fds: list[int]  # inheritable descriptors beyond 0-2, in the order they are passed
+    closed: list[int] = field(default_factory=list)  # of 0, 1, 2: those not open (sent as
+    # /dev/null, closed again in the child)
 
     @classmethod
     def capture(cls) -> ProcState:
@@ -234,6 +237,7 @@ class ProcState:
             rlimits={n: list(resource.getrlimit(getattr(resource, n))) for n in _RLIMITS},
             oom_score_adj=_oom_score_adj(),
             fds=_inheritable_fds(),
+            closed=_closed_stdio(),
         )
 
     def unfit(self) -> str | None:
@@ -285,6 +289,13 @@ def _above(a: int, b: int) -> bool:
     """Whether limit a is above limit b (RLIM_INFINITY above all)."""
     inf = resource.RLIM_INFINITY
     return b != inf and (a == inf or a > b)
+
+
+def _closed_stdio() -> list[int]:
+    """Which of 0, 1, 2 were closed when this interpreter started (it then left the stream
+    None: the descriptor may have been taken by something else since)."""
+    streams = (sys.__stdin__, sys.__stdout__, sys.__stderr__)
+    return [fd for fd, stream in enumerate(streams) if stream is None]
 
 
 def _oom_score_adj() -> int | None:

@@ -401,7 +401,11 @@ def become(job: Job, zygote: Zygote, pipe: tuple[int, int]) -> list[str]:
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     inv, env = job.inv, job.env
     unbuffered = inv.unbuffered or bool(env.get("PYTHONUNBUFFERED"))
-    sys.stdin, sys.stdout, sys.stderr = _stdio(unbuffered)
+    streams: list[Any] = list(_stdio(unbuffered))
+    for fd in job.state.closed:  # closed in the caller (sent as /dev/null): closed here too,
+        os.close(fd)  # and its stream None, as CPython leaves one it found closed
+        streams[fd] = None
+    sys.stdin, sys.stdout, sys.stderr = streams
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr  # type: ignore[misc]
     os.chdir(job.cwd)
     own = os.environ.get("PYTHONPATH", "")
@@ -418,6 +422,7 @@ def become(job: Job, zygote: Zygote, pipe: tuple[int, int]) -> list[str]:
         first = ""
     sys.path[:] = [first, *extra, *base]
     sys.argv[:] = [inv.argv0(), *inv.args]
+    sys.orig_argv[:] = job.argv  # the interpreter's command line, as it got it
     sys.dont_write_bytecode = inv.dont_write_bytecode or bool(env.get("PYTHONDONTWRITEBYTECODE"))
     for opt in inv.warnings:
         warnings._setoption(opt)  # type: ignore[attr-defined]
@@ -561,7 +566,8 @@ def run_child(job: Job, own_path: list[str]) -> int:
         _end_lingering_regions()
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.flush()
+            if stream is not None:
+                stream.flush()
         except (OSError, ValueError):
             status = status or 120  # CPython's status when flushing stdout fails
     # The command is over: report, then let go of its stdio (whoever reads it to its end, the

@@ -36,7 +36,7 @@ from krex.autoregions import DEFAULT_AUTO_REGIONS, unresolved
 from krex.autoregions import LOG_VAR as AUTO_LOG_VAR
 from krex.config import default_socket, load
 from krex.errors import KrexError, ProtocolError
-from krex.pool import Invocation, ProcState, plan
+from krex.pool import Invocation, ProcState, ignored_signals, plan
 from krex.trust import TrustError, check_daemon, check_env
 from krex.watch import DaemonWatch
 
@@ -50,6 +50,9 @@ FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, sign
 # report is written, so that none is lost before the command can take it, and none that
 # arrives as the command ends kills `krex run` before its report.
 HELD = frozenset({signal.SIGINT, *FORWARDED})
+# The signals our caller had us ignore, read before we change any disposition: a command
+# inherits them ignored, cold or warm (issue #48).
+CALLER_IGNORED = frozenset(ignored_signals())
 _SI_KERNEL = 0x80  # siginfo.si_code of a signal the kernel sent (a terminal's Ctrl-C, hang-up)
 
 
@@ -208,7 +211,8 @@ def _spawn_held(argv: list[str], env: dict[str, str], mask: set[int]) -> tuple[i
                 os._exit(EXIT_KREX)  # krex run died before letting it start
             os.close(go_r)
             for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, *FORWARDED):
-                signal.signal(sig, signal.SIG_DFL)
+                # What our caller ignored (nohup's SIGHUP) stays ignored, as natively.
+                signal.signal(sig, signal.SIG_IGN if sig in CALLER_IGNORED else signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             os.execvpe(argv[0], argv, env)
         except OSError as e:
@@ -256,7 +260,11 @@ def _run_warm(
 ) -> WarmEnd:
     """Hand the command to its fork server, have the daemon place the child it forks, let it
     go and wait, forwarding each signal sent to us. WarmRefused when no child started it."""
-    state = ProcState.capture()  # what a cold command would inherit from us (issue #48)
+    # What a cold command would inherit from us (issue #48): the signal mask as it was before
+    # we held the command's signals.
+    state = dataclasses.replace(
+        ProcState.capture(), sigmask=sorted(_mask or ()), sigign=sorted(CALLER_IGNORED)
+    )
     with tempfile.TemporaryDirectory(prefix="krex-run-") as d:
         # Where the child reports (a connection of its own at that moment: while the command
         # runs it holds no descriptor of krex's, and a dead fork server loses nothing).
@@ -662,6 +670,7 @@ def _run_once(opts: RunOptions, key: str = "") -> tuple[int, dict[str, Any]]:
         pool.get("python"),
         pool.get("env", {}),
         no_pool=opts.no_pool,
+        worker_locale=pool.get("locale"),
     )
     if how.warm and how.invocation is not None:
         try:

@@ -42,7 +42,7 @@ from krex.paths import (
     sim_hip_available,
     sim_library_dir,
 )
-from krex.pool import preinit
+from krex.pool import preinit, startup_locale
 from krex.procs import parent
 from krex.regions import Regions
 from krex.segments import Segments
@@ -509,6 +509,7 @@ class Daemon:
                 reply["pool"] = {
                     "python": sys.executable,
                     "env": {k: v for k, v in os.environ.items() if preinit(k)},
+                    "locale": startup_locale(),  # the workers start as we did
                 }
             await conn.send(reply)
             await self._tenant_conn(t, conn)

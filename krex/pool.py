@@ -9,9 +9,12 @@ whether that holds, and if not, why: the command then runs cold, as its own proc
 
 from __future__ import annotations
 
+import ctypes
+import locale
 import os
 import resource
 import shutil
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -149,6 +152,17 @@ def parse_python(args: Sequence[str]) -> Invocation | str:
     return Invocation("script", args[i], list(args[i + 1 :]), warnings=warnings, **flags)
 
 
+def startup_locale() -> dict[str, object]:
+    """What this interpreter made of its locale at start-up (LC_ALL, LC_CTYPE, LANG): its
+    UTF-8 mode, the locale's encoding and name, which decide its streams' encoding and error
+    handler. A warm worker's children have the worker's."""
+    return {
+        "utf8_mode": sys.flags.utf8_mode,
+        "encoding": locale.getpreferredencoding(False),
+        "ctype": locale.setlocale(locale.LC_CTYPE),
+    }
+
+
 def plan(
     argv: Sequence[str],
     env: Mapping[str, str],
@@ -156,6 +170,7 @@ def plan(
     worker_env: Mapping[str, str],
     *,
     no_pool: bool = False,
+    worker_locale: Mapping[str, object] | None = None,
 ) -> Plan:
     """Whether `argv`, run with environment `env`, can run in a warm worker whose interpreter is
     `worker_python` and whose environment at start was `worker_env`."""
@@ -183,6 +198,13 @@ def plan(
                 f"{mine} must take effect before CUDA or the interpreter start "
                 f"(warm workers have {theirs})",
             )
+    here = startup_locale()  # krex run started with the command's locale variables
+    if worker_locale is not None and dict(worker_locale) != here:
+        return Plan(
+            False,
+            f"the locale ({here}) is read at the interpreter's start (warm workers have "
+            f"{dict(worker_locale)})",
+        )
     own_preload = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
     if own_preload:
         return Plan(False, "LD_PRELOAD of the command's own")
@@ -221,6 +243,9 @@ class ProcState:
     fds: list[int]  # inheritable descriptors beyond 0-2, in the order they are passed
     closed: list[int] = field(default_factory=list)  # of 0, 1, 2: those not open (sent as
     # /dev/null, closed again in the child)
+    sigmask: list[int] = field(default_factory=list)  # blocked signals
+    sigign: list[int] = field(default_factory=list)  # ignored signals (nohup's SIGHUP)
+    no_new_privs: bool = False
 
     @classmethod
     def capture(cls) -> ProcState:
@@ -238,6 +263,9 @@ class ProcState:
             oom_score_adj=_oom_score_adj(),
             fds=_inheritable_fds(),
             closed=_closed_stdio(),
+            sigmask=sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+            sigign=sorted(ignored_signals()),
+            no_new_privs=_no_new_privs(),
         )
 
     def unfit(self) -> str | None:
@@ -259,6 +287,8 @@ class ProcState:
             return f"nice {self.nice} is below the warm worker's {me.nice}"
         if not root and self.sched not in _SCHED_UNPRIVILEGED and self.sched != me.sched:
             return "a real-time scheduling policy"
+        if me.no_new_privs and not self.no_new_privs:
+            return "the warm worker runs with no_new_privs"
         own, theirs = me.oom_score_adj, self.oom_score_adj
         if not root and own is not None and theirs is not None and theirs < own:
             return "an oom_score_adj below the warm worker's"
@@ -283,6 +313,35 @@ class ProcState:
         if self.oom_score_adj is not None and _oom_score_adj() != self.oom_score_adj:
             with open("/proc/self/oom_score_adj", "w") as f:
                 f.write(str(self.oom_score_adj))
+        if self.no_new_privs and not _no_new_privs():
+            _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+
+
+def ignored_signals() -> set[int]:
+    """The signals this process ignores as it inherited them (SIGPIPE and SIGXFSZ aside:
+    CPython ignores those itself at start-up, and sets them back in every command)."""
+    out = set()
+    for s in signal.valid_signals():
+        if s in (signal.SIGKILL, signal.SIGSTOP, signal.SIGPIPE, signal.SIGXFSZ):
+            continue
+        try:
+            if signal.getsignal(s) == signal.SIG_IGN:
+                out.add(int(s))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+_PR_SET_NO_NEW_PRIVS, _PR_GET_NO_NEW_PRIVS = 38, 39
+
+
+def _prctl(option: int, arg: int = 0) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    return int(libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0))
+
+
+def _no_new_privs() -> bool:
+    return _prctl(_PR_GET_NO_NEW_PRIVS) == 1
 
 
 def _above(a: int, b: int) -> bool:

@@ -394,11 +394,16 @@ def become(job: Job, zygote: Zygote, pipe: tuple[int, int]) -> list[str]:
             continue
         with contextlib.suppress(OSError, ValueError):
             signal.signal(s, signal.SIG_DFL)
-    # CPython's own choices at start-up.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # What the caller ignored stays ignored; then CPython's own choices at start-up (SIGINT
+    # raises KeyboardInterrupt unless ignored); the caller's mask.
+    for ign in job.state.sigign:
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(ign, signal.SIG_IGN)
+    if signal.SIGINT not in job.state.sigign:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     for s in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(s, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    signal.pthread_sigmask(signal.SIG_SETMASK, job.state.sigmask)
     inv, env = job.inv, job.env
     unbuffered = inv.unbuffered or bool(env.get("PYTHONUNBUFFERED"))
     streams: list[Any] = list(_stdio(unbuffered))
@@ -413,8 +418,13 @@ def become(job: Job, zygote: Zygote, pipe: tuple[int, int]) -> list[str]:
     base = [p for p in sys.path[1:] if os.path.abspath(p) not in own_entries]
     os.environ.clear()
     os.environ.update(env)
-    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if inv.kind == "script":
+    time.tzset()  # TZ, as the interpreter's start reads it (the worker read its own)
+    # As CPython sets them: PYTHONPATH's entries absolute; first the script's directory
+    # (symlinks resolved), a directory or zip run as a script itself, or cwd.
+    extra = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if inv.kind == "script" and not os.path.isfile(inv.target):
+        first = os.path.abspath(inv.target)  # a directory or zip with a __main__
+    elif inv.kind == "script":
         first = os.path.dirname(os.path.realpath(inv.target))
     elif inv.kind == "module":
         first = os.getcwd()
@@ -471,8 +481,11 @@ def _shadowed(own: list[str]) -> str | None:
     json.py shadows the stdlib's, in the command and in every module that imports it. None
     when there is none."""
     names: dict[str, str] = {}
+    auto = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_auto"))
     for entry in own:
         d = entry or os.getcwd()
+        if os.path.realpath(d) == auto:
+            continue  # krex's own auto-regions sitecustomize: emulated (_auto_regions)
         try:
             listing = os.listdir(d)
         except OSError:
@@ -484,8 +497,11 @@ def _shadowed(own: list[str]) -> str | None:
             for suffix in _MODULE_SUFFIXES:
                 if item.endswith(suffix) and os.path.isfile(path):
                     names.setdefault(item[: -len(suffix)].split(".")[0], os.path.realpath(path))
+    for hook in ("sitecustomize", "usercustomize"):
+        if hook in names:  # natively it runs at the interpreter's start: a fresh one does
+            return f"the command's own {hook} ({names[hook]}) runs at an interpreter's start"
     for name, module in list(sys.modules.items()):
-        if "." in name or name not in names or module is None:
+        if "." in name or name not in names or module is None or name == "__main__":
             continue
         spec = getattr(module, "__spec__", None)
         origin = getattr(spec, "origin", None)
@@ -527,12 +543,12 @@ class ExitHandlers:
         for func, args, kwargs in reversed([h for h in self.handlers if _own(h[0]) == own]):
             try:
                 func(*args, **kwargs)
-            except SystemExit:
-                pass
-            except BaseException:
+            except BaseException as e:
                 with contextlib.suppress(Exception):
                     print(f"Exception ignored in atexit callback: {func!r}", file=sys.stderr)
-                    traceback.print_exc()
+                    tb = e.__traceback__  # from the handler's frame on, not ours
+                    traceback.print_exception(e.with_traceback(tb.tb_next if tb else None))
+                    sys.stderr.flush()
 
 
 def _own(func: Callable[..., Any]) -> bool:
@@ -568,8 +584,12 @@ def run_child(job: Job, own_path: list[str]) -> int:
         try:
             if stream is not None:
                 stream.flush()
-        except (OSError, ValueError):
-            status = status or 120  # CPython's status when flushing stdout fails
+        except (OSError, ValueError) as e:
+            status = status or 120  # CPython's status when flushing stdout fails, and its word
+            with contextlib.suppress(Exception):
+                sys.stderr.write(f"Exception ignored in: {stream!r}\n")
+                sys.stderr.write("".join(traceback.format_exception_only(e)))
+                sys.stderr.flush()
     # The command is over: report, then let go of its stdio (whoever reads it to its end, the
     # agent's harness, stops waiting) before the framework's teardown.
     _detach_stdio()
@@ -635,40 +655,70 @@ def _end_helpers() -> None:
                             q.kill()
 
 
+# How this interpreter made its streams at start-up (encoding and error handler follow the
+# locale, which a command shares with the worker or runs cold: krex/pool.py).
+_STREAM_ENCODING = (sys.__stdout__.encoding if sys.__stdout__ else None) or "utf-8"
+_STREAM_ERRORS = (sys.__stdout__.errors if sys.__stdout__ else None) or "strict"
+
+
 def _stdio(unbuffered: bool) -> tuple[io.TextIOWrapper, io.TextIOWrapper, io.TextIOWrapper]:
-    """sys.stdin, stdout, stderr over fds 0-2, buffered as CPython buffers them."""
-    enc = (sys.__stdout__.encoding if sys.__stdout__ else None) or "utf-8"
+    """sys.stdin, stdout, stderr over fds 0-2 as CPython makes them (create_stdio): named
+    <stdin>, <stdout>, <stderr>, their mode, newline "\n", buffered unless -u (stdin always),
+    line-buffered to a terminal (stderr always), stderr's errors backslashreplace."""
 
-    def out(fd: int, errors: str, line: bool) -> io.TextIOWrapper:
-        raw = io.FileIO(fd, "wb", closefd=False)
-        binary: io.RawIOBase | io.BufferedWriter = raw if unbuffered else io.BufferedWriter(raw)
-        return io.TextIOWrapper(
-            binary,  # type: ignore[arg-type]
-            encoding=enc,
-            errors=errors,
-            line_buffering=line,
-            write_through=unbuffered,
+    def stream(fd: int, name: str, errors: str) -> io.TextIOWrapper:
+        reading = fd == 0
+        raw = io.FileIO(fd, "rb" if reading else "wb", closefd=False)
+        raw.name = name
+        binary: Any = (
+            io.BufferedReader(raw) if reading else raw if unbuffered else io.BufferedWriter(raw)
         )
+        text = io.TextIOWrapper(
+            binary,
+            encoding=_STREAM_ENCODING,
+            errors=errors,
+            newline="\n",
+            line_buffering=not unbuffered and (fd == 2 or os.isatty(fd)) and not reading,
+            write_through=unbuffered and not reading,
+        )
+        text.mode = "r" if reading else "w"  # type: ignore[misc]
+        return text
 
-    stdin = io.TextIOWrapper(
-        io.BufferedReader(io.FileIO(0, "rb", closefd=False)), encoding=enc, errors="strict"
+    return (
+        stream(0, "<stdin>", _STREAM_ERRORS),
+        stream(1, "<stdout>", _STREAM_ERRORS),
+        stream(2, "<stderr>", "backslashreplace"),
     )
-    tty = os.isatty(1)
-    return stdin, out(1, "strict", tty), out(2, "backslashreplace", True)
 
 
 def _execute(inv: Invocation) -> int:
-    """Run the command as __main__; its exit status as CPython would give it."""
+    """Run the command as __main__, with the globals and file names CPython gives it; its exit
+    status as CPython would give it."""
+    import builtins
+
     main = types.ModuleType("__main__")
-    main.__dict__["__builtins__"] = __builtins__
+    main.__dict__.update(
+        {"__package__": None, "__spec__": None, "__annotations__": {}, "__builtins__": builtins}
+    )
     sys.modules["__main__"] = main
     try:
-        if inv.kind == "script":
-            runpy.run_path(inv.target, run_name="__main__")
+        if inv.kind == "script" and os.path.isfile(inv.target):
+            # `python file.py`: its code named by the absolute path, as CPython names it
+            # (tracebacks, warnings, __file__); sys.argv[0] as given.
+            path = os.path.abspath(inv.target)
+            loader = importlib.machinery.SourceFileLoader("__main__", path)
+            main.__dict__.update({"__file__": path, "__cached__": None, "__loader__": loader})
+            with open(path, "rb") as f:
+                code = compile(f.read(), path, "exec", dont_inherit=True)
+            exec(code, main.__dict__)
+        elif inv.kind == "script":
+            # A directory or zip with a __main__: found on sys.path, whose first entry it is.
+            runpy._run_module_as_main("__main__", alter_argv=False)  # type: ignore[attr-defined]
         elif inv.kind == "module":
             runpy._run_module_as_main(inv.target, alter_argv=True)  # type: ignore[attr-defined]
         else:
-            exec(compile(inv.target, "<string>", "exec"), main.__dict__)
+            main.__dict__["__loader__"] = importlib.machinery.BuiltinImporter
+            exec(compile(inv.target, "<string>", "exec", dont_inherit=True), main.__dict__)
         return 0
     except SystemExit as e:
         return _exit_status(e.code)
@@ -683,7 +733,7 @@ def _execute(inv: Invocation) -> int:
 def _exit_status(code: object) -> int:
     if code is None:
         return 0
-    if isinstance(code, int) and not isinstance(code, bool):
+    if isinstance(code, int):  # True too: an int to CPython, status 1
         return code & 0xFF
     with contextlib.suppress(Exception):
         print(code, file=sys.stderr)

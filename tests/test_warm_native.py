@@ -1,7 +1,7 @@
 """Issue #48, "a warm command is the command": every probe of tests/warm_probes.py run natively
 (no krex), cold (`krex run --no-pool`) and warm (`krex run`, forked by a fork server) on the
 simulated GPU, with the same caller; what each observed must be the same, except where krex
-differs by design (DELIBERATE, below, and docs/pool-warm-native.md).
+differs by design (DELIBERATE, below, and docs/pool.md).
 
 One daemon for the module, with two warm workers. It runs with PYTHONDONTWRITEBYTECODE=1 and
 PYTHONUNBUFFERED=1 (as the dev machine's shell has them) and the probes without, so that a
@@ -49,7 +49,7 @@ from krex.client import status as daemon_status
 
 # Where krex differs from a native run by design: the probe's comparison ("krex": cold and
 # warm must agree, natively it differs; "none": recorded, not compared; "expect": each way
-# against the probe's own expectation) and why. One line each in docs/pool-warm-native.md.
+# against the probe's own expectation) and why. One line each in docs/pool.md.
 DELIBERATE: dict[str, tuple[str, str]] = {
     "affinity": (
         "krex",
@@ -89,6 +89,29 @@ DELIBERATE: dict[str, tuple[str, str]] = {
         "copy; replacing it needs CAP_SYS_RESOURCE): it shows the server's variables, "
         "KREX_WORKER_SECRET among them; os.environ and the C library's environ are compared",
     ),
+    "stack": (
+        "none",
+        "a warm command's __main__ runs in a function of the fork server's (krex/worker.py): "
+        "a few frames lie below it, which inspect.stack() lists and which take a few levels "
+        "of the recursion limit; tracebacks leave them out",
+    ),
+    "faulthandler_dump": (
+        "none",
+        "as stack: faulthandler's dump lists the fork server's frames below the command's",
+    ),
+    "flags": (
+        "none",
+        "sys.flags is the worker's start-up (read-only): dont_write_bytecode follows the "
+        "worker's PYTHONDONTWRITEBYTECODE; the command's is emulated through "
+        "sys.dont_write_bytecode, which is compared (other start-up variables and options run "
+        "cold)",
+    ),
+    "modules_visible": (
+        "none",
+        "the fork server's own imports (krex.worker's: socket, json, runpy, threading, ...) "
+        "are in sys.modules; taking them out would split a module with state (logging) between "
+        "the preloaded framework and the command",
+    ),
     "late_grandchild": (
         "expect",
         "what a warm command leaves running is ended within the pool's teardown bound "
@@ -96,97 +119,9 @@ DELIBERATE: dict[str, tuple[str, str]] = {
     ),
 }
 
-# Probes that fail on today's code (2026-12-04, the simulated GPU, this module's daemon), for
-# the reason given: the differences issue #48 is to fix. Remove a probe's line as its fix
-# lands (strict: a probe that passes while listed fails).
-XFAIL: dict[str, str] = {
-    # Exit statuses and what reaches the output.
-    "exit_true": "sys.exit(True): warm prints 'True' on stderr (a bool taken for an object)",
-    "atexit_sys_exit": "SystemExit(5) in an exit handler: natively reported ('Exception "
-    "ignored in atexit callback ... SystemExit: 5'), warm swallowed silently",
-    "stdout_devfull": "stdout on /dev/full: natively 'Exception ignored in: <_io.TextIOWrapper "
-    "name='<stdout>' ...> OSError: [Errno 28]' on stderr, warm nothing (status 120 alike)",
-    "stdout_broken_pipe": "stdout a pipe with no reader: natively 'Exception ignored ... "
-    "BrokenPipeError' on stderr, warm nothing (status 120 alike)",
-    # The script's path: `python probe.py` runs with __file__ and its code's file names
-    # absolute natively, as given ("probe.py") warm.
-    "uncaught_exception": "traceback frames name 'probe.py', natively '<dir>/probe.py'",
-    "keyboard_interrupt": "traceback frames name 'probe.py', natively '<dir>/probe.py'",
-    "sigint_self": "traceback frames name 'probe.py', natively '<dir>/probe.py'",
-    "sigint_from_caller": "traceback frames name 'probe.py', natively '<dir>/probe.py'",
-    "warnings": "a warning's line names 'probe.py:3', natively '<dir>/probe.py:3'",
-    "warnings_W": "traceback frames name 'probe.py', natively '<dir>/probe.py'",
-    "thread_exception": "the thread's traceback names 'probe.py', natively '<dir>/probe.py'",
-    "atexit_order": "a failing exit handler's traceback starts in krex/worker.py (ExitHandlers"
-    ".run) and names 'probe.py', natively '<dir>/probe.py' only",
-    "main_attrs": "__main__: __file__ 'probe.py' (natively '<dir>/probe.py'), __loader__ None "
-    "(SourceFileLoader), __package__ '' (None), no __annotations__",
-    "directory_main": "python app: sys.path[0] 'app', natively '<dir>/app'",
-    "pythonpath_relative": "PYTHONPATH=extra1: sys.path[1] 'extra1', natively made absolute "
-    "('<dir>/extra1')",
-    # Frames below the script's.
-    "stack": "9 frames (runpy's, krex/worker.py's) below the script's, natively none: "
-    "inspect.stack() 10 long (1), recursion reaches 987 (998)",
-    "faulthandler_dump": "faulthandler's dump lists runpy's and krex/worker.py's frames below "
-    "the script's",
-    # Streams.
-    "stdio_attrs": "warm streams: name 0/1/2 (natively '<stdin>', '<stdout>', '<stderr>'), "
-    "mode None ('r', 'w'), stdin and stdout errors 'strict' ('surrogateescape')",
-    "stdio_tty": "as stdio_attrs, stdout a terminal",
-    "stdout_surrogates": "stdout errors 'strict': a surrogate escape raises UnicodeEncodeError "
-    "(status 1), natively the byte is written",
-    "stdin_closed": "the caller's closed fd 0 arrives as /dev/null: sys.stdin not None, fd 0 open",
-    # What the worker set up at its own start.
-    "locale_c": "LC_ALL=C: natively UTF-8 mode (utf8_mode 1, locale (None, None)), warm the "
-    "worker's (utf8_mode 0, ('en_US', 'UTF-8'), preferred 'UTF-8')",
-    "timezone": "TZ=Asia/Tokyo: warm the worker's zone (tzname UTC, timezone 0, hour 0), "
-    "natively JST, -32400, 9 (time was imported before the environment, no tzset())",
-    "flags": "sys.flags.dont_write_bytecode 1, the worker's start-up PYTHONDONTWRITEBYTECODE "
-    "(natively 0; sys.dont_write_bytecode is right)",
-    "orig_argv": "sys.orig_argv is the worker's command line (python -m krex.worker --socket "
-    "...), natively [python, probe.py, x]",
-    "builtins_module": "__builtins__ in __main__ is a dict, natively the builtins module",
-    "modules_visible": "the worker's own imports show: asyncio, krex, ssl, argparse, "
-    "subprocess, ctypes, socket, json, logging, runpy, threading, ... in sys.modules at the "
-    "start (natively none of them)",
-    "json_shadow": "the project's json.py beside the script: warm `import json` gets the "
-    "stdlib's, which the worker imported (natively the project's, '.')",
-    "sitecustomize": "a sitecustomize on the caller's PYTHONPATH does not run warm (docs/pool.md "
-    "lists it as a limit)",
-    "threads": "krex's _watch_client thread shows: active_count 2, names [MainThread, Thread-1 "
-    "(_watch_client)] (natively 1, [MainThread])",
-    # The caller's process attributes: warm has the fork server's.
-    "ids": "supplementary groups: natively the caller's [0, 4242], warm the worker's []",
-    "umask": "umask 077: warm the worker's 022, a new file 0644 (natively 0600)",
-    "nice_sched": "nice 5 and SCHED_BATCH: warm priority 0 and SCHED_OTHER (natively 5, 3)",
-    "rlimit_nofile": "RLIMIT_NOFILE: natively the caller's (512, 4096), warm the worker's",
-    "rlimits": "RLIMIT_AS, FSIZE, CORE and STACK: warm the worker's (unlimited, 8 MiB stack)",
-    "rlimit_fsize_write": "RLIMIT_FSIZE 64 KiB: natively the write fails (errno 27, EFBIG), "
-    "warm it is written",
-    "rlimit_cpu": "RLIMIT_CPU 2 s: natively and cold killed for CPU time (SIGXCPU, 152), warm "
-    "it runs its 5 s and prints done (0)",
-    "oom_score_adj": "the caller's oom_score_adj 500: warm 0",
-    "no_new_privs": "the caller's no_new_privs: warm 0 (natively 1)",
-    "subprocess_python": "a python subprocess of the command inherits the worker's umask (022) "
-    "and nice (0), not the caller's (027, 3)",
-    # Process group, signals, descriptors, leftovers.
-    "process_group": "warm the command's group and session are the fork server's: 'python -m "
-    "krex.worker' in both, leading them",
-    "killpg_own_group": "killpg(own group, SIGTERM): warm it kills the fork server (and every "
-    "warm command of it); krex run exits 125 (natively and cold 143)",
-    "kill_parent": "SIGTERM to its parent: cold krex run forwards it (143); warm it kills the "
-    "fork server and the command runs on (prints survived, 0)",
-    "caller_ignores": "SIGHUP, SIGINT and SIGQUIT ignored by the caller: cold and warm reset to "
-    "SIG_DFL (krex run's spawn sets SIG_DFL; SIGINT then gets default_int_handler)",
-    "caller_blocks": "SIGUSR1 and SIGUSR2 blocked by the caller: warm starts with an empty "
-    "mask (cold keeps it)",
-    "closerange": "os.closerange(3, 1024) closes krex run's connection: warm the child SIGKILLs "
-    "itself (137), natively and cold it prints alive (0)",
-    "fds": "fd 7: natively and cold the caller's pipe, warm krex run's connection socket (the "
-    "caller's descriptors beyond 0-2 do not arrive)",
-    "late_grandchild": "a grandchild started after the warm command ended escapes the teardown "
-    "bound: left running (the one started during the command is ended)",
-}
+# Probes that fail on today's code, for the reason given (strict: a probe that passes while
+# listed fails). The 48 found on 2026-12-04 (main 498791a) are fixed or in DELIBERATE.
+XFAIL: dict[str, str] = {}
 # Where a probe fails only under some conditions (else it is not expected to fail).
 XFAIL_IF: dict[str, bool] = {
     "ids": os.geteuid() == 0,  # the caller's groups are set only by root
@@ -370,7 +305,7 @@ def test_the_catalogue_and_its_tables() -> None:
         assert how in ("krex", "none", "expect") and why, name
         assert not (how == "none" and name in XFAIL), name
         assert (how == "expect") == (BY_NAME[name].expect is not None), name
-    doc = Path(__file__).resolve().parents[1] / "docs" / "pool-warm-native.md"
+    doc = Path(__file__).resolve().parents[1] / "docs" / "pool.md"
     text = doc.read_text()
     missing = [n for n in DELIBERATE if f"`{n}`" not in text]
     assert not missing, f"deliberate differences not in {doc.name}: {missing}"

@@ -355,6 +355,7 @@ emit({"utf8_mode": sys.flags.utf8_mode, "stdout": sys.stdout.encoding,
       "LC_CTYPE": __import__("os").environ.get("LC_CTYPE")})
 """,
         caller=Caller(env={"LC_ALL": "C"}),
+        expect_pool="cold",  # the locale is read at the interpreter's start: krex runs it cold
     ),
     probe(
         "timezone",
@@ -514,6 +515,7 @@ add(
         """,
         files={"json.py": "PROJECTS_OWN = True\n"},
         view=status_value_err,
+        expect_pool="cold",  # a fresh interpreter in the warm child's place (docs/pool.md)
     ),
     probe(
         "modules_visible",
@@ -540,6 +542,7 @@ add(
         EMIT + "import builtins\nemit(getattr(builtins, 'SITECUSTOMIZE_RAN', False))\n",
         files={"site/sitecustomize.py": "import builtins\nbuiltins.SITECUSTOMIZE_RAN = True\n"},
         caller=Caller(env={"PYTHONPATH": "{dir}/site"}),
+        expect_pool="cold",  # natively it runs at start-up: a fresh interpreter does
     ),
     probe(
         "inspect_and_pickle",

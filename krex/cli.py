@@ -100,7 +100,7 @@ def bench() -> None:
 @click.option(
     "--pool",
     type=click.IntRange(0, 256),
-    help="Warm workers per GPU in the krex mode (default: the daemon's: slots on a real GPU, "
+    help="Warm workers per GPU in the krex mode (default: the daemon's: 2 on a real GPU, "
     "none on the simulated one). krex-cold never has any.",
 )
 @click.option(
@@ -166,6 +166,17 @@ def bench_report(out_dir: Path) -> None:
 
 # Options end at `--` or at the command's first word: what follows is the command's own, and an
 # unknown option before it is a usage error (not a command named after the typo).
+def _names(value: str) -> bool:
+    """Whether an --auto-regions value is names to wrap (dotted paths), not a program."""
+    from krex.autoregions import parse
+
+    try:
+        parse(value)
+    except ValueError:
+        return False
+    return True
+
+
 @main.command(context_settings={"allow_interspersed_args": False})
 @click.option(
     "--gpu",
@@ -266,11 +277,24 @@ def run(
       127  CMD could not start
     """
     from krex import client
+    from krex.autoregions import DEFAULT_AUTO_REGIONS, parse
 
+    if (
+        auto_regions not in (None, "default")
+        and not _names(auto_regions)
+        and shutil.which(auto_regions)
+    ):
+        # `--auto-regions python bench.py`: the option's value is optional, so click took the
+        # command's first word for it; a name to wrap is a dotted path, a program is not.
+        argv, auto_regions = (auto_regions, *argv), "default"
     if auto_regions == "default":
-        from krex.autoregions import DEFAULT_AUTO_REGIONS
-
         auto_regions = ",".join(DEFAULT_AUTO_REGIONS)
+    if auto_regions is not None:
+        try:
+            parse(auto_regions)
+        except ValueError as e:  # before any daemon sees it: one line, nothing admitted
+            click.echo(f"krex run: --auto-regions: {e}", err=True)
+            sys.exit(125)
     gpu: int | list[int] | None = None
     if gpu_text is not None:
         try:
@@ -339,7 +363,7 @@ def run(
 @click.option(
     "--pool",
     type=click.IntRange(0, 256),
-    help="Warm workers per GPU (default: pool.workers, else slots; 0 on simulated GPUs).",
+    help="Warm workers per GPU (default: pool.workers, else 2 on real GPUs, 0 on simulated ones).",
 )
 @click.option(
     "--metrics-port",
@@ -552,7 +576,9 @@ def top(sim: bool, socket_path: str | None, interval: float, once: bool) -> None
         except (KrexError, OSError) as e:  # the configuration may be edited while watching
             return f"krex top: {e}"
 
-    if once:
+    if once or not sys.stdout.isatty():
+        # Not to a terminal (a pipe, a log): one frame, as --once, whose status says whether a
+        # daemon answered (a live view there would write nothing, and retry forever).
         shown = frame()
         Console(width=200).print(shown)
         sys.exit(1 if isinstance(shown, str) else 0)

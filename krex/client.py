@@ -596,9 +596,45 @@ def _run(opts: RunOptions) -> int:
         opts = dataclasses.replace(opts, mem_alone=alone, mem_rerun=0 if alone else max(1, need))
     if attempts:
         report["attempts"] = attempts
-    if opts.report is not None and report:
+    report = _complete(report, opts, code)
+    _say_unclean(report)
+    if opts.report is not None:
         _write_report(opts.report, report)
     return code
+
+
+def _complete(report: dict[str, Any], opts: RunOptions, code: int) -> dict[str, Any]:
+    """The report with every key a report has, whatever ended krex run (issue #49): what is
+    unknown is null (an empty list of regions), and `error` says what happened."""
+    base: dict[str, Any] = {
+        "exit_code": code,
+        "gpu": None,
+        "gpus": [],
+        "tenant": None,
+        "wall_s": None,
+        "argv": opts.argv,
+        "pool": None,
+        "pool_reason": None,
+        "intercepted": None,
+        "blocked": None,
+        "regions": [],
+        "memory": None,
+    }
+    return base | report
+
+
+def _say_unclean(report: dict[str, Any]) -> None:
+    """One line on stderr when a region of the command was not clean: its timing is not one
+    to trust, and the report says why."""
+    regions = [r for r in report.get("regions") or [] if isinstance(r, dict)]
+    unclean = [r for r in regions if not r.get("clean", True)]
+    if unclean:
+        why = "; ".join(str(p) for p in (unclean[0].get("problems") or [])[:2]) or "no reason"
+        print(
+            f"krex run: {len(unclean)} of {len(regions)} region(s) of the command were not "
+            f"clean (what ran in them may have been disturbed: {why})",
+            file=sys.stderr,
+        )
 
 
 def _run_once(opts: RunOptions, key: str = "") -> tuple[int, dict[str, Any]]:
@@ -633,19 +669,26 @@ def _run_once(opts: RunOptions, key: str = "") -> tuple[int, dict[str, Any]]:
         reply = conn.recv()
         while "queued" in reply:
             left = deadline - time.monotonic()
-            if left <= 0:
-                raise ClientError(f"no slot became free within {opts.queue_timeout_s:g} s")
-            reply = conn.recv(timeout_s=left)
+            try:
+                if left <= 0:
+                    raise TimeoutError
+                reply = conn.recv(timeout_s=left)
+            except (TimeoutError, ClientError) as e:
+                if time.monotonic() < deadline:
+                    raise  # the daemon went quiet before our time was up: its own error
+                raise ClientError(
+                    f"no slot became free within --queue-timeout {opts.queue_timeout_s:g} s"
+                ) from e
         step = reply.get("step_s")
         if wire.is_number(step) and 0 < step < 3600:
             conn.step_s = float(step)
         _hold_signals()
     except (KrexError, OSError) as e:  # ConfigError too: one line, exit 125 (user guide)
         print(f"krex run: {e}", file=sys.stderr)
-        return EXIT_KREX, {}
+        return EXIT_KREX, {"error": str(e)}
     except KeyboardInterrupt:  # Ctrl-C before the command started: nothing of it to report
         print("krex run: interrupted before the command started", file=sys.stderr)
-        return 128 + signal.SIGINT, {}
+        return 128 + signal.SIGINT, {"error": "interrupted before the command started"}
     env = dict(os.environ)
     try:
         # Only what a krex daemon sets, and libraries only we or root can change.
@@ -653,7 +696,7 @@ def _run_once(opts: RunOptions, key: str = "") -> tuple[int, dict[str, Any]]:
     except TrustError as e:
         print(f"krex run: {e}", file=sys.stderr)
         conn.close()
-        return EXIT_KREX, {}
+        return EXIT_KREX, {"error": str(e)}
     if extra.get("KREX_SHM"):
         # Should the daemon die while the command runs, what it froze is thawed.
         conn.watch = DaemonWatch(conn.sock, path, extra["KREX_SHM"].lstrip("/")).start()
@@ -678,7 +721,7 @@ def _run_once(opts: RunOptions, key: str = "") -> tuple[int, dict[str, Any]]:
             lease = conn.recv()
         except (ClientError, OSError) as e:
             print(f"krex run: {e}", file=sys.stderr)
-            return EXIT_KREX, {}
+            return EXIT_KREX, {"error": str(e)}
         if "socket" in lease:
             try:
                 end = _run_warm(lease, how.invocation, opts.argv, env, conn)
@@ -699,7 +742,7 @@ def _run_once(opts: RunOptions, key: str = "") -> tuple[int, dict[str, Any]]:
         conn.send({"op": "started", "pid": pid})
         conn.recv(conn.step_s)
     except (ClientError, OSError) as e:
-        return _not_taken_in(pid, e), {}
+        return _not_taken_in(pid, e), {"error": f"the daemon could not take the command in: {e}"}
     with contextlib.suppress(BrokenPipeError):  # it died before its exec: its status says how
         os.write(go, b"g")
     os.close(go)

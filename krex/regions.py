@@ -399,6 +399,9 @@ class Regions:
         if r.timer is not None:
             r.timer.cancel()
         r.revoked = r.revoked or revoked
+        if revoked and r.granted and why not in r.problems:
+            # Its owner still times: what ran after the gate opened was not protected.
+            r.problems.append(f"revoked before its owner ended it ({why})")
         for i in r.gpus:
             if self._q[i].region is r:
                 self._q[i].region = None

@@ -170,7 +170,7 @@ def config_toml(doc: dict[str, Any]) -> str:
         "daemon": ("socket", "segment", "log_format"),
         "gpus": ("count", "sim", "slots", "vendor"),
         "timeouts": ("quiesce_s", "drain_s", "freeze_s", "region_s"),
-        "regions": ("settle_s",),
+        "regions": ("settle_s", "capped_settle_s"),
         "freezer": ("backend",),
         "pool": ("workers", "preload", "max_uses"),
         "mps": ("enabled",),

@@ -12,6 +12,7 @@ nothing left frozen.
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import socket
 import sys
@@ -73,6 +74,14 @@ class DaemonWatch:
             self.thawed = recover(self.root)
         except TenantsError as e:
             print(f"krex run: the krex daemon died, and thawing failed: {e}", file=sys.stderr)
+            return
+        if not os.path.exists(self.path) and not self.thawed:
+            # A daemon that stops removes its socket, having thawed and opened all itself.
+            print(
+                f"krex run: the krex daemon at {self.path} stopped (the command goes on, "
+                "unprotected)",
+                file=sys.stderr,
+            )
             return
         print(
             f"krex run: the krex daemon at {self.path} died; thawed the {self.thawed} group(s) "

@@ -383,6 +383,9 @@ def test_a_region_past_its_time_out_is_revoked_and_the_next_one_granted() -> Non
         ra = await regions.acquire(a, plain_wait)
         rb = await regions.acquire(b, plain_wait)
         assert ra.ended and ra.revoked and a.regions[0]["revoked"]
+        # Issue #49: its owner's timing ran on unprotected: the record says so.
+        assert a.regions[0]["clean"] is False
+        assert any("time-out" in p for p in a.regions[0]["problems"]), a.regions[0]
         assert rb.granted and not rb.ended and regions.held(0) is rb
         assert regions.release(ra, why="region_end")["revoked"]  # a late region_end
 

@@ -991,9 +991,11 @@ add(
         "sigterm_from_caller",
         "the caller sends SIGTERM (to krex run, natively to the probe): the probe's handler runs",
         """
-        import signal, sys, time
+        import os, signal, sys, time
         def handler(n, frame):
-            print("handled", signal.Signals(n).name, flush=True)
+            # Straight to fd 1: the signal may come while print() still holds stdout's buffer
+            # (the caller sends it once it has read "ready"), and print() there is reentrant.
+            os.write(1, f"handled {signal.Signals(n).name}\n".encode())
             sys.exit(0)
         signal.signal(signal.SIGTERM, handler)
         print("ready", flush=True)

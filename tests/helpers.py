@@ -36,14 +36,14 @@ class Daemon:
         self.log = socket.parent / "daemon.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def command(self) -> list[str]:
+        """How the daemon is started (a subclass may boot it otherwise)."""
+        return [*KREX, "daemon", "--sim", "--socket", str(self.socket), *self.extra]
+
+    def start(self, env: dict[str, str] | None = None, cwd: str | None = None) -> None:
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [*KREX, "daemon", "--sim", "--socket", str(self.socket), *self.extra],
-                stdout=log,
-                stderr=log,
-            )
-        deadline = time.monotonic() + 20
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=log, env=env, cwd=cwd)
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.status(check=False) is not None:
                 return

@@ -159,23 +159,13 @@ class ProbeDaemon(Daemon):
         super().__init__(socket, "--pool", str(WORKERS))
         self.env, self.bound = env, bound
 
-    def start(self) -> None:
-        import subprocess
-
+    def command(self) -> list[str]:
         boot = ["-c", _BOOT, str(self.bound)] if self.bound is not None else ["-m", "krex.cli"]
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, *boot, "daemon", "--sim", "--socket", str(self.socket),
-                 *self.extra],
-                stdout=log, stderr=log, cwd="/", env=self.env,
-            )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.status(check=False) is not None:
-                return
-            assert self.proc.poll() is None, self.log.read_text()
-            time.sleep(0.05)
-        raise AssertionError("daemon did not start: " + self.log.read_text())
+        return [sys.executable, *boot, "daemon", "--sim", "--socket", str(self.socket),
+                *self.extra]  # fmt: skip
+
+    def start(self, env: dict[str, str] | None = None, cwd: str | None = None) -> None:
+        super().start(env=self.env, cwd="/")
 
 
 def pool_ready(socket: Path, sim: bool, within_s: float = 60.0) -> list[str]:

@@ -15,7 +15,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,25 @@ from krex.shm import Segment
 from krex.tenants import _stat
 
 KREX = [sys.executable, "-m", "krex.cli"]
+
+
+def until(
+    cond: Callable[[], Any],
+    within_s: float = 30.0,
+    what: str = "the condition",
+    every_s: float = 0.02,
+) -> Any:
+    """Poll cond until it returns something true (returned); AssertionError naming `what` after
+    within_s. The one wait of the tests: a loaded machine makes a condition late, never
+    wrong, so bounds are generous and nothing is asserted about how soon."""
+    deadline = time.monotonic() + within_s
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not seen within {within_s:g} s")
+        time.sleep(every_s)
 
 
 class Daemon:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from conftest import Node
-from helpers import Witness, cycle_gate
+from helpers import Witness, cycle_gate, until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -252,12 +252,16 @@ def test_a_drain_that_times_out_names_the_process(node: Node) -> None:
     )
     assert p.stdout is not None and p.stdout.readline().strip() == "hammering"
     node.wait_registered(p.pid)  # at its first gated call
+    # Stopped once a call of it is counted: a slot with nothing submitted since its last drain
+    # is not asked to drain (a stop between its registration and its first count was seen
+    # under load, and the hold was rightly clean).
+    until(lambda: any(s.intercepted for s in node.seg.slots_of(p.pid)), 10, "a counted call")
     os.kill(p.pid, signal.SIGSTOP)
     try:
         t0 = time.monotonic()
         with exclusive(node.seg, 0, owner=1, drain_timeout_s=0.3) as hold:
             pass
-        assert time.monotonic() - t0 < 2.0
+        assert time.monotonic() - t0 < 30  # bounded by the time-out, not waiting for the stop
         assert not hold.clean
         assert any(f"outstanding (pid {p.pid})" in x for x in hold.problems), hold.problems
     finally:

@@ -36,6 +36,7 @@ from krex.autoregions import DEFAULT_AUTO_REGIONS, unresolved
 from krex.autoregions import LOG_VAR as AUTO_LOG_VAR
 from krex.config import default_socket, load
 from krex.errors import KrexError, ProtocolError
+from krex.leftovers import reclaim
 from krex.pool import Invocation, ProcState, ignored_signals, plan
 from krex.trust import TrustError, check_daemon, check_env
 from krex.watch import DaemonWatch
@@ -808,6 +809,9 @@ def _finish(
             code = rc if rc >= 0 else 128 - rc
     except (ClientError, OSError) as e:
         report["error"] = f"no report from the daemon: {e}"
+        # It went away while the command ran: the segments it had to leave for the command's
+        # processes go once none is left (krex/leftovers.py).
+        reclaim(reply.get("env") or {})
     finally:
         conn.close()
     if code is None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from krex import __version__, wire
+from krex.build import identity, mismatch
 from krex.config import MAX_SETTLE_S, Config, ConfigError, parse_size
 from krex.errors import KrexError, ProtocolError
 from krex.machinery import NodeMachinery
@@ -124,6 +125,7 @@ class Daemon:
             raise
 
     def _setup(self, cfg: Config) -> None:
+        self.build = identity()  # what it started as (a rebuilt checkout is another build)
         _reclaim_files(self.socket)
         n, slices = node_plan(cfg)
         try:
@@ -383,7 +385,9 @@ class Daemon:
             await asyncio.wait(list(self._conns), timeout=5.0)
 
     async def _op_hello(self, msg: dict[str, Any], conn: Conn) -> None:
-        await conn.send({"ok": True, "version": __version__, "pid": os.getpid()})
+        await conn.send(
+            {"ok": True, "version": __version__, "pid": os.getpid(), "build": self.build}
+        )
 
     async def _op_status(self, msg: dict[str, Any], conn: Conn) -> None:
         await conn.send({"ok": True, **self.status()})
@@ -524,6 +528,9 @@ class Daemon:
         return max(0, min(need, most))
 
     async def _op_admit(self, msg: dict[str, Any], conn: Conn) -> None:
+        theirs = msg.get("build")
+        if isinstance(theirs, dict) and (why := mismatch(theirs, self.build, self.socket)):
+            raise ProtocolError(why)  # never a silent join of another build (issue #49)
         req = self._admission_request(msg)
         gpus = self._pick_gpus(msg.get("gpu"), msg.get("gpus"))
         for g in gpus:
@@ -535,6 +542,7 @@ class Daemon:
         t = await self._admit(gpus, req, conn)
         try:
             reply: dict[str, Any] = {"ok": True, "tenant": t.id, "gpu": t.gpu, "gpus": t.gpus}
+            reply["build"] = self.build
             reply["step_s"] = self.step_s()
             reply["env"] = self.tenant_env(t, req.auto)
             if len(gpus) == 1 and (gpus[0].pool or self.pool.size()):

@@ -14,6 +14,7 @@ import click
 
 from krex import __version__, paths
 from krex.bench import SETTLE_S as BENCH_SETTLE_S
+from krex.build import build_id
 from krex.config import MAX_SETTLE_S
 
 MAX_SECONDS = 1e9  # about 31 years: longer waits overflow the socket and timer calls
@@ -490,6 +491,7 @@ def daemon_stop(sim: bool, socket_path: str | None, timeout_s: float) -> None:
         if not text.isdigit():
             click.echo(f"krex daemon stop: {sock}.pid names no process ({text!r})", err=True)
             sys.exit(1)
+        what = client.daemon_identity(sock)
         try:
             os.kill(int(text), signal.SIGTERM)
         except OSError as e:
@@ -505,7 +507,7 @@ def daemon_stop(sim: bool, socket_path: str | None, timeout_s: float) -> None:
                 )
                 sys.exit(1)
             time.sleep(0.05)
-        click.echo(f"krex daemon stop: stopped the daemon on {sock} (pid {text})", err=True)
+        click.echo(f"krex daemon stop: stopped {what} on {sock} (pid {text})", err=True)
     finally:
         os.close(fd)
 
@@ -679,6 +681,7 @@ def info() -> None:
     sim, sim_ok = _library(paths.sim_library_dir)
     rows = [
         ("krex", __version__),
+        ("build", f"{build_id()} ({paths.package_dir()})"),
         ("layout", layout),
         ("libkrex.so", shim),
         ("sim libcuda.so.1 dir", sim),

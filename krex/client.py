@@ -34,8 +34,10 @@ from typing import Any
 from krex import wire
 from krex.autoregions import DEFAULT_AUTO_REGIONS, unresolved
 from krex.autoregions import LOG_VAR as AUTO_LOG_VAR
+from krex.build import describe, identity, mismatch, older
 from krex.config import default_socket, load
 from krex.errors import KrexError, ProtocolError
+from krex.leftovers import reclaim
 from krex.pool import Invocation, ProcState, ignored_signals, plan
 from krex.trust import TrustError, check_daemon, check_env
 from krex.watch import DaemonWatch
@@ -647,6 +649,7 @@ def _run_once(opts: RunOptions, key: str = "") -> tuple[int, dict[str, Any]]:
         conn.send(
             {
                 "op": "admit",
+                "build": identity(),  # the daemon refuses another build (krex/build.py)
                 "argv": opts.argv,
                 "gpu": opts.gpu,
                 **({"gpus": opts.gpus} if opts.gpus is not None else {}),
@@ -679,6 +682,11 @@ def _run_once(opts: RunOptions, key: str = "") -> tuple[int, dict[str, Any]]:
                 raise ClientError(
                     f"no slot became free within --queue-timeout {opts.queue_timeout_s:g} s"
                 ) from e
+        theirs = reply.get("build")
+        why = mismatch(identity(), theirs if isinstance(theirs, dict) else older(reply), path)
+        if why:  # a daemon that did not check (older): it admitted us, we go
+            conn.close()
+            raise ClientError(why)
         step = reply.get("step_s")
         if wire.is_number(step) and 0 < step < 3600:
             conn.step_s = float(step)
@@ -808,6 +816,9 @@ def _finish(
             code = rc if rc >= 0 else 128 - rc
     except (ClientError, OSError) as e:
         report["error"] = f"no report from the daemon: {e}"
+        # It went away while the command ran: the segments it had to leave for the command's
+        # processes go once none is left (krex/leftovers.py).
+        reclaim(reply.get("env") or {})
     finally:
         conn.close()
     if code is None:
@@ -862,6 +873,22 @@ def _await_pool(sock: Path, deadline: float) -> None:
         if all(p.get("idle", 0) + p.get("busy", 0) >= p.get("target", 0) for p in pools):
             return
         time.sleep(0.2)
+
+
+def daemon_identity(sock: Path) -> str:
+    """Which daemon answers at sock, for `krex daemon stop` to name what it stops: its
+    version, build and checkout (one older than build checks: its version)."""
+    try:
+        conn = Connection(sock, timeout_s=2.0)
+        try:
+            conn.send({"op": "hello"})
+            reply = conn.recv(2.0)
+        finally:
+            conn.close()
+    except (ClientError, OSError):
+        return "the daemon"
+    theirs = reply.get("build")
+    return "the daemon " + describe(theirs if isinstance(theirs, dict) else older(reply))
 
 
 def status(sim: bool, explicit_socket: str | None) -> dict[str, Any]:

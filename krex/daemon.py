@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from krex import __version__, wire
+from krex.build import identity, mismatch
 from krex.config import MAX_SETTLE_S, Config, ConfigError, parse_size
 from krex.errors import KrexError, ProtocolError
 from krex.machinery import NodeMachinery
@@ -111,7 +112,21 @@ class Daemon:
         self.root = cfg.segment_name().lstrip("/")
         # First of all: a second daemon on this socket must not touch the segment or the
         # cgroups of the running one (recovery reopens gates and thaws groups).
-        self._lock_fd = _take_lock(self.socket)
+        self._lock_fd: int | None = _take_lock(self.socket)
+        try:
+            self._setup(cfg)
+        except BaseException:
+            # A start refused (a metrics port in use, a segment another daemon holds, a bad
+            # setting): nothing of ours stays; what a dead predecessor left stays for the next.
+            segments: Segments | None = getattr(self, "segments", None)
+            if segments is not None:
+                segments.abandon()
+            self.release_lock()
+            raise
+
+    def _setup(self, cfg: Config) -> None:
+        self.build = identity()  # what it started as (a rebuilt checkout is another build)
+        _reclaim_files(self.socket)
         n, slices = node_plan(cfg)
         try:
             self.freezer: FreezerKind = detect_freezer(cfg.freezer)
@@ -249,16 +264,32 @@ class Daemon:
 
     # Start-up and shutdown.
     async def serve(self) -> None:
-        """Serve until SIGTERM or SIGINT; then thaw everything, open every gate, and exit."""
+        """Serve until SIGTERM or SIGINT; then thaw everything, open every gate, and exit
+        (also when it cannot start serving: nothing it made stays)."""
+        self._stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stopping.set)
+        loops: list[asyncio.Task[None]] = []
+        try:
+            await self._listen()
+            loops = [
+                asyncio.create_task(self._reap_loop()),
+                asyncio.create_task(self._memory_loop()),
+            ]
+            self.pool.start()
+            await self._stopping.wait()
+        finally:
+            for task in loops:
+                task.cancel()
+            await self._shutdown()
+
+    async def _listen(self) -> None:
         if self.cfg.mps and not self.cfg.sim:
             self.mps = Mps.start(self.socket.parent / f"mps-{self.root}")
             self.machinery.helper = self.mps.owns
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
-        self._stopping = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stopping.set)
         self._server = await asyncio.start_unix_server(
             self._client, path=str(self.socket), limit=wire.MAX_LINE
         )
@@ -274,14 +305,6 @@ class Daemon:
             self.freezer.value,
             self.segments.gates.name,
         )
-        loops = [asyncio.create_task(self._reap_loop()), asyncio.create_task(self._memory_loop())]
-        try:
-            self.pool.start()
-            await self._stopping.wait()
-        finally:
-            for task in loops:
-                task.cancel()
-            await self._shutdown()
 
     async def _shutdown(self) -> None:
         log.info("stopping: ending regions, thawing tenants, opening gates")
@@ -304,9 +327,21 @@ class Daemon:
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
         await self._close_connections()
-        self.segments.close()
+        kept = self.segments.close()
         if self.cfg.sim and not remove_sim_segment(sim_segment(self.segments.gates.name)):
-            log.info("the simulated GPU's segment stays: processes still use it")
+            kept.append(sim_segment(self.segments.gates.name))
+        if kept:
+            # Their names stay while processes use them (new processes of a command find its
+            # segments by name): the last `krex run` to end removes them (krex/leftovers.py),
+            # or the next daemon takes them over.
+            log.info("segment(s) %s stay while processes use them", ", ".join(kept))
+        self.release_lock()
+
+    def release_lock(self) -> None:
+        """Remove the pid file and release the lock (the daemon is ending)."""
+        if self._lock_fd is not None:
+            _drop_lock(self.socket, self._lock_fd)
+            self._lock_fd = None
 
     # Connections.
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -350,7 +385,9 @@ class Daemon:
             await asyncio.wait(list(self._conns), timeout=5.0)
 
     async def _op_hello(self, msg: dict[str, Any], conn: Conn) -> None:
-        await conn.send({"ok": True, "version": __version__, "pid": os.getpid()})
+        await conn.send(
+            {"ok": True, "version": __version__, "pid": os.getpid(), "build": self.build}
+        )
 
     async def _op_status(self, msg: dict[str, Any], conn: Conn) -> None:
         await conn.send({"ok": True, **self.status()})
@@ -491,6 +528,9 @@ class Daemon:
         return max(0, min(need, most))
 
     async def _op_admit(self, msg: dict[str, Any], conn: Conn) -> None:
+        theirs = msg.get("build")
+        if isinstance(theirs, dict) and (why := mismatch(theirs, self.build, self.socket)):
+            raise ProtocolError(why)  # never a silent join of another build (issue #49)
         req = self._admission_request(msg)
         gpus = self._pick_gpus(msg.get("gpu"), msg.get("gpus"))
         for g in gpus:
@@ -502,6 +542,7 @@ class Daemon:
         t = await self._admit(gpus, req, conn)
         try:
             reply: dict[str, Any] = {"ok": True, "tenant": t.id, "gpu": t.gpu, "gpus": t.gpus}
+            reply["build"] = self.build
             reply["step_s"] = self.step_s()
             reply["env"] = self.tenant_env(t, req.auto)
             if len(gpus) == 1 and (gpus[0].pool or self.pool.size()):
@@ -863,17 +904,57 @@ class Daemon:
 
 
 def _take_lock(sock: Path) -> int:
-    """Hold the daemon's lock beside its socket (its pid in it), or ConfigError."""
+    """Hold the daemon's lock beside its socket (its pid in it), or ConfigError. A daemon
+    removes the file as it ends (_drop_lock), so the lock is taken on the file that is under
+    the name once held: one locked after its name went is no lock."""
     sock.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(str(sock) + ".pid", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise ConfigError(f"another krex daemon is running on {sock}") from None
+    path = str(sock) + ".pid"
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigError(f"another krex daemon is running on {sock}") from None
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # its daemon removed it as we opened it: take the new one
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     return fd
+
+
+def _drop_lock(sock: Path, fd: int) -> None:
+    """Remove the pid file (still holding its lock, so no other daemon has it), then release."""
+    path = str(sock) + ".pid"
+    with contextlib.suppress(OSError):
+        if os.stat(path).st_ino == os.fstat(fd).st_ino:
+            os.unlink(path)
+    os.close(fd)
+
+
+def _reclaim_files(sock: Path) -> None:
+    """What a daemon that died on this socket left beside it (we hold its lock: it is dead):
+    its warm workers' sockets that nobody listens on, a half-written peaks file."""
+    for path in sock.parent.glob(f"{sock.name}.w*"):
+        if not path.name[len(sock.name) + 2 :].isdigit() or not path.is_socket():
+            continue
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except ConnectionRefusedError:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        except OSError:
+            pass
+        finally:
+            probe.close()
+    with contextlib.suppress(FileNotFoundError):
+        (sock.parent / f"{sock.name}.peaks.tmp").unlink()
 
 
 def _peer(writer: asyncio.StreamWriter) -> Peer:

@@ -31,6 +31,7 @@ class Segments:
         self.n_gpus = n_gpus
         self.lock_fd: int | None = None  # the gates segment, flock'ed for the daemon's life
         self.next_id = 1  # above every tenant id a predecessor used
+        self.created = False  # the gates segment is new (not a dead predecessor's)
         self.gates = self._gates(name, n_gpus, slots_per_gpu, root)
         self.inode = _inode(self.gates.name)
         self.tenants: dict[int, Segment] = {}  # by tenant (or pool worker) id
@@ -67,6 +68,7 @@ class Segments:
         # Readable by all (gates are no secret; tenants map them read-only), writable by us.
         slots = min(4096, max(64, 16 * n * slots_per_gpu))
         created = Segment.create(name, n_gpus=n, n_slots=slots, mode=0o644)
+        self.created = True
         self.lock_fd = _lock(name)
         return created
 
@@ -188,17 +190,33 @@ class Segments:
         or by systemd-logind's RemoveIPC)."""
         return self.inode is not None and _inode(self.gates.name) == self.inode
 
-    def close(self) -> None:
-        """At shutdown: each segment is removed unless processes still use it (a successor
-        adopts those)."""
+    def close(self) -> list[str]:
+        """At shutdown: each segment is removed unless processes still use it (new processes
+        of theirs attach by name; the last `krex run` to end removes it, krex/leftovers.py, or
+        a successor adopts it). Returns the names that stay."""
         self.closed = True
-        for seg in [*self.tenants.values(), *self.orphans]:
-            if not _in_use(seg):
+        kept = []
+        for seg in [*self.tenants.values(), *self.orphans, self.gates]:
+            if _in_use(seg):
+                kept.append(seg.name)
+            else:
                 seg.unlink()
             seg.close()
-        if not _in_use(self.gates):
-            self.gates.unlink()
-        self.gates.close()
+        self._unlock()
+        return kept
+
+    def abandon(self) -> None:
+        """The daemon did not start: the gates segment goes if it made it; one a dead
+        predecessor left (and the segments of its tenants) stays for the next daemon."""
+        if self.created:
+            self.close()
+            return
+        self.closed = True
+        for seg in [*self.orphans, self.gates]:
+            seg.close()
+        self._unlock()
+
+    def _unlock(self) -> None:
         if self.lock_fd is not None:
             os.close(self.lock_fd)
             self.lock_fd = None

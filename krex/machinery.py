@@ -29,6 +29,9 @@ log = logging.getLogger("krex.daemon")
 _SETTLE_TRIES = 200
 # A region settles (regions.settle_s) only after siblings' work this recent on its GPU.
 SETTLE_LOOKBACK_S = 1.0
+# A sample's timestamp against the end of the period it shows (NVML records samples a little
+# after their period, and the grant's time is the daemon's): an allowance, not measured.
+NVML_MARGIN_S = 0.25
 _SUBMITS_KEEP_S = 3.0  # ticks kept: enough for one at or before SETTLE_LOOKBACK_S ago
 
 
@@ -71,8 +74,30 @@ def unvouched(active: set[int], owner: set[int], gated: set[int]) -> list[int]:
     the region cannot vouch for: neither the owner's nor a sibling process that holds a gated
     slot. Such a sibling was drained before the grant and gated since; a sample that overlaps
     the grant (they cover about 1/6 s each) shows its work from before it, not during the
-    region (seen on the H200: 7-8 of 31 short autotuning regions flagged so, falsely)."""
+    region (seen on the H200: 7-8 of 31 short autotuning regions flagged so, falsely). Its
+    samples stamped clearly after the grant are `late`'s."""
     return sorted(active - owner - gated)
+
+
+def _by_tenant(pids: Iterable[int], tenant_of: dict[int, int]) -> dict[int, list[int]]:
+    """Those of `pids` that `tenant_of` knows, sorted, per tenant in id order."""
+    out: dict[int, list[int]] = {}
+    for p in sorted(pids):
+        if p in tenant_of:
+            out.setdefault(tenant_of[p], []).append(p)
+    return dict(sorted(out.items()))
+
+
+def late(samples: dict[int, float], drained: set[int], since: float, period: float) -> list[int]:
+    """Of the `drained` pids (processes of siblings drained and gated before the grant at
+    `since`), those NVML sampled working later than since + period + NVML_MARGIN_S (`samples`:
+    pid -> its latest work sample's timestamp, wall-clock). A sample shows the sampling period
+    before its timestamp, so one stamped that late shows work after the grant: the sibling
+    acknowledged a drain it had not done, or worked while it should have been frozen. One
+    stamped earlier may show the work it drained (on the H200 7-8 of 31 short regions were
+    called unclean so, falsely, before the drained siblings' samples were left out)."""
+    cutoff = since + period + NVML_MARGIN_S
+    return sorted(p for p in drained if samples.get(p, 0.0) > cutoff)
 
 
 class Machinery(Protocol):
@@ -262,18 +287,73 @@ class NodeMachinery:
                 f"process(es) {ungated} on GPU {gpu} loaded a GPU driver apart (dlmopen): "
                 "its work is neither gated nor drained"
             )
+        if self.sim_shm is not None:
+            problems += self._sim_drained(self.sim_shm, gpu, owner, slots, since)
         if since is not None and self.nvml is not None:
-            active = self.nvml.active(gpu, since)
-            if active:
-                gated = {s.pid for s in slots if not s.ungated and s.tenant != owner.id}
-                others = [
-                    p for p in unvouched(active, set(self._pids(owner)), gated) if self._stranger(p)
-                ]
-                if others:
-                    problems.append(
-                        f"GPU work of process(es) {others} on GPU {gpu} during the region "
-                        "(NVML's process samples)"
-                    )
+            problems += self._sampled(gpu, owner, slots, since)
+        return problems
+
+    def _sampled(self, gpu: int, owner: Tenant, slots: list[SlotView], since: float) -> list[str]:
+        """What NVML's process samples since the grant (`since`) say: work of processes the
+        region cannot vouch for, and work of a drained sibling later than a sample overlapping
+        the grant can show (`late`)."""
+        assert self.nvml is not None
+        seen = self.nvml.work_samples(gpu, since)
+        if not seen:
+            return []
+        mine = set(self._pids(owner))
+        gated = {s.pid: s.tenant for s in slots if not s.ungated and s.tenant != owner.id}
+        problems = []
+        if others := [p for p in unvouched(set(seen), mine, set(gated)) if self._stranger(p)]:
+            problems.append(
+                f"GPU work of process(es) {others} on GPU {gpu} during the region "
+                "(NVML's process samples)"
+            )
+        after = late(seen, set(gated) - mine, since, self.nvml.sample_period(gpu))
+        problems += [
+            f"process(es) {ps} of tenant {t} had GPU work running on GPU {gpu} after its "
+            "drain was acknowledged (NVML's process samples)"
+            for t, ps in _by_tenant(after, gated).items()
+        ]
+        return problems
+
+    def _siblings(self, gpu: int, owner: Tenant, slots: list[SlotView]) -> dict[int, int]:
+        """The processes of the GPU's other tenants (its idle pool's included), each with its
+        tenant's id: those a region's drain and freeze answer for."""
+        g = self.gpus[gpu]
+        mine = set(self._pids(owner))
+        out: dict[int, int] = {}
+        for t in [*g.tenants, *([g.pool_tenant] if g.pool_tenant else [])]:
+            if t is not owner and t.id != owner.id:
+                out.update((p, t.id) for p in self._pids(t))
+        for s in slots:
+            if s.tenant != owner.id and _on(s, gpu):
+                out.setdefault(s.pid, s.tenant)
+        return {p: t for p, t in out.items() if p not in mine}
+
+    def _sim_drained(
+        self, sim_shm: str, gpu: int, owner: Tenant, slots: list[SlotView], since: float | None
+    ) -> list[str]:
+        """Whether the siblings' drain held, by the simulated driver's own record rather than
+        their acknowledgements (which each writes in a segment of its own): a sibling's process
+        with work queued or running on the GPU now, or (with `since`, a wall-clock time) whose
+        work there completed since then, ran beside the owner after it said it had drained."""
+        since_mono = None if since is None else time.monotonic() - (time.time() - since)
+        seen = simnode.busy(sim_shm, gpu, since_mono)
+        if seen is None:
+            return [f"the simulated driver's record of GPU {gpu} could not be read: the "
+                    "siblings' drain is unconfirmed"]  # fmt: skip
+        pids, lost = seen
+        problems = [
+            f"process(es) {ps} of tenant {t} had GPU work running on GPU {gpu} after its "
+            "drain was acknowledged (the simulated driver's record)"
+            for t, ps in _by_tenant(pids, self._siblings(gpu, owner, slots)).items()
+        ]
+        if lost:
+            problems.append(
+                f"the simulated driver's record of GPU {gpu} lost who completed work during "
+                "the region (more processes than it keeps): a sibling's cannot be ruled out"
+            )
         return problems
 
     def _users(self, gpu: int) -> set[int] | None:

@@ -8,7 +8,11 @@ clock fields.
 from __future__ import annotations
 
 import contextlib
+from itertools import pairwise
 from typing import Any
+
+# NVML: "Each sample period may be between 1 second and 1/6 second, depending on the product".
+SAMPLE_PERIOD_S = (1 / 6, 1.0)
 
 
 class Nvml:
@@ -16,6 +20,7 @@ class Nvml:
 
     def __init__(self, lib: Any) -> None:
         self._lib = lib
+        self._period: dict[int, float] = {}  # per GPU, the sampling period its samples showed
 
     @classmethod
     def open(cls) -> Nvml | None:
@@ -92,19 +97,44 @@ class Nvml:
 
     def active(self, gpu: int, since: float) -> set[int]:
         """Pids NVML saw doing work (SM or memory utilisation above 0) on GPU `gpu` since the
-        wall-clock time `since`; empty where it has no samples (they come about every 1/6 s,
-        so work shorter than that may have none). Not yet checked on a GPU."""
+        wall-clock time `since`; empty where it has no samples (they come every 1/6 s to 1 s,
+        depending on the product, so work shorter than that may have none)."""
+        return set(self.work_samples(gpu, since))
+
+    def work_samples(self, gpu: int, since: float) -> dict[int, float]:
+        """Of each pid NVML saw doing work on GPU `gpu` since the wall-clock time `since`, the
+        timestamp (wall-clock seconds) of its latest sample with work; a sample shows the
+        sampling period before its timestamp. Notes the period its samples show
+        (sample_period)."""
         lib = self._lib
+        since_us = int(since * 1e6)
         try:
             h = lib.nvmlDeviceGetHandleByIndex(gpu)
-            samples = lib.nvmlDeviceGetProcessUtilization(h, int(since * 1e6))
+            # From earlier than `since`: consecutive samples of one process show the period.
+            samples = lib.nvmlDeviceGetProcessUtilization(
+                h, since_us - int(2e6 * SAMPLE_PERIOD_S[1])
+            )
         except Exception:
-            return set()
-        return {
-            int(x.pid)
-            for x in samples
-            if int(x.timeStamp) >= int(since * 1e6) and (int(x.smUtil) > 0 or int(x.memUtil) > 0)
-        }
+            return {}
+        stamps: dict[int, set[int]] = {}
+        out: dict[int, float] = {}
+        for x in samples:
+            pid, t = int(x.pid), int(x.timeStamp)
+            stamps.setdefault(pid, set()).add(t)
+            if t >= since_us and (int(x.smUtil) > 0 or int(x.memUtil) > 0):
+                out[pid] = max(out.get(pid, 0.0), t / 1e6)
+        gaps = [(b - a) / 1e6 for ts in stamps.values() for a, b in pairwise(sorted(ts))]
+        if gaps:
+            low, high = SAMPLE_PERIOD_S
+            seen = min(max(min(gaps), low), high)
+            self._period[gpu] = min(seen, self._period.get(gpu, high))
+        return out
+
+    def sample_period(self, gpu: int) -> float:
+        """The process-sampling period of GPU `gpu` as its samples have shown it (the shortest
+        gap between two samples of one process so far, within NVML's 1/6 s to 1 s); NVML's
+        longest, 1 s, until two have been seen."""
+        return self._period.get(gpu, SAMPLE_PERIOD_S[1])
 
     def processes(self, gpu: int) -> set[int] | None:
         """Pids of the compute processes on GPU `gpu` (an NVML index), or None."""

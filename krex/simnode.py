@@ -16,6 +16,7 @@ from krex.procs import tgid
 HOLDER_OFFSETS = (32, 36)  # KREXSIM_MODEL_HOLDER_OFFSET, KREXSIM_CTX_HOLDER_OFFSET: pids
 LOCK_OFFSETS = (40, 80)  # KREXSIM_MODEL_LOCK_OFFSET, KREXSIM_CTX_LOCK_OFFSET: robust mutexes
 _HEAD = 128
+_MAX_PIDS = 256
 
 _lib: Any = None
 
@@ -25,24 +26,56 @@ def segment_name(krex_segment: str) -> str:
     return krex_segment + "-sim"
 
 
+def _library() -> Any:
+    """The simulated driver, for its krexsim_* hooks (loaded once); OSError when absent."""
+    global _lib
+    if _lib is None:
+        lib = ctypes.CDLL(str(sim_library_dir() / "libcuda.so.1"))
+        pids = ctypes.POINTER(ctypes.c_int)
+        lib.krexsim_users.argtypes = [ctypes.c_char_p, ctypes.c_uint, pids, ctypes.c_int]
+        lib.krexsim_busy.argtypes = [
+            ctypes.c_char_p,
+            ctypes.c_uint,
+            ctypes.c_longlong,
+            pids,
+            ctypes.c_int,
+            pids,
+        ]
+        _lib = lib
+    return _lib
+
+
 def users(sim_shm: str, gpu: int) -> set[int] | None:
     """Processes holding streams on a simulated GPU (krexsim_users); None when unknown."""
-    global _lib
     try:
-        if _lib is None:
-            lib = ctypes.CDLL(str(sim_library_dir() / "libcuda.so.1"))
-            lib.krexsim_users.argtypes = [
-                ctypes.c_char_p,
-                ctypes.c_uint,
-                ctypes.POINTER(ctypes.c_int),
-                ctypes.c_int,
-            ]
-            _lib = lib
-        pids = (ctypes.c_int * 256)()
-        n = int(_lib.krexsim_users(sim_shm.encode(), gpu, pids, 256))
+        pids = (ctypes.c_int * _MAX_PIDS)()
+        n = int(_library().krexsim_users(sim_shm.encode(), gpu, pids, _MAX_PIDS))
     except OSError:
         return None
     return set(pids[:n]) if n >= 0 else None
+
+
+def busy(sim_shm: str, gpu: int, since: float | None) -> tuple[set[int], bool] | None:
+    """What the simulated driver's own record (krexsim_busy; the tenants write it only through
+    the driver API) says of a simulated GPU: the processes with work queued or running on it,
+    and with `since` (time.monotonic(), CLOCK_MONOTONIC) also those whose work there completed
+    at or after it; with whether the record lost someone who did (more processes than it keeps
+    completed work since). None when unknown; nobody, where the node has no segment yet (no
+    process has used a simulated GPU of it)."""
+    since_ns = 0 if since is None else max(1, int(since * 1e9))
+    try:
+        pids = (ctypes.c_int * _MAX_PIDS)()
+        lost = ctypes.c_int(0)
+        n = int(
+            _library().krexsim_busy(
+                sim_shm.encode(), gpu, since_ns, pids, _MAX_PIDS, ctypes.byref(lost)
+            )
+        )
+    except OSError:
+        return None
+    if n < 0:
+        return None if Path("/dev/shm", sim_shm.lstrip("/")).exists() else (set(), False)
+    return set(pids[:n]), bool(lost.value)
 
 
 def lock_holders(sim_shm: str) -> set[int]:

@@ -99,6 +99,20 @@ def running(d: Daemon) -> Iterator[Daemon]:
         assert d.proc is not None and d.proc.returncode == 0, d.log.read_text()
 
 
+@contextlib.contextmanager
+def configured(tmp_path: Path, config: str, slots: int = 4) -> Iterator[Daemon]:
+    """A daemon on the simulated GPU with `config` (TOML) for its config file and `slots`
+    slots, started, and stopped afterwards."""
+    cfg = tmp_path / "krex.toml"
+    cfg.write_text(config)
+    d = Daemon(tmp_path / "krex.sock", "--slots", str(slots), "--config", str(cfg))
+    d.start()
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
 def where(pid: int) -> str:
     """A process's state, kernel wait channel and freezer cgroup, as /proc tells them."""
     out = []

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from conftest import remove_shm, unique
-from helpers import KREX, Daemon, run_argv
+from helpers import KREX, Daemon, configured, run_argv
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -72,14 +72,8 @@ MEMHOG = textwrap.dedent("""
 def memd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
     """A daemon of 1 GiB simulated GPUs with quick deadlock releases, 16 slots."""
     monkeypatch.setenv("KREX_SIM_MEM_BYTES", str(CAPACITY))
-    cfg = tmp_path / "krex.toml"
-    cfg.write_text("[memory]\ndeadlock_s = 0.5\nwait_s = 60\n")
-    d = Daemon(tmp_path / "krex.sock", "--slots", "16", "--config", str(cfg))
-    d.start()
-    try:
+    with configured(tmp_path, "[memory]\ndeadlock_s = 0.5\nwait_s = 60\n", slots=16) as d:
         yield d
-    finally:
-        d.stop()
 
 
 def memhog(

@@ -54,4 +54,13 @@ int krexsim_users(const char *shm_name, unsigned gpu, int *pids, int max);
 int krexsim_mem_users(const char *shm_name, unsigned gpu, int *pids, unsigned long long *bytes,
                       int max);
 
+/* Processes whose work on simulated GPU `gpu` of node `shm_name` the simulated driver's own
+ * record shows: queued or running now, and with since_ns > 0 also completed at or after
+ * CLOCK_MONOTONIC time since_ns. Up to `max` distinct pids into `pids`; returns how many, or -1
+ * if the node cannot be read. *lost = 1 when the record dropped (for want of room) a process
+ * that completed work at or after since_ns. The daemon checks a sibling's drain acknowledgement
+ * against it (docs/security.md). */
+int krexsim_busy(const char *shm_name, unsigned gpu, long long since_ns, int *pids, int max,
+                 int *lost);
+
 #endif /* KREXSIM_H */

@@ -103,12 +103,13 @@ SIM_HIDDEN void sim_robust_init(pthread_mutex_t *m);
 /* ---- The shared segment (sim_shm.c, layout here so that sim_model.c can use it). ---- */
 
 #define SIM_SHM_MAGIC 0x4D49534BU /* "KSIM" read as little-endian bytes */
-#define SIM_SHM_VERSION 3U
+#define SIM_SHM_VERSION 4U
 #define SIM_MAX_STREAMS 1024U
 #define SIM_MAX_EVENTS 8192U
 #define SIM_MAX_JOBS 8192U
 #define SIM_NONE UINT32_MAX
 #define SIM_MAX_MEM_PROCS 512U
+#define SIM_DONE_PROCS 64U
 
 /* One piece of work queued in a stream: a kernel, copy, set, or zero-length marker. */
 struct sim_job {
@@ -138,7 +139,7 @@ struct sim_stream {
     /* The event of the marker that was the last thing queued, if it went into the idle
      * stream (and so completed at once): SIM_NONE otherwise. See sim_enqueue. */
     uint32_t mark_event, mark_gen, mark_rec;
-    uint32_t pad;
+    uint32_t done_hint; /* its owner's entry in done[gpu].procs, as last found (a hint) */
 };
 
 enum sim_event_state { SIM_EV_NEVER, SIM_EV_PENDING, SIM_EV_DONE };
@@ -171,6 +172,22 @@ struct sim_mem_proc {
     uint64_t used[SIM_MAX_GPUS]; /* bytes */
 };
 
+/* The driver's own record of whose work ran on a GPU (krexsim_busy): per process, the model
+ * time its latest job there completed. What a tenant's drain acknowledgement claims is checked
+ * against it (docs/security.md). When more than SIM_DONE_PROCS processes have completed work on
+ * a GPU, the entry with the oldest completion gives way and `evicted` keeps the latest time so
+ * lost: a reader then knows that it cannot say who ran after that. pid 0: a free entry. Each
+ * field is written with atomic stores under the model lock, and read without it. */
+struct sim_done {
+    int32_t pid;
+    uint32_t pad;
+    int64_t t_ns; /* model time, ns */
+};
+struct sim_gpu_done {
+    int64_t evicted_ns;
+    struct sim_done procs[SIM_DONE_PROCS];
+};
+
 struct sim_shm {
     /* Fixed prefix: checked before anything else is trusted. */
     uint32_t magic;
@@ -201,6 +218,8 @@ struct sim_shm {
      * sum over the entries: nothing derived to repair when a holder dies in the lock. */
     uint64_t mem_capacity[SIM_MAX_GPUS];
     struct sim_mem_proc mem_procs[SIM_MAX_MEM_PROCS];
+    /* Whose jobs completed on each GPU, and when (struct sim_gpu_done). */
+    struct sim_gpu_done done[SIM_MAX_GPUS];
 };
 
 SIM_HIDDEN extern struct sim_shm *sim_shm;

@@ -192,5 +192,7 @@ SIM_HIDDEN unsigned long long sim_krexsim_submissions(void);
 SIM_HIDDEN int sim_krexsim_users(const char *shm_name, unsigned gpu, int *pids, int max);
 SIM_HIDDEN int sim_krexsim_mem_users(const char *shm_name, unsigned gpu, int *pids,
                                      unsigned long long *bytes, int max);
+SIM_HIDDEN int sim_krexsim_busy(const char *shm_name, unsigned gpu, long long since_ns, int *pids,
+                                int max, int *lost);
 
 #endif /* KREX_SIM_ENTRIES_H */

@@ -72,10 +72,12 @@ unsigned long long sim_krexsim_submissions(void)
 SIM_EXPORT(krexsim_submissions);
 
 /* A node's segment mapped read-only (NULL if there is none of this build's size, magic and
- * version), for the
- * controller's snapshots below; the caller unmaps it. */
-static const struct sim_shm *map_node(const char *shm_name)
+ * version, or if `gpu` is not one of its GPUs), for the controller's snapshots below; the
+ * caller unmaps it. */
+static const struct sim_shm *map_node(const char *shm_name, unsigned gpu)
 {
+    if (gpu >= SIM_MAX_GPUS)
+        return NULL;
     int fd = shm_open(shm_name, O_RDONLY | O_CLOEXEC, 0);
     if (fd < 0)
         return NULL;
@@ -101,7 +103,7 @@ static const struct sim_shm *map_node(const char *shm_name)
  * its lock: a snapshot good enough to find a process that stays. */
 int sim_krexsim_users(const char *shm_name, unsigned gpu, int *pids, int max)
 {
-    const struct sim_shm *s = map_node(shm_name);
+    const struct sim_shm *s = map_node(shm_name, gpu);
     if (!s)
         return -1;
     int n = 0;
@@ -134,9 +136,7 @@ SIM_EXPORT(krexsim_users);
 int sim_krexsim_mem_users(const char *shm_name, unsigned gpu, int *pids,
                           unsigned long long *bytes, int max)
 {
-    if (gpu >= SIM_MAX_GPUS)
-        return -1;
-    const struct sim_shm *s = map_node(shm_name);
+    const struct sim_shm *s = map_node(shm_name, gpu);
     if (!s)
         return -1;
     int n = 0;
@@ -155,3 +155,59 @@ int sim_krexsim_mem_users(const char *shm_name, unsigned gpu, int *pids,
     return n;
 }
 SIM_EXPORT(krexsim_mem_users);
+
+static int add_pid(int *pids, int n, int max, int pid)
+{
+    for (int j = 0; j < n; j++)
+        if (pids[j] == pid)
+            return n;
+    if (n < max)
+        pids[n++] = pid;
+    return n;
+}
+
+/* The processes whose work on simulated GPU `gpu` of node `shm_name` the driver's own record
+ * shows: queued or running now (as of the node's latest update: every call into the driver
+ * brings it up to date), and with since_ns > 0 also completed at or after CLOCK_MONOTONIC time
+ * since_ns. What a tenant's drain acknowledgement claims is checked against this. Up to `max`
+ * distinct pids into `pids`; returns how many, or -1 if the node cannot be read. *lost = 1 when
+ * the record gave up the entry of a process that completed work at or after since_ns (more than
+ * SIM_DONE_PROCS processes completed work on the GPU since): who that was is unknown. Read
+ * without the node's lock, as krexsim_users is. */
+int sim_krexsim_busy(const char *shm_name, unsigned gpu, long long since_ns, int *pids, int max,
+                     int *lost)
+{
+    if (lost)
+        *lost = 0;
+    const struct sim_shm *s = map_node(shm_name, gpu);
+    if (!s)
+        return -1;
+    int n = 0;
+    for (unsigned i = 0; i < SIM_MAX_STREAMS; i++) {
+        int32_t owner = __atomic_load_n(&s->streams[i].owner, __ATOMIC_RELAXED);
+        if (owner <= 0 || s->streams[i].gpu != gpu ||
+            __atomic_load_n(&s->streams[i].head, __ATOMIC_RELAXED) == SIM_NONE)
+            continue;
+        if (kill(owner, 0) != 0 && errno != EPERM)
+            continue; /* its jobs are dropped, not run */
+        n = add_pid(pids, n, max, owner);
+    }
+    if (since_ns > 0) {
+        const struct sim_gpu_done *d = &s->done[gpu];
+        int64_t since_t = (int64_t)since_ns - s->epoch_ns; /* model time */
+        for (unsigned i = 0; i < SIM_DONE_PROCS; i++) {
+            int32_t pid = __atomic_load_n(&d->procs[i].pid, __ATOMIC_ACQUIRE);
+            int64_t t = __atomic_load_n(&d->procs[i].t_ns, __ATOMIC_ACQUIRE);
+            if (pid > 0 && t >= since_t &&
+                __atomic_load_n(&d->procs[i].pid, __ATOMIC_ACQUIRE) == pid)
+                n = add_pid(pids, n, max, pid);
+        }
+        /* Last: an entry that changed hands while it was read raised this first. */
+        int64_t evicted = __atomic_load_n(&d->evicted_ns, __ATOMIC_ACQUIRE);
+        if (lost && evicted > 0 && evicted >= since_t)
+            *lost = 1;
+    }
+    munmap((void *)s, sizeof *s);
+    return n;
+}
+SIM_EXPORT(krexsim_busy);

@@ -89,6 +89,7 @@ uint32_t sim_stream_alloc(uint32_t gpu, uint64_t ctx_id)
     st->next_free = SIM_NONE;
     st->submitted = st->completed = 0;
     st->mark_event = SIM_NONE;
+    st->done_hint = SIM_NONE;
     return slot;
 }
 
@@ -148,11 +149,46 @@ void sim_event_free(uint32_t slot, uint32_t gen)
 
 /* ---- Processor sharing. ---- */
 
+/* Note in the driver's record (struct sim_gpu_done) that a job of stream `st`'s owner completed
+ * on its GPU at model time t. */
+static void sim_note_done(struct sim_stream *st, double t)
+{
+    struct sim_gpu_done *d = &S->done[st->gpu];
+    int64_t t_ns = (int64_t)t;
+    uint32_t h = st->done_hint;
+    if (h >= SIM_DONE_PROCS || d->procs[h].pid != st->owner) {
+        uint32_t pick = 0; /* a free entry, else the one that completed longest ago */
+        for (h = 0; h < SIM_DONE_PROCS; h++) {
+            const struct sim_done *e = &d->procs[h], *p = &d->procs[pick];
+            if (e->pid == st->owner)
+                break;
+            if (p->pid != 0 && (e->pid == 0 || e->t_ns < p->t_ns))
+                pick = h;
+        }
+        if (h == SIM_DONE_PROCS) {
+            /* A new process: the entry picked gives way. Its pid is cleared first, so a reader
+             * never pairs one process's pid with another's time (it reads the pid before and
+             * after the time). */
+            h = pick;
+            struct sim_done *e = &d->procs[h];
+            if (e->pid != 0 && e->t_ns > d->evicted_ns)
+                __atomic_store_n(&d->evicted_ns, e->t_ns, __ATOMIC_RELEASE);
+            __atomic_store_n(&e->pid, 0, __ATOMIC_RELEASE);
+            __atomic_store_n(&e->t_ns, t_ns, __ATOMIC_RELEASE);
+            __atomic_store_n(&e->pid, st->owner, __ATOMIC_RELEASE);
+        }
+        st->done_hint = h;
+    }
+    if (t_ns > d->procs[h].t_ns)
+        __atomic_store_n(&d->procs[h].t_ns, t_ns, __ATOMIC_RELEASE);
+}
+
 /* The head job of stream `slot` finished at model time t: stamp its event, pop it, start the
  * next one; zero-length jobs that become head finish at the same instant. */
 static void sim_stream_complete_head(uint32_t slot, double t)
 {
     struct sim_stream *st = &S->streams[slot];
+    sim_note_done(st, t);
     for (;;) {
         uint32_t j = st->head;
         struct sim_job *job = &S->jobs[j];

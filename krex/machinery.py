@@ -284,8 +284,10 @@ class NodeMachinery:
         ungated = sorted(s.pid for s in slots if s.ungated and s.tenant != owner.id and _on(s, gpu))
         if ungated:
             problems.append(
-                f"process(es) {ungated} on GPU {gpu} loaded a GPU driver apart (dlmopen): "
-                "its work is neither gated nor drained"
+                f"process(es) {ungated} on GPU {gpu} reach a GPU driver past the shim (loaded "
+                "apart with dlmopen, a second copy of the driver, or RTLD_DEEPBIND references "
+                "it could not route; the process's warning names the library): its work is "
+                "neither gated nor drained"
             )
         if self.sim_shm is not None:
             problems += self._sim_drained(self.sim_shm, gpu, owner, slots, since)

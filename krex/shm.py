@@ -90,7 +90,7 @@ class SlotView:
     drain_req: int
     drain_ack: int
     alive: bool
-    ungated: int = 0  # 1.3: GPU drivers loaded where the shim cannot gate them (dlmopen)
+    ungated: int = 0  # 1.3: ways to a GPU driver past the shim (dlmopen, deepbind.c)
     # Device memory (layout 1.2, docs/memory.md).
     mem_bytes: int = 0
     mem_peak: int = 0

@@ -71,7 +71,7 @@ struct krex_slot_view {
     uint32_t drain_req;
     uint32_t alive;
     uint32_t gpus;  /* GPU mask: bit i = GPU i (a slot with mask 0 reads as 1 << gpu) */
-    uint32_t ungated; /* 1.3: drivers loaded where the shim cannot gate them (dlmopen) */
+    uint32_t ungated; /* 1.3: ways to a driver past the shim (dlmopen, deepbind.c) */
     uint64_t intercepted;
     uint64_t blocked;
     uint64_t unmatched;

@@ -104,8 +104,8 @@ struct krex_slot {
     uint64_t blocked;      /* of those, calls that waited at a closed gate first */
     uint64_t unmatched;    /* gated look-ups whose pointer matched no known export */
     uint32_t gpus;         /* 1.1: bit i = works on GPU i (a command of several); 0 = just gpu */
-    uint32_t ungated;      /* 1.3: GPU drivers this process loaded where the shim cannot gate
-                              them (dlmopen into another link-map namespace) */
+    uint32_t ungated;      /* 1.3: ways this process reaches a GPU driver that the shim cannot
+                              gate (dlmopen, a second copy, unroutable RTLD_DEEPBIND) */
     /* Cache line 1: drain requests and device memory (1.2). drain_req, mem_grant and
      * mem_deny are written by the controller, the rest by the owning process. Allocations
      * are rare next to launches, so the two writers sharing this line costs nothing measurable. */

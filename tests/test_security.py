@@ -392,7 +392,7 @@ def quick(tmp_path: Path) -> Iterator[Daemon]:
     [
         ("bare", "without the krex shim"),
         ("unlinked", "without the krex shim"),
-        ("dlmopen", "loaded a GPU driver apart (dlmopen)"),
+        ("dlmopen", "reach a GPU driver past the shim (loaded apart with dlmopen"),
         ("plain", None),
     ],
 )

@@ -22,6 +22,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "krex_elf.h"
+
 #define KREX_AUDIT_EXPORT __attribute__((visibility("default")))
 
 /* The hooked names: every entry of hip_hooks.def. */
@@ -56,34 +58,6 @@ static int starts_with(const char *s, const char *prefix)
     return strncmp(s, prefix, strlen(prefix)) == 0;
 }
 
-/* A pointer from the dynamic section: glibc relocates these in place when it maps an object,
- * but be safe with one that is still an offset. */
-static uintptr_t dyn_ptr(const struct link_map *m, ElfW(Addr) p)
-{
-    return p < m->l_addr ? p + m->l_addr : p;
-}
-
-/* How many entries the dynamic symbol table has (from DT_HASH, or by walking DT_GNU_HASH). */
-static size_t symbol_count(const uint32_t *hash, const uint32_t *gnu)
-{
-    if (hash)
-        return hash[1]; /* nchain */
-    if (!gnu)
-        return 0;
-    uint32_t nbuckets = gnu[0], symoffset = gnu[1], bloom = gnu[2];
-    const uint32_t *buckets = gnu + 4 + bloom * (sizeof(ElfW(Addr)) / 4);
-    const uint32_t *chain = buckets + nbuckets;
-    uint32_t last = 0;
-    for (uint32_t i = 0; i < nbuckets; i++)
-        if (buckets[i] > last)
-            last = buckets[i];
-    if (last < symoffset)
-        return symoffset;
-    while (!(chain[last - symoffset] & 1))
-        last++;
-    return last + 1;
-}
-
 /* Fill wrappers[] from libkrex-hip.so's exported krex_hip_<name> functions. */
 static void find_wrappers(struct link_map *m)
 {
@@ -93,22 +67,22 @@ static void find_wrappers(struct link_map *m)
     for (const ElfW(Dyn) *d = m->l_ld; d->d_tag != DT_NULL; d++) {
         switch (d->d_tag) {
         case DT_SYMTAB:
-            symtab = (const ElfW(Sym) *)dyn_ptr(m, d->d_un.d_ptr);
+            symtab = (const ElfW(Sym) *)krex_dyn_ptr(m->l_addr, d->d_un.d_ptr);
             break;
         case DT_STRTAB:
-            strtab = (const char *)dyn_ptr(m, d->d_un.d_ptr);
+            strtab = (const char *)krex_dyn_ptr(m->l_addr, d->d_un.d_ptr);
             break;
         case DT_HASH:
-            hash = (const uint32_t *)dyn_ptr(m, d->d_un.d_ptr);
+            hash = (const uint32_t *)krex_dyn_ptr(m->l_addr, d->d_un.d_ptr);
             break;
         case DT_GNU_HASH:
-            gnu = (const uint32_t *)dyn_ptr(m, d->d_un.d_ptr);
+            gnu = (const uint32_t *)krex_dyn_ptr(m->l_addr, d->d_un.d_ptr);
             break;
         }
     }
     if (!symtab || !strtab)
         return;
-    size_t n = symbol_count(hash, gnu);
+    size_t n = krex_symbol_count(hash, gnu);
     for (size_t i = 0; i < n; i++) {
         const ElfW(Sym) *s = &symtab[i];
         if (s->st_shndx == SHN_UNDEF || ELF64_ST_TYPE(s->st_info) != STT_FUNC)

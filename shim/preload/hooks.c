@@ -93,8 +93,6 @@ __thread int krex_in_resolve;
 
 static int resolved;
 
-void *krex_real_dlsym_get(void); /* lookup.c: the real dlsym, found with dlvsym */
-
 /*
  * No lock of ours is held here: dlopen and dlsym take the loader's lock, and a thread inside a
  * library constructor (holding that lock) can call dlsym into us. Threads that race here do the

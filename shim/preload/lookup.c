@@ -7,44 +7,88 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <string.h>
 
 #include "shim.h"
 
 typedef void *(*dlsym_fn)(void *, const char *);
-static dlsym_fn real_dlsym;
 
-KREX_HIDDEN void *krex_real_dlsym_get(void)
+/* The real `name`, the next after ours, under the first of `versions` (NULL-terminated) that the
+ * C library has; looked up once. Not _dl_sym or __libc_dlsym (gone in glibc 2.34). */
+KREX_HIDDEN void *krex_real_next(void **cache, const char *name, const char *const *versions)
 {
-    dlsym_fn f = __atomic_load_n(&real_dlsym, __ATOMIC_ACQUIRE);
+    void *f = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
     if (KREX_UNLIKELY(!f)) {
-        /* Not _dl_sym or __libc_dlsym (gone in glibc 2.34); no bare dlsym call in the shim. */
-        static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
-        for (size_t i = 0; !f && i < sizeof versions / sizeof versions[0]; i++)
-            f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", versions[i]);
-        __atomic_store_n(&real_dlsym, f, __ATOMIC_RELEASE);
+        for (size_t i = 0; !f && versions[i]; i++)
+            f = dlvsym(RTLD_NEXT, name, versions[i]);
+        __atomic_store_n(cache, f, __ATOMIC_RELEASE);
     }
-    return (void *)f;
+    return f;
 }
 
-/* Handles other than RTLD_NEXT arrive here from the trampoline in dlsym_x86_64.S. */
-KREX_HIDDEN void *krex_dlsym_hook(void *handle, const char *name)
+/* No bare dlsym call in the shim: this is the real one. */
+void *krex_real_dlsym_get(void)
 {
-    dlsym_fn f = (dlsym_fn)krex_real_dlsym_get();
-    if (!f)
-        return NULL;
-    void *p = f(handle, name);
+    static void *real;
+    static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", NULL};
+    return krex_real_next(&real, "dlsym", versions);
+}
+
+/* What a look-up by name that found p hands back: our wrapper when p is the driver's function of
+ * that exact name, our own loader entry when p is the real one (the caller's later look-ups
+ * then come back through us too). */
+static void *looked_up(const char *name, void *p)
+{
     if (!p || krex_in_resolve)
         return p;
     int i = krex_hook_find(name);
-    if (i < 0 || p == krex_hooks[i].wrapper)
+    if (i < 0)
+        return krex_loader_entry(name, p);
+    if (p == krex_hooks[i].wrapper)
         return p;
     krex_resolve_from(p);
     if (__atomic_load_n(&krex_real[i], __ATOMIC_ACQUIRE) == p)
         return krex_hooks[i].wrapper;
+    /* A second copy of the driver (e.g. opened by another path) is never gated: say so. */
+    krex_ungated_if_driver(p, name);
     /* Same name, another library's function: not ours to wrap. */
     krex_debug("dlsym(%s) is not the driver's: passed through", name);
     return p;
+}
+
+/* Handles other than RTLD_NEXT arrive here from the trampolines in dlsym_x86_64.S. */
+KREX_HIDDEN void *krex_dlsym_hook(void *handle, const char *name)
+{
+    dlsym_fn f = (dlsym_fn)krex_real_dlsym_get();
+    return f ? looked_up(name, f(handle, name)) : NULL;
+}
+
+/* dlsym(RTLD_DEFAULT, ...) from a deep-bound library (krex_dlsym_deep_entry, reached by jumps:
+ * the return address is the caller's). Natively its own scope comes first, then the global
+ * one; the shim makes the call, so it asks both (the caller's handle finds what it or, for the
+ * library dlopen'd, its dependencies define). */
+KREX_HIDDEN void *krex_dlsym_default_deep(void *handle, const char *name)
+{
+    dlsym_fn f = (dlsym_fn)krex_real_dlsym_get();
+    if (!f)
+        return NULL;
+    struct link_map *cm = NULL;
+    Dl_info info;
+    void *p = NULL;
+    if (dladdr1(__builtin_return_address(0), &info, (void **)&cm, RTLD_DL_LINKMAP) && cm)
+        p = f(cm, name);
+    return looked_up(name, p ? p : f(handle, name));
+}
+
+/* dlvsym: the driver's entries carry no version, so any version finds them (it used to hand
+ * back the real cuLaunchKernel). */
+typedef void *(*dlvsym_fn)(void *, const char *, const char *);
+
+KREX_HIDDEN void *krex_dlvsym_hook(void *handle, const char *name, const char *version)
+{
+    dlvsym_fn f = (dlvsym_fn)krex_real_dlvsym_get();
+    return f ? looked_up(name, f(handle, name, version)) : NULL;
 }
 
 /* Whether `symbol` is the base name of a gated entry (e.g. "cuMemcpyHtoD" for cuMemcpyHtoD_v2). */
@@ -107,7 +151,7 @@ KREX_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cud
  * and counted in the process's slot (`ungated`), so that regions beside it say so. */
 typedef void *(*dlmopen_fn)(Lmid_t, const char *, int);
 
-static int is_gpu_driver(const char *file)
+KREX_HIDDEN int krex_is_gpu_driver(const char *file)
 {
     const char *base = strrchr(file, '/');
     base = base ? base + 1 : file;
@@ -115,27 +159,29 @@ static int is_gpu_driver(const char *file)
            strncmp(base, "libcudart.so", 12) == 0;
 }
 
+KREX_HIDDEN void *krex_real_dlmopen_get(void)
+{
+    static void *real;
+    static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.3.4", NULL};
+    return krex_real_next(&real, "dlmopen", versions);
+}
+
 KREX_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int flags)
 {
-    static dlmopen_fn real;
-    dlmopen_fn f = __atomic_load_n(&real, __ATOMIC_ACQUIRE);
-    if (KREX_UNLIKELY(!f)) {
-        static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.3.4"};
-        for (size_t i = 0; !f && i < sizeof versions / sizeof versions[0]; i++)
-            f = (dlmopen_fn)dlvsym(RTLD_NEXT, "dlmopen", versions[i]);
-        if (!f)
-            return NULL;
-        __atomic_store_n(&real, f, __ATOMIC_RELEASE);
-    }
+    dlmopen_fn f = (dlmopen_fn)krex_real_dlmopen_get();
+    if (!f)
+        return NULL;
     void *h = f(lmid, file, flags);
     /* Counted once the copy is loaded (a dlmopen that failed loaded nothing to gate). */
-    if (h && lmid != LM_ID_BASE && file && is_gpu_driver(file)) {
-        struct krex_slot *s = krex_register();
+    if (h && lmid != LM_ID_BASE && file && krex_is_gpu_driver(file)) {
         krex_warn("dlmopen(%s) into a namespace of its own: the GPU work through it is not "
                   "gated or drained, and regions beside this process are reported unclean",
                   file);
-        if (s)
-            KREX_ADD(&s->ungated, 1);
+        krex_count_ungated();
     }
     return h;
 }
+
+/* Our dlmopen under a name of the shim's own, for deepbind.c to write into GOTs. */
+extern __typeof__(dlmopen) krex_dlmopen_entry
+    __attribute__((alias("dlmopen"), visibility("hidden"), nothrow));

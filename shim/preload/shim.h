@@ -82,6 +82,21 @@ static inline void *krex_real_get(enum krex_hook_id id)
     return p;
 }
 
+/* lookup.c, deepbind.c: the loader's entries (docs/shim.md, "Look-up paths"). The real ones: */
+KREX_HIDDEN void *krex_real_next(void **cache, const char *name, const char *const *versions);
+KREX_HIDDEN void *krex_real_dlsym_get(void);
+KREX_HIDDEN void *krex_real_dlvsym_get(void);
+KREX_HIDDEN void *krex_real_dlopen_get(void);
+KREX_HIDDEN void *krex_real_dlmopen_get(void);
+/* Whether a file name is a GPU driver's (libcuda.so*, libcudart.so*, libamdhip64.so*). */
+KREX_HIDDEN int krex_is_gpu_driver(const char *file);
+/* Our entry of a loader function named `name` when p is the real one, else p. */
+KREX_HIDDEN void *krex_loader_entry(const char *name, void *p);
+/* Count the process as reaching the GPU where the shim cannot gate it (the slot's `ungated`). */
+KREX_HIDDEN void krex_count_ungated(void);
+/* Counts it when p, found for `name`, lies in a GPU driver other than the one the shim gates. */
+KREX_HIDDEN void krex_ungated_if_driver(const void *p, const char *name);
+
 /* gate.c: this process's registration and the gate. */
 KREX_HIDDEN extern struct krex_slot *krex_self;   /* NULL until registered */
 KREX_HIDDEN extern struct krex_gate *krex_my_gate;  /* the first of our GPUs' gates */

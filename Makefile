@@ -9,13 +9,14 @@ STAMP  := $(VENV)/.krex-installed
 BUILD_INPUTS := pyproject.toml setup.py krex/_native_build.py $(shell find shim -type f 2>/dev/null)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv build test lint fix demo gpu-check gpu-bench bench-overhead stress clean
+.PHONY: help venv build test test-quick lint fix demo gpu-check gpu-bench bench-overhead stress clean
 
 help:
 	@echo "make targets:"
 	@echo "  demo       set up .venv, then run the concurrent-benchmarking demo"
 	@echo "             (on the GPU when there is one, else on the simulated GPU)"
-	@echo "  test       set up .venv, then run the lint and the tests"
+	@echo "  test       set up .venv, then run the lint and the tests (TEST_JOBS=4 at once)"
+	@echo "  test-quick the same without the long soaks (pytest -m 'not slow')"
 	@echo "  venv       create .venv and install krex editable with its test tools"
 	@echo "             (again whenever pyproject.toml, setup.py or shim/ changes)"
 	@echo "  build      reinstall editable: rebuild krex._native and krex/_lib/*.so"
@@ -41,9 +42,16 @@ build: | $(BIN)/python
 	$(BIN)/python -m pip install -e '.[test]'
 	touch $(STAMP)
 
-# The lint runs first: main stays formatted and typed (the tool versions are pinned).
+# The lint runs first: main stays formatted and typed (the tool versions are pinned). The tests
+# run in TEST_JOBS processes (pytest-xdist), a file to one process (its module's daemon once):
+# most of a test's time is spent waiting for processes, so more than the cores pays.
+TEST_JOBS ?= 4
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
+
+# The same without the long soaks (marked slow), for a quick round while developing.
+test-quick: lint
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not slow"
 
 lint: venv
 	$(BIN)/ruff check .

@@ -417,14 +417,19 @@ def _take_pending() -> list[int]:
     return taken
 
 
-def _release_signals() -> None:
-    """The command has ended: drop what was held for it, and unblock."""
+def _release_signals(final: bool = False) -> None:
+    """The command has ended: drop what was held for it, and unblock; `final`: krex run ends
+    now, so they stay blocked (and are dropped) until it has: a signal meant for the command
+    that comes after it was reaped (`timeout` sends SIGTERM to krex run, then to its whole
+    group) would otherwise kill krex run before it reports (-15 instead of 143)."""
     global _mask
     if _mask is None:
         return
     _take_pending()
     if signal.SIGCHLD not in _mask:
         signal.sigtimedwait({signal.SIGCHLD}, 0)
+    if final:
+        return
     signal.pthread_sigmask(signal.SIG_SETMASK, _mask)
     _mask = None
 
@@ -561,7 +566,7 @@ def run(opts: RunOptions) -> int:
     try:
         return _run(opts)
     finally:
-        _release_signals()
+        _release_signals(final=True)
 
 
 def _again(report: dict[str, Any], attempts: list[dict[str, Any]]) -> tuple[str, bool] | None:

@@ -12,7 +12,6 @@ import contextlib
 import itertools
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,15 +75,30 @@ def _group_roots() -> set[str]:
     return roots
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _no_group_roots_left() -> Iterator[None]:
+_ROOTS_BEFORE = pytest.StashKey[set[str]]()
+
+
+def _controller(config: pytest.Config) -> bool:
+    """Whether this is the session that runs no tests itself when pytest-xdist spreads them
+    (or the only one): what it sees before and after spans every worker's daemons."""
+    return not hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if _controller(session.config):
+        session.config.stash[_ROOTS_BEFORE] = _group_roots()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
     """Remove the group roots the session's daemons left. A daemon that stops while its
     commands run leaves their groups (they keep running, and the next daemon on the same
-    root prunes them); every test daemon has a root of its own, so nothing would."""
+    root prunes them); every test daemon has a root of its own, so nothing would. Done once
+    every worker is done: a worker's own teardown would take its neighbours' live roots."""
+    before = session.config.stash.get(_ROOTS_BEFORE, None)
+    if not _controller(session.config) or before is None:
+        return
     from krex.tenants import TenantsError, recover
 
-    before = _group_roots()
-    yield
     for root in _group_roots() - before:
         with contextlib.suppress(TenantsError, OSError):
             recover(root)
@@ -117,10 +131,9 @@ class Node:
 
     def wait_registered(self, pid: int, within_s: float = 10.0) -> None:
         """Until process pid holds a slot (the shim registers at the first gated call)."""
-        deadline = time.monotonic() + within_s
-        while not self.seg.slots_of(pid):
-            assert time.monotonic() < deadline, f"process {pid} never registered"
-            time.sleep(0.01)
+        from helpers import until  # helpers imports this module
+
+        until(lambda: self.seg.slots_of(pid), within_s, f"process {pid}'s slot", every_s=0.01)
 
     def env(self, tenant: int, gpu: int = 0, **more: str) -> dict[str, str]:
         env = dict(os.environ)

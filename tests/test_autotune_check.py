@@ -292,9 +292,10 @@ def test_the_cooled_mode_acks_a_stop_only_after_its_wait(tmp_path: Path) -> None
     try:
         with check._handoff(d, [sib], wait_s=0.5):
             t0 = time.monotonic()
-            (d / "req-0").write_text("stop")
+            (d / "req-0.tmp").write_text("stop")  # whole, as the candidate writes it
+            (d / "req-0.tmp").rename(d / "req-0")
             while not (d / "ack-0").exists():
-                assert time.monotonic() - t0 < 10, "no ack"
+                assert time.monotonic() - t0 < 60, "no ack"
                 time.sleep(0.005)
             assert time.monotonic() - t0 >= 0.5
             assert state(sib.pid) == "T"

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import HOLDER, KREX, Counter, Daemon, krex_run, run_argv, running
+from helpers import HOLDER, KREX, Counter, Daemon, krex_run, run_argv, running, until
 
 # A sibling that leaves a long kernel on the simulated GPU and then waits: its drain thread
 # cannot finish the drain until the kernel does.
@@ -42,12 +42,9 @@ def fast_drain(tmp_path: Path) -> Iterator[Daemon]:
         d.stop()
 
 
-def _until(d: Daemon, ready: Callable[[dict[str, Any]], bool], timeout_s: float = 10.0) -> None:
+def _until(d: Daemon, ready: Callable[[dict[str, Any]], bool], timeout_s: float = 30.0) -> None:
     """Poll GPU 0's status until `ready` says so (fails after `timeout_s`)."""
-    deadline = time.monotonic() + timeout_s
-    while not ready(g := d.status()["gpus"][0]):  # type: ignore[index]
-        assert time.monotonic() < deadline, g
-        time.sleep(0.02)
+    until(lambda: ready(d.status()["gpus"][0]), timeout_s, "GPU 0's status")  # type: ignore[index]
 
 
 def _region(d: Daemon, tmp_path: Path, seconds: str = "0.2") -> tuple[int, dict[str, Any]]:
@@ -115,9 +112,7 @@ def test_a_client_killed_while_queued_leaks_no_slot(tmp_path: Path) -> None:
         queued.kill()
         queued.wait(timeout=30)
         assert first.wait(timeout=30) == 0
-        t0 = time.monotonic()
         assert subprocess.run([*run_argv(d), "--", "true"], timeout=30).returncode == 0
-        assert time.monotonic() - t0 < 5
         g = d.status()["gpus"][0]  # type: ignore[index]
         assert (g["used"], g["queue"]) == (0, 0), g
     finally:
@@ -208,6 +203,7 @@ def test_daemon_sigkill_at_each_step_then_restart(tmp_path: Path, step: str) -> 
         d.stop()
 
 
+@pytest.mark.slow  # a soak: `make test-quick` leaves it out
 def test_a_short_soak_with_random_kills(tmp_path: Path) -> None:
     """`make stress` in small: 8 tenants, 150 regions, commands SIGKILLed at random (often
     inside a region): every status right, nothing leaked or frozen at the end."""

@@ -7,11 +7,10 @@ import json
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
-from helpers import Daemon, krex_run, run_argv, running
+from helpers import Daemon, krex_run, run_argv, running, until
 
 USE_THE_GPU = "from krex.simgpu import SimGPU; g = SimGPU(); g.launch(1000); g.sync()"
 
@@ -115,10 +114,12 @@ def _pool(d: Daemon) -> dict[str, Any]:
 
 def _settled(d: Daemon, within_s: float = 60.0) -> None:
     """Until both workers are ready, and no slot segment is left (workers have none)."""
-    deadline = time.monotonic() + within_s
-    while (p := _pool(d))["idle"] < 2 or p["slot_segments"] != 0:
-        assert time.monotonic() < deadline, p
-        time.sleep(0.1)
+    until(
+        lambda: (p := _pool(d))["idle"] >= 2 and p["slot_segments"] == 0,
+        within_s,
+        "two idle workers and no slot segment",
+        every_s=0.1,
+    )
 
 
 def test_processes_without_a_slot_in_a_warm_command_do_not_spoil_later_regions(

@@ -23,6 +23,7 @@ import pytest
 from helpers import KREX, Daemon, krex_run, run_argv, running
 
 from krex import wire
+from krex.build import identity
 
 # A command that says it got a SIGINT; bounded, so that a command the signal never reaches
 # fails the test instead of hanging it. (Ctrl-C from a terminal: test_controller.py.)
@@ -113,7 +114,14 @@ class FakeAdmission:
             conn.settimeout(30)
             f = conn.makefile("rwb")
             answers: dict[str, dict[str, Any]] = {
-                "admit": {"tenant": 1, "gpu": 0, "gpus": [0], "env": {}, **self.admit},
+                "admit": {
+                    "tenant": 1,
+                    "gpu": 0,
+                    "gpus": [0],
+                    "env": {},
+                    "build": identity(),
+                    **self.admit,
+                },
                 "started": {"freezer": "signal"},
                 "finished": {"report": {"regions": []}, "worker_status": None},
             }

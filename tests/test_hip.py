@@ -274,10 +274,9 @@ def test_a_killed_hip_tenant_never_holds_a_region_up(node: Node) -> None:
     assert p.stdout is not None and p.stdout.readline().strip() == "hammering"
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
-    t0 = time.monotonic()
     with exclusive(node.seg, 0, owner=1, quiesce_timeout_s=5, drain_timeout_s=5) as hold:
         pass
-    assert hold.clean and time.monotonic() - t0 < 1.0, hold.problems
+    assert hold.clean, hold.problems  # a wait for the dead process would time out unclean
 
 
 @pytest.mark.node(KREX_SIM_CTX_CREATE_MS=1500)

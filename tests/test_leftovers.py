@@ -11,10 +11,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
-from helpers import KREX, SIM_SIBLING, Daemon, krex_run
+from helpers import KREX, SIM_SIBLING, Daemon, krex_run, until
 
 from krex.config import Config
 
@@ -37,12 +37,8 @@ def _files(directory: Path) -> set[str]:
     return {p.name for p in directory.iterdir()} - KEPT
 
 
-def _until(check: object, within_s: float = 30.0) -> None:
-    """Poll `check()` (bounded) until it is true."""
-    deadline = time.monotonic() + within_s
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
+def _until(check: Callable[[], object], within_s: float = 30.0) -> None:
+    until(check, within_s, every_s=0.05)
 
 
 def _daemon(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:

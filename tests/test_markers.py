@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import C_DIR, compile_c, load_script
 from fake_daemon import FakeDaemon
+from helpers import until
 
 import krex
 from krex import autoregions, markers, wire
@@ -187,11 +188,9 @@ def test_an_auto_region_lingers_and_the_next_continues_it(
     with auto:
         pass
     left = time.monotonic()
-    assert inside.wait_for(4, timeout_s=5) == pairs(2)  # the reaper's end
-    assert 0.25 < time.monotonic() - left < 3
-    deadline = time.monotonic() + 5  # the record lands once the reaper has the reply
-    while last_region() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert inside.wait_for(4, timeout_s=30) == pairs(2)  # the reaper's end
+    assert time.monotonic() - left > 0.25  # after the linger
+    until(lambda: last_region() is not None, 30, "the record")  # once the reaper has the reply
     assert (last_region() or {}).get("clean") is True
 
 
@@ -421,7 +420,7 @@ def test_unreachable_daemon_fails_fast_and_clearly(
         region(),
     ):
         pytest.fail("the body ran without a region")
-    assert 0.2 < time.monotonic() - start < 3
+    assert 0.2 < time.monotonic() - start < 4  # the 0.3 s set, not the default 5 s
 
 
 def test_a_daemon_that_comes_up_late_is_waited_for(
@@ -470,7 +469,7 @@ def test_the_wait_for_a_grant_is_bounded(
         start = time.monotonic()
         with pytest.raises(RegionError, match=r"granted no region within 0\.3 s"), region():
             pass
-        assert time.monotonic() - start < 3
+        assert time.monotonic() - start < 20  # not the 30 s grant delay
         assert [op for op, _, _ in d.wait_for(2)] == ["region_begin", "eof"]
 
 
@@ -619,7 +618,7 @@ def test_c_wait_for_a_grant_is_bounded(region_user: Path, tmp_path: Path) -> Non
         start = time.monotonic()
         env = clean_env(**d.env(TENANT), KREX_REGION_WAIT_S="0.3")
         result = run_c(region_user, "once", env)
-        assert time.monotonic() - start < 5
+        assert time.monotonic() - start < 20  # not the 30 s grant delay
         assert [op for op, _, _ in d.wait_for(2)] == ["region_begin", "eof"]
     assert result.stdout == "rc -1 -1\n"
     assert "did not answer within 0.3 s (KREX_REGION_WAIT_S)" in result.stderr

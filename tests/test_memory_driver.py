@@ -15,11 +15,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 
 import pytest
 from conftest import Node
+from helpers import until
 
 from krex.gate import exclusive
 from krex.shm import MEM_KINDS
@@ -106,11 +106,9 @@ def test_a_sibling_that_submitted_nothing_since_its_last_drain_is_not_waited_for
         pass
     assert hold.clean and hold.drained == 0  # nothing since: not asked
     os.kill(w.p.pid, signal.SIGSTOP)  # cannot answer a drain now
-    t0 = time.monotonic()
     with exclusive(node.seg, 0, owner=1, drain_timeout_s=0.5) as hold:
         pass
-    assert hold.clean and hold.drained == 0, hold.problems
-    assert time.monotonic() - t0 < 0.5
+    assert hold.clean and hold.drained == 0, hold.problems  # a drain asked would time out
     os.kill(w.p.pid, signal.SIGCONT)
     assert w.do("g.launch(1000)") == "ok"
     with exclusive(node.seg, 0, owner=1) as hold:
@@ -133,16 +131,11 @@ def test_a_sibling_waiting_for_memory_stalls_no_region(node: Node, workers: list
     assert waiter.p.stdin is not None
     waiter.p.stdin.write("q = g.alloc(32 << 20)\n")  # waits: the holder keeps 48 of 64 MiB
     waiter.p.stdin.flush()
-    deadline = time.monotonic() + 10
-    while not any(s.mem_want for s in node.seg.slots_of(waiter.p.pid)):
-        assert time.monotonic() < deadline, "the waiter never waited"
-        time.sleep(0.02)
+    until(lambda: any(s.mem_want for s in node.seg.slots_of(waiter.p.pid)), 30, "the wait")
     for _ in range(3):
-        t0 = time.monotonic()
         with exclusive(node.seg, 0, owner=1, quiesce_timeout_s=0.5, drain_timeout_s=0.5) as hold:
             pass
-        assert hold.clean, hold.problems
-        assert time.monotonic() - t0 < 0.5
+        assert hold.clean, hold.problems  # a drain asked of the waiter would time out
     assert holder.do("g.free(p)") == "ok"
     for s in node.seg.slots_of(waiter.p.pid):
         node.seg.mem_grant(s.index)
@@ -186,10 +179,9 @@ def test_the_drivers_own_memory_waits_as_an_allocation_does(
     free = holder.do("q = g.alloc(g.mem_info()[0] - (8 << 20))")  # leave 8 of the 16 MiB asked
     assert free == "ok"
     waiter.start(call)
-    deadline = time.monotonic() + 10
-    while not (mine := [s for s in node.seg.slots() if s.tenant == 2 and s.mem_want]):
-        assert time.monotonic() < deadline, f"the {case} call never waited"
-        time.sleep(0.02)
+    mine = until(
+        lambda: [s for s in node.seg.slots() if s.tenant == 2 and s.mem_want], 30, f"{case}'s wait"
+    )
     assert MEM_KINDS[mine[0].mem_kind] == kind and mine[0].in_flight == 0
     with exclusive(node.seg, 0, owner=1, quiesce_timeout_s=0.5, drain_timeout_s=0.5) as hold:
         pass

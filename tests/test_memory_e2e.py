@@ -344,6 +344,7 @@ def assert_nothing_left(d: Daemon, gpus: int = 1) -> None:
         max_size=8,
     )
 )
+@pytest.mark.slow  # a soak: `make test-quick` leaves it out
 def test_random_mixes_never_fail_for_sharing_never_hang_and_leave_nothing(
     memd: Daemon, tmp_path: Path, mix: list[tuple[list[int], str, bool, bool]]
 ) -> None:

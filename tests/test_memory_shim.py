@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from conftest import C_DIR, Node, compile_c
+from helpers import until
 
 from krex.paths import sim_library_dir
 from krex.shm import SlotView
@@ -44,12 +45,8 @@ def _slot(node: Node, index: int) -> SlotView:
     return node.seg.slot(index)
 
 
-def _wait_for(pred: object, within_s: float = 10.0) -> None:
-    assert callable(pred)
-    deadline = time.monotonic() + within_s
-    while not pred():
-        assert time.monotonic() < deadline, "condition never held"
-        time.sleep(0.02)
+def _wait_for(pred: Callable[[], object], within_s: float = 30.0) -> None:
+    until(pred, within_s)
 
 
 class Proc:

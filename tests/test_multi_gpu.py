@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from conftest import Node
-from helpers import BURNER, HOLDER, SIM_SIBLING, Counter, Daemon, run_argv, running
+from helpers import BURNER, HOLDER, SIM_SIBLING, Counter, Daemon, run_argv, running, until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -259,10 +259,7 @@ def test_shut_out_by_any_gate_and_seen_on_every_gpu(node: Node) -> None:
     node.wait_registered(p.pid)
     # A slot that submitted nothing since its last drain is not asked (docs/memory.md): wait
     # for its first launch ("hammering" comes before it).
-    deadline = time.monotonic() + 10
-    while not any(s.intercepted for s in node.seg.slots_of(p.pid)):
-        assert time.monotonic() < deadline, "the sibling never launched"
-        time.sleep(0.01)
+    until(lambda: any(s.intercepted for s in node.seg.slots_of(p.pid)), 30, "a sibling's launch")
     with exclusive(node.seg, 3, owner=9) as hold:
         assert hold.drained == 0
     with exclusive(node.seg, 2, owner=9) as hold:
@@ -338,6 +335,7 @@ def small_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+@pytest.mark.slow  # a soak: `make test-quick` leaves it out
 @given(mix=st.lists(command, min_size=3, max_size=7))
 def test_random_mixes_of_one_and_two_gpu_commands_never_deadlock(
     small_node: Daemon, mix: list[tuple[list[int], int, float, int]]

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench" / "multi_gpu.py"
 
 
@@ -22,6 +24,7 @@ def _part(*args: str) -> None:
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
 
 
+@pytest.mark.slow  # a soak: `make test-quick` leaves it out
 def test_two_gpu_commands_beside_one_gpu_commands_finish_clean(tmp_path: Path) -> None:
     _part("native", "--out", str(tmp_path))
     _part("krex", "--out", str(tmp_path), "--native", str(tmp_path / "native.json"))

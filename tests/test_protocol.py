@@ -140,11 +140,9 @@ def test_a_killed_process_never_stays_in_flight(node: Node) -> None:
     assert slot.in_flight == 1 and slot.alive
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
-    t0 = time.monotonic()
     with exclusive(node.seg, 0, owner=1, quiesce_timeout_s=5) as hold:
         pass
-    assert hold.clean, hold.problems
-    assert time.monotonic() - t0 < 1.0
+    assert hold.clean, hold.problems  # waiting for the dead one's in-flight call: unclean
     (slot,) = node.seg.slots_of(p.pid)  # kept, so that its counters can still be read
     assert not slot.alive
     assert node.seg.reap() == 1
@@ -178,7 +176,7 @@ def test_gate_deadline_lets_blocked_threads_pass(node: Node) -> None:
         timeout=30,
     )
     assert p.returncode == 0
-    assert 0.8 <= time.monotonic() - t0 <= 5
+    assert 0.8 <= time.monotonic() - t0 <= 25  # released at the deadline, not never
     assert "gate held past its deadline" in p.stderr
 
 
@@ -270,13 +268,15 @@ def test_a_drain_that_times_out_names_the_process(node: Node) -> None:
         p.wait(timeout=30)
 
 
-def _until_counted(segs: Segments, pid: int, within_s: float = 10.0) -> None:
+def _until_counted(segs: Segments, pid: int, within_s: float = 30.0) -> None:
     """Wait until pid's slot has counted an intercepted call: "hammering" is printed before
     its first launch, and a process killed at once (a loaded machine) may have made none."""
-    deadline = time.monotonic() + within_s
-    while not any(s.intercepted > 0 for s in segs.gates.slots_of(pid)):
-        assert time.monotonic() < deadline, f"pid {pid} made no intercepted call in {within_s} s"
-        time.sleep(0.01)
+    until(
+        lambda: any(s.intercepted > 0 for s in segs.gates.slots_of(pid)),
+        within_s,
+        f"an intercepted call of pid {pid}",
+        every_s=0.01,
+    )
 
 
 def test_accounting_never_frees_a_slot_it_has_not_read(

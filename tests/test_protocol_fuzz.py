@@ -103,6 +103,7 @@ def assert_healthy(d: Daemon) -> None:
 @settings(
     max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
+@pytest.mark.slow  # a soak: `make test-quick` leaves it out
 @given(msgs=st.lists(messages, min_size=1, max_size=4))
 def test_structured_garbage_gets_errors_and_leaks_nothing(
     daemon: Daemon, msgs: list[dict[str, Any]]
@@ -114,6 +115,7 @@ def test_structured_garbage_gets_errors_and_leaks_nothing(
 @settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
+@pytest.mark.slow  # a soak: `make test-quick` leaves it out
 @given(raw=st.binary(max_size=300))
 def test_raw_bytes_get_errors(daemon: Daemon, raw: bytes) -> None:
     exchange(daemon, [raw + b"\n", raw])

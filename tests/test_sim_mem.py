@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import C_DIR, compile_c
+from helpers import until
 from sim_workers import SimNode, sim_node
 
 GiB = 1 << 30
@@ -158,10 +158,7 @@ def test_zombie_memory_comes_back_at_allocation(node: SimNode) -> None:
     b = node.worker()
     a("g.alloc(15 << 30)")
     os.kill(a.proc.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while Path(f"/proc/{a.proc.pid}/stat").read_text().split(") ")[1][0] != "Z":
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    until(lambda: Path(f"/proc/{a.proc.pid}/stat").read_text().split(") ")[1][0] == "Z", 30)
     assert b("try_alloc(10 << 30)") != "oom"
     a.proc.wait(timeout=30)
 

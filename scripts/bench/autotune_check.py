@@ -717,11 +717,19 @@ temperature to fall back from the siblings' work (the region records' temp_c fel
 within a second of the freeze on the H200)."""
 
 
-def _wait_stopped(pids: list[int], limit_s: float = 1.0) -> None:
+def _wait_stopped(pids: list[int], limit_s: float = 10.0) -> None:
     """Wait, at most limit_s, until every thread of each of pids is stopped (or gone): SIGSTOP
-    is delivered when a thread is next scheduled, not by kill() itself."""
+    is delivered when a thread is next scheduled, not by kill() itself. Past the limit (a
+    machine loaded beyond reason) it says so on stderr: the timing that follows is not one of
+    stopped siblings."""
     end = time.monotonic() + limit_s
-    while not all(_fully_stopped(pid) for pid in pids) and time.monotonic() < end:
+    while not all(_fully_stopped(pid) for pid in pids):
+        if time.monotonic() >= end:
+            late = [pid for pid in pids if not _fully_stopped(pid)]
+            print(
+                f"autotune_check: siblings {late} not stopped after {limit_s:g} s", file=sys.stderr
+            )
+            return
         time.sleep(0.001)
 
 

@@ -108,11 +108,17 @@ if [[ " $PARTS " == *" readme "* ]]; then
     OUT=$OUT bash scripts/gpu/readme_check.sh || rc=1
 fi
 if [[ " $PARTS " == *" security "* ]]; then
-    echo "== regions beside ungated work: dlmopen, no shim, a late foreign process; 8 normal slots"
+    echo "== regions beside ungated work: dlmopen, no shim, a late foreign process, RTLD_DEEPBIND; 8 normal slots"
+    CUDA_LIBS=(-L/usr/local/nvidia/lib64 -L/usr/lib/x86_64-linux-gnu -lcuda -ldl)
     gcc -O2 -o "$BUILD/dlmopen_sibling" scripts/gpu/dlmopen_sibling.c -I"$CUDA_HOME/include" -ldl &&
+        gcc -O2 -shared -fPIC -o "$BUILD/libdeepbind.so" scripts/gpu/deepbind_lib.c \
+            -I"$CUDA_HOME/include" "${CUDA_LIBS[@]}" &&
+        gcc -O2 -o "$BUILD/deepbind_sibling" scripts/gpu/deepbind_sibling.c \
+            -I"$CUDA_HOME/include" "${CUDA_LIBS[@]}" &&
         python3 scripts/gpu/security_check.py --out "$OUT/security" \
             --dlmopen-bin "$BUILD/dlmopen_sibling" --ptx "$BUILD/kernels.ptx" \
-            --cases "${SECURITY_CASES:-normal,dlmopen,noshim,late}" || rc=1
+            --deepbind-bin "$BUILD/deepbind_sibling" --deepbind-lib "$BUILD/libdeepbind.so" \
+            --cases "${SECURITY_CASES:-normal,dlmopen,noshim,late,deepbind,deepbind-nested}" || rc=1
 fi
 if [[ " $PARTS " == *" fidelity "* ]]; then
     echo "== kernels exclusive twice, then under krex beside 7 siblings holding 98 GiB (bw_candidate.py)"

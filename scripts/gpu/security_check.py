@@ -13,9 +13,17 @@ reason, and a normal 8-slot run raises no false flag.
 3. late foreign: an owner region of 3 s; 1 s into it a process outside krex (torch already
    imported) starts matmuls: the region must be unclean, naming the foreign process at the
    region's end.
+4. deepbind, deepbind-nested (issue #49): one sibling (scripts/gpu/deepbind_sibling.c) that takes
+   its slot the ordinary way, then loads scripts/gpu/deepbind_lib.c with RTLD_DEEPBIND and
+   launches through the library's own binding to libcuda.so.1 (nested: through the library's
+   own dlopen of the driver and dlsym on it). Its work must be gated (the sibling's report
+   counts its launches, and the owner's clean regions time within 10 % of the normal case's)
+   or the regions unclean, naming RTLD_DEEPBIND. Outside krex, the sibling is started once to
+   record that it runs on this driver at all.
 
-    python3 scripts/gpu/security_check.py --out DIR --dlmopen-bin BIN --ptx PTX
-    (writes DIR/security_check.json; BIN and PTX as scripts/gpu_check.sh builds them)
+    python3 scripts/gpu/security_check.py --out DIR --dlmopen-bin BIN --ptx PTX \
+        [--deepbind-bin BIN --deepbind-lib LIB] [--cases normal,dlmopen,noshim,late,deepbind]
+    (writes DIR/security_check.json; BIN, LIB and PTX as scripts/gpu_check.sh builds them)
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -84,18 +93,22 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _sibling(tmp: Path, kind: str, dl: list[str]) -> list[str]:
+def _sibling(tmp: Path, kind: str, dl: list[str], deep: list[str]) -> list[str]:
     """A sibling's command; "noshim" starts its GPU process without the shim (its tenant's child
-    with LD_PRELOAD unset: no slot); "dlmopen" is `dl` (the C program and its PTX)."""
+    with LD_PRELOAD unset: no slot); "dlmopen" is `dl` (the C program and its PTX); "deepbind"
+    and "deepbind-nested" are `deep` (the C program, its library and the PTX)."""
     if kind == "dlmopen":
         return dl
+    if kind.startswith("deepbind"):
+        return [*deep, *(["nested"] if kind.endswith("nested") else [])]
     argv = [sys.executable, str(tmp / "sibling.py"), "plain" if kind == "noshim" else kind]
     return ["env", "-u", "LD_PRELOAD", *argv] if kind == "noshim" else argv
 
 
-def _run(sock: Path, *argv: str) -> subprocess.Popen[str]:
+def _run(sock: Path, *argv: str, report: Path | None = None) -> subprocess.Popen[str]:
+    more = ["--report", str(report)] if report is not None else []
     return subprocess.Popen(
-        [*KREX, "run", "--socket", str(sock), "--no-pool", "--", *argv],
+        [*KREX, "run", "--socket", str(sock), "--no-pool", *more, "--", *argv],
         env=_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -129,19 +142,48 @@ def _finish(doc: dict[str, Any], out: Path, wanted: list[str]) -> int:
     dl = doc.get("dlmopen", {}).get("regions", [])
     bare = doc.get("noshim", {}).get("regions", [])
     late = doc.get("late_foreign", {}).get("region", {})
-    verdict = {
-        "normal_all_clean": bool(normal) and all(r["clean"] for r in normal),
-        "dlmopen_all_unclean": bool(dl)
-        and all(not r["clean"] and any("dlmopen" in p for p in r["problems"]) for r in dl),
-        "noshim_all_unclean": bool(bare)
-        and all(
-            not r["clean"] and any("without the krex shim" in p for p in r["problems"])
-            for r in bare
+    verdict = {  # case: (name, verdict)
+        "normal": ("normal_all_clean", bool(normal) and all(r["clean"] for r in normal)),
+        "dlmopen": (
+            "dlmopen_all_unclean",
+            bool(dl)
+            and all(not r["clean"] and any("dlmopen" in p for p in r["problems"]) for r in dl),
         ),
-        "late_foreign_unclean": late.get("clean") is False
-        and any("foreign" in p for p in late.get("problems", [])),
+        "noshim": (
+            "noshim_all_unclean",
+            bool(bare)
+            and all(
+                not r["clean"] and any("without the krex shim" in p for p in r["problems"])
+                for r in bare
+            ),
+        ),
+        "late": (
+            "late_foreign_unclean",
+            late.get("clean") is False and any("foreign" in p for p in late.get("problems", [])),
+        ),
     }
-    doc["verdict"] = {k: v for k, v in verdict.items() if k.split("_")[0] in wanted}
+    # A deep-bound library's work is gated (the sibling's launches counted by the shim, and the
+    # owner's clean regions time what the normal case's do) or its regions say RTLD_DEEPBIND.
+    base = _median([r["ms"] for r in normal if r["clean"]])
+    for case in ("deepbind", "deepbind-nested"):
+        got = doc.get(case, {})
+        regions = got.get("regions", [])
+        got["ms_median"] = _median([r["ms"] for r in regions])
+        verdict[case] = (
+            case.replace("-", "_") + "_gated_or_unclean",
+            bool(regions)
+            and all(
+                (not r["clean"] and any("RTLD_DEEPBIND" in p for p in r["problems"]))
+                or (
+                    r["clean"]
+                    and got.get("sibling_intercepted", 0) > 0
+                    and base is not None
+                    and r["ms"] <= 1.10 * base
+                )
+                for r in regions
+            ),
+        )
+    doc["verdict"] = dict(v for case, v in verdict.items() if case in wanted)
     (out / "security_check.json").write_text(json.dumps(doc, indent=1))
     print(json.dumps(doc["verdict"]))
     return 0 if all(doc["verdict"].values()) else 1
@@ -152,10 +194,18 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--dlmopen-bin", required=True)
     ap.add_argument("--ptx", required=True)
+    ap.add_argument("--deepbind-bin", help="scripts/gpu/deepbind_sibling.c, built")
+    ap.add_argument("--deepbind-lib", help="scripts/gpu/deepbind_lib.c, built")
     ap.add_argument("--cases", default="normal,dlmopen,noshim,late", help="which, in this order")
     args = ap.parse_args()
     wanted = args.cases.split(",")
     dl = [str(Path(args.dlmopen_bin).resolve()), str(Path(args.ptx).resolve())]
+    deep = [str(Path(a).resolve()) for a in (args.deepbind_bin or "", args.deepbind_lib or "")]
+    deep.append(dl[1])
+    if any(c.startswith("deepbind") for c in wanted) and not (
+        args.deepbind_bin and args.deepbind_lib
+    ):
+        ap.error("the deepbind cases need --deepbind-bin and --deepbind-lib")
     args.out.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     with tempfile.TemporaryDirectory(prefix="krex-sec-") as d:
@@ -168,6 +218,8 @@ def main() -> int:
             "c": _native(dl),
             "python_after_torch": _native([sys.executable, str(tmp / "sibling.py"), "dlmopen"]),
         }
+        if "deepbind" in wanted:  # and does the deep-bound sibling run at all, outside krex?
+            doc["deepbind_native"] = _native(deep)
         print("dlmopen outside krex:", json.dumps(doc["dlmopen_native"]), flush=True)
         sock = tmp / "krex.sock"
         log = open(args.out / "daemon.log", "wb")  # noqa: SIM115
@@ -182,9 +234,17 @@ def main() -> int:
                                   capture_output=True).returncode == 0:  # fmt: skip
                     break
                 time.sleep(0.1)
-            cases = (("normal", ["plain"] * 7), ("dlmopen", ["dlmopen"]), ("noshim", ["noshim"]))
+            cases = (
+                ("normal", ["plain"] * 7), ("dlmopen", ["dlmopen"]), ("noshim", ["noshim"]),
+                ("deepbind", ["deepbind"]), ("deepbind-nested", ["deepbind-nested"]),
+            )  # fmt: skip
             for case, kinds in [c for c in cases if c[0] in wanted]:
-                sibs = [_run(sock, *_sibling(tmp, k, dl)) for k in kinds]
+                deep_case = case.startswith("deepbind")
+                rep = args.out / f"{case}-sibling.json"
+                sibs = [
+                    _run(sock, *_sibling(tmp, k, dl, deep), report=rep if deep_case else None)
+                    for k in kinds
+                ]
                 failed = not_ready(sibs)
                 if failed:  # a sibling that cannot start (e.g. this driver refuses dlmopen)
                     for s in sibs:
@@ -196,10 +256,16 @@ def main() -> int:
                 owner = _run(sock, sys.executable, str(tmp / "owner.py"), "20")
                 out, err = owner.communicate(timeout=300)
                 for s in sibs:
+                    if deep_case:  # krex run forwards it and writes the sibling's report
+                        s.terminate()
+                        s.wait(timeout=60)
                     s.kill()
                     s.wait()
                 regions = json.loads(out.strip().splitlines()[-1]) if owner.returncode == 0 else []
                 doc[case] = {"rc": owner.returncode, "regions": regions, "stderr": err[-1500:]}
+                if deep_case and rep.exists():
+                    sib_rep = json.loads(rep.read_text())
+                    doc[case]["sibling_intercepted"] = sib_rep.get("intercepted") or 0
                 unclean = sum(not r["clean"] for r in regions)
                 print(f"{case}: {len(regions)} regions, {unclean} unclean", flush=True)
             if "late" not in wanted:
@@ -228,6 +294,10 @@ def main() -> int:
             daemon.wait(timeout=60)
             log.close()
     return _finish(doc, args.out, wanted)
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -76,6 +77,18 @@ def _group_roots() -> set[str]:
 
 
 _ROOTS_BEFORE = pytest.StashKey[set[str]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The tests start commands that a Ctrl-C, a `kill -INT` or a hang-up must reach. A pytest
+    started where those are ignored (a script's `cmd &` ignores SIGINT and SIGQUIT, nohup
+    SIGHUP) or blocked would hand that on to every command (krex keeps a caller's ignored
+    signals, as natively): those tests would test their caller (seen: 7 failures of a CI run
+    started in the background). The defaults, in every process of the session."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGQUIT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
 
 def _controller(config: pytest.Config) -> bool:

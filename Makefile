@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.krex-installed
 BUILD_INPUTS := pyproject.toml setup.py krex/_native_build.py $(shell find shim -type f 2>/dev/null)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv build test test-quick lint fix demo gpu-check gpu-bench bench-overhead stress clean
+.PHONY: help venv build test test-quick lint fix demo gpu-check gpu-bench bench-overhead stress hostile-soak clean
 
 help:
 	@echo "make targets:"
@@ -26,6 +26,8 @@ help:
 	@echo "  gpu-bench  krex bench run --profile quick on a real GPU (scripts/gpu_check.sh, PARTS=bench)"
 	@echo "  bench-overhead  ns the shim adds per intercepted call (against a null driver)"
 	@echo "  stress     soak (32 tenants, 1,000 regions, random kills) and load (64 clients, 10,000 regions)"
+	@echo "  hostile-soak  48 clients, 8 slots, random SIGKILLs of clients, owners and the daemon"
+	@echo "             (HOSTILE_S=600 seconds, results in HOSTILE_OUT)"
 	@echo "  clean      remove .venv, build outputs and caches"
 
 $(BIN)/python:
@@ -75,6 +77,12 @@ gpu-bench:
 stress: venv
 	$(BIN)/python scripts/stress.py soak --tenants 32 --regions 1000 --json docs/results/dev-machine/soak.json
 	$(BIN)/python scripts/stress.py load --clients 64 --slots 8 --regions 10000 --json docs/results/dev-machine/load.json
+
+# Issue #50: commands lost, siblings blocked or frozen after a daemon death, daemon RSS.
+HOSTILE_S   ?= 600
+HOSTILE_OUT ?= docs/results/dev-machine/hostile-soak
+hostile-soak: venv
+	$(BIN)/python scripts/bench/hostile_soak.py --duration-s $(HOSTILE_S) --out $(HOSTILE_OUT)
 
 bench-overhead: venv
 	$(BIN)/python scripts/bench/shim_overhead.py

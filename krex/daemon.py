@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from krex import __version__, wire
+from krex import __version__, liveness, wire
 from krex.build import identity, mismatch
 from krex.config import MAX_SETTLE_S, Config, ConfigError, parse_size
 from krex.errors import KrexError, ProtocolError
@@ -121,6 +121,7 @@ class Daemon:
             segments: Segments | None = getattr(self, "segments", None)
             if segments is not None:
                 segments.abandon()
+            self._drop_alive()
             self.release_lock()
             raise
 
@@ -138,6 +139,9 @@ class Daemon:
         self.gpus = [Gpu(index=i, slots=cfg.slots, slice=slices[i]) for i in range(n)]
         self.tenants: dict[int, Tenant] = {}
         self.segments = Segments(cfg.segment_name(), n, cfg.slots, self.root)
+        # Held until we end (or die): blocked tenants and watching clients tell a dead daemon
+        # by it (krex/liveness.py). Before any gate of ours closes.
+        self._alive_fd: int | None = liveness.hold(self.segments.gates)
         self.nvml = None if cfg.sim or self.vendor == "amd" else Nvml.open()
         self.metrics = Metrics(n)
         self.machinery = NodeMachinery(cfg, self.gpus, self.segments, self.nvml)
@@ -335,7 +339,15 @@ class Daemon:
             # segments by name): the last `krex run` to end removes them (krex/leftovers.py),
             # or the next daemon takes them over.
             log.info("segment(s) %s stay while processes use them", ", ".join(kept))
+        self._drop_alive()
         self.release_lock()
+
+    def _drop_alive(self) -> None:
+        """Release the liveness lock (every gate of ours is open, or none ever closed)."""
+        fd: int | None = getattr(self, "_alive_fd", None)
+        if fd is not None:
+            os.close(fd)
+            self._alive_fd = None
 
     def release_lock(self) -> None:
         """Remove the pid file and release the lock (the daemon is ending)."""

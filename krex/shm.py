@@ -339,6 +339,15 @@ class Segment:
             return None
         return _view(index, v)
 
+    def set_controller(self, pid: int) -> None:
+        """Declare the controller that holds the segment's liveness lock (krex/liveness.py)."""
+        lib.krex_seg_set_controller(self._seg, pid)
+
+    @property
+    def controller_pid(self) -> int:
+        """The controller that declared itself (layout 2.1; 0: none ever did)."""
+        return int(lib.krex_seg_controller(self._seg))
+
     @property
     def overflow_pids(self) -> list[int]:
         """Pids of the first processes that found no free slot (layout 1.3)."""

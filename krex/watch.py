@@ -2,11 +2,14 @@
 
 While `krex run`'s command runs, its connection to the daemon stays open. When the daemon dies,
 the connection ends (EOF) at once, and whatever the daemon had frozen (the siblings of the
-region it held, idle pool workers) stays frozen until someone thaws it. Every client therefore
-watches its connection: at EOF, unless another daemon already answers at the socket (a
-restarted one recovers on its own), it thaws every group under the daemon's root
-(`tenants.recover`), its own included. Any client that notices first does it; the others find
-nothing left frozen.
+region it held, idle pool workers) stays frozen until someone thaws it, and the gate it had
+closed stays closed. Every client therefore watches its connection: at EOF, unless another
+daemon already answers at the socket (a restarted one recovers on its own), it reopens the
+gates the daemon left closed (`liveness.reopen_orphaned`: only when no daemon holds the
+segment's liveness lock) and thaws every group under the daemon's root (`tenants.recover`), its
+own included. Any client that notices first does it; the others find nothing left to do. Should
+the clients die with the daemon, the shim's own look at the liveness lock lets blocked threads
+pass (docs/shim.md, "A dead controller"); what stays frozen then waits for the next daemon.
 """
 
 from __future__ import annotations
@@ -17,14 +20,17 @@ import select
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 
 from krex import wire
 from krex.errors import ProtocolError
+from krex.liveness import Claimed, orphaned, reopen
 from krex.tenants import TenantsError, recover
 
 _POLL_S = 0.2
 _ANSWER_S = 2.0  # for a successor's hello
+_CLAIMED_S = 10.0  # for a dying daemon's liveness lock to go (krex/liveness.py)
 
 
 class DaemonWatch:
@@ -37,6 +43,7 @@ class DaemonWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="krex-daemon-watch", daemon=True)
         self.thawed: int | None = None  # set when it acted
+        self.reopened = 0  # gates it found closed and opened
 
     def start(self) -> DaemonWatch:
         self._thread.start()
@@ -70,22 +77,41 @@ class DaemonWatch:
     def _daemon_gone(self) -> None:
         if _answers(self.path):
             return  # a successor: it reopens the gates and thaws on its own
+        # The liveness lock held: our daemon still dying (the kernel closes its files one by
+        # one, our connection's may go first), or stopping (it opens and thaws all itself), or
+        # a successor (it reopened and thawed as it started, and answers soon).
+        claimed_until = time.monotonic() + _CLAIMED_S
         try:
-            self.thawed = recover(self.root)
+            while True:
+                try:
+                    with orphaned(self.root) as seg:
+                        if seg is not None:
+                            self.reopened = reopen(seg)
+                        self.thawed = recover(self.root)
+                    break
+                except Claimed:
+                    if time.monotonic() >= claimed_until:
+                        return  # a live controller keeps it: a successor, nothing of ours
+                    self._stop.wait(_POLL_S / 4)
+                    if os.path.exists(self.path) and _answers(self.path):
+                        return
         except TenantsError as e:
             print(f"krex run: the krex daemon died, and thawing failed: {e}", file=sys.stderr)
             return
-        if not os.path.exists(self.path) and not self.thawed:
+        if not os.path.exists(self.path) and not self.thawed and not self.reopened:
             # A daemon that stops removes its socket, having thawed and opened all itself.
-            print(
-                f"krex run: the krex daemon at {self.path} stopped (the command goes on, "
-                "unprotected)",
-                file=sys.stderr,
-            )
+            self._stopped()
             return
+        gates = f"reopened {self.reopened} gate(s) and " if self.reopened else ""
         print(
-            f"krex run: the krex daemon at {self.path} died; thawed the {self.thawed} group(s) "
-            "it had frozen (the command goes on, unprotected)",
+            f"krex run: the krex daemon at {self.path} died; {gates}thawed the {self.thawed} "
+            "group(s) it had frozen (the command goes on, unprotected)",
+            file=sys.stderr,
+        )
+
+    def _stopped(self) -> None:
+        print(
+            f"krex run: the krex daemon at {self.path} stopped (the command goes on, unprotected)",
             file=sys.stderr,
         )
 

@@ -108,6 +108,16 @@ uint64_t krex_gate_word(const struct krex_segment *seg, uint32_t gpu)
     return KREX_LOAD(&seg->gates[gpu].word);
 }
 
+void krex_seg_set_controller(struct krex_segment *seg, uint32_t pid)
+{
+    KREX_STORE(&seg->header.controller_pid, pid);
+}
+
+uint32_t krex_seg_controller(const struct krex_segment *seg)
+{
+    return KREX_LOAD(&seg->header.controller_pid);
+}
+
 int krex_quiesce(struct krex_segment *seg, uint32_t gpu, uint32_t owner, uint64_t timeout_ns,
                  uint32_t *busy)
 {

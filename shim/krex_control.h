@@ -29,6 +29,10 @@ int64_t krex_gate_close(struct krex_segment *seg, uint32_t gpu, uint32_t owner,
 int krex_gate_open(struct krex_segment *seg, uint32_t gpu);
 /* The gate word, read with a sequentially consistent load. */
 uint64_t krex_gate_word(const struct krex_segment *seg, uint32_t gpu);
+/* The controller that holds the segment's liveness lock (layout 2.1): written by a controller
+ * once it holds the lock, before it closes any gate; read by anyone (0: none declared). */
+void krex_seg_set_controller(struct krex_segment *seg, uint32_t pid);
+uint32_t krex_seg_controller(const struct krex_segment *seg);
 
 /* Step 2: wait until no live sibling slot on `gpu` (tenant != owner) is in flight.
  * Slots of dead processes (pid gone, or start time changed) are not waited for; they stay

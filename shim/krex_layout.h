@@ -12,6 +12,9 @@
  * 1.2: krex_slot's device-memory fields (mem_*), carved out of cache line 1 (docs/memory.md).
  * 2.0: krex_slot grows a cache line (drained_calls, the kind of a memory wait, waits per kind);
  *      mem_release becomes mem_deny (deadlocks are broken by preemption, docs/memory.md).
+ * 2.1: krex_header.controller_pid: a controller holds the segment's liveness lock (below), so
+ *      threads blocked at a closed gate pass once no one holds it (docs/shim.md, "A dead
+ *      controller").
  * Any change of a size or offset bumps KREX_LAYOUT_MAJOR; fields carved out of reserved space
  * bump KREX_LAYOUT_MINOR.
  */
@@ -22,7 +25,7 @@
 
 #define KREX_SHM_MAGIC 0x5845524BU /* "KREX" read as little-endian bytes */
 #define KREX_LAYOUT_MAJOR 2U
-#define KREX_LAYOUT_MINOR 0U
+#define KREX_LAYOUT_MINOR 1U
 #define KREX_MAX_GPUS 16U
 #define KREX_MAX_SLOTS 4096U
 #define KREX_CACHELINE 64U
@@ -63,6 +66,14 @@
 
 #define KREX_OVERFLOW_PIDS 8
 
+/* The controller's liveness lock (2.1): an open-file-description read lock (F_OFD_SETLK,
+ * F_RDLCK) on these bytes of the segment's file, held for the controller's life; the kernel
+ * drops it when the controller dies, however it dies. Anyone may ask without taking anything
+ * (F_OFD_GETLK for F_WRLCK: F_UNLCK = no controller); whoever would reopen a dead controller's
+ * gates holds a write lock on them meanwhile, which no live controller's read lock allows. */
+#define KREX_LIVENESS_LOCK_START 0
+#define KREX_LIVENESS_LOCK_LEN 1
+
 struct krex_header {
     uint32_t magic;        /* KREX_SHM_MAGIC */
     uint16_t major;        /* KREX_LAYOUT_MAJOR */
@@ -79,7 +90,11 @@ struct krex_header {
     uint32_t overflow;     /* processes that found no free slot (their regions are unclean) */
     uint32_t overflow_pids[KREX_OVERFLOW_PIDS]; /* 1.3: the first of them, so that the count
                                                    ends when they do (0: an unused entry) */
-    uint64_t reserved[5];
+    uint32_t controller_pid; /* 2.1: the controller that holds the liveness lock, as it wrote
+                                at its start (0: none ever did; blocked threads then wait for
+                                the gate or its deadline only) */
+    uint32_t reserved0;
+    uint64_t reserved[4];
 };
 
 struct krex_gate {

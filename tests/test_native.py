@@ -33,7 +33,8 @@ LAYOUT = {
             "creator_pid": 48,
             "overflow": 52,
             "overflow_pids": 56,
-            "reserved": 88,
+            "controller_pid": 88,
+            "reserved": 96,
         },
     ),
     "struct krex_gate": (

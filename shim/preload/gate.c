@@ -33,6 +33,14 @@ static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
  * controllers) both are the one segment, mapped read-write. */
 static struct krex_segment *seg;
 static struct krex_segment *slots_seg;
+/* The gates' file as mapped (its name, device and inode): where its controller's liveness lock
+ * is looked for while a gate keeps a thread out (a dead controller, below). */
+static char gates_name[256];
+static dev_t gates_dev;
+static ino_t gates_ino;
+/* Per gate: the word of a closed gate whose controller was found dead; while the gate still
+ * holds that word, our threads pass it at once (a successor's close has another epoch). */
+static uint64_t dead_word[KREX_MAX_GPUS];
 static int atfork_done;
 /* Where a process that found no free slot keeps its counts: it is still gated, but the
  * controller cannot see it in flight, so the segment's overflow count marks regions unclean. */
@@ -92,8 +100,9 @@ static int parse_gpus(const char *text, uint32_t n_gpus, uint32_t *mask, uint32_
     return *mask ? 0 : -1;
 }
 
-/* Map and check a segment; NULL (with one warning) if it cannot be used. */
-static struct krex_segment *map_segment(const char *name, int writable)
+/* Map and check a segment; NULL (with one warning) if it cannot be used. With `id`, the
+ * file's device and inode are stored there. */
+static struct krex_segment *map_segment(const char *name, int writable, struct stat *id)
 {
     int fd = shm_open(name, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC, 0);
     if (fd < 0) {
@@ -111,6 +120,8 @@ static struct krex_segment *map_segment(const char *name, int writable)
     void *base = mmap(NULL, (size_t)st.st_size, writable ? PROT_READ | PROT_WRITE : PROT_READ,
                       MAP_SHARED, fd, 0);
     close(fd);
+    if (id)
+        *id = st;
     if (base == MAP_FAILED) {
         krex_warn("cannot map shared segment %s (%s): running without KREX", name,
                   strerror(errno));
@@ -144,7 +155,8 @@ static int attach(void)
     }
     const char *slots_name = getenv("KREX_SLOTS");
     int own_slots = slots_name && *slots_name;
-    struct krex_segment *gates = map_segment(name, !own_slots);
+    struct stat gates_id;
+    struct krex_segment *gates = map_segment(name, !own_slots, &gates_id);
     if (!gates)
         return -1;
     const char *g = getenv("KREX_GPU");
@@ -160,13 +172,18 @@ static int attach(void)
         munmap(gates, (size_t)gates->header.total_size);
         return -1;
     }
-    struct krex_segment *slots = own_slots ? map_segment(slots_name, 1) : gates;
+    struct krex_segment *slots = own_slots ? map_segment(slots_name, 1, NULL) : gates;
     if (!slots) {
         munmap(gates, (size_t)gates->header.total_size);
         return -1;
     }
     seg = gates;
     slots_seg = slots;
+    if (strlen(name) < sizeof gates_name) {
+        strcpy(gates_name, name);
+        gates_dev = gates_id.st_dev;
+        gates_ino = gates_id.st_ino;
+    }
     krex_my_tenant = tenant;
     krex_my_gate = &seg->gates[gpu];
     /* The first gate, then the others in GPU order (mask == 1 << gpu for one GPU). */
@@ -309,9 +326,38 @@ static struct krex_gate *closed_gate(const struct krex_slot *s)
     return NULL;
 }
 
+/* Whether the controller that closed our gates is gone: one declared itself (layout 2.1), and
+ * no one holds the liveness lock on the file we mapped (asked without taking anything, so a
+ * successor starting meanwhile is never in the way). Anything we cannot tell (the name removed
+ * or now another file's: a live controller may still use ours) is "not gone": the gate's
+ * deadline remains. */
+static int controller_gone(void)
+{
+    if (!KREX_LOAD(&seg->header.controller_pid) || !gates_name[0])
+        return 0;
+    int fd = shm_open(gates_name, O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0)
+        return 0;
+    struct stat st;
+    int gone = 0;
+    if (fstat(fd, &st) == 0 && st.st_dev == gates_dev && st.st_ino == gates_ino) {
+        struct flock fl = {.l_type = F_WRLCK,
+                           .l_whence = SEEK_SET,
+                           .l_start = KREX_LIVENESS_LOCK_START,
+                           .l_len = KREX_LIVENESS_LOCK_LEN};
+        gone = fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type == F_UNLCK;
+    }
+    close(fd);
+    return gone;
+}
+
 void krex_gate_block(struct krex_slot *s)
 {
     KREX_COUNT(&s->blocked);
+    /* A blocked thread looks for its controller's liveness lock this often: a controller
+     * SIGKILLed mid-region costs its siblings at most this, not the gate's deadline. */
+    const uint64_t poll_ns = KREX_CONTROLLER_POLL_NS;
+    uint64_t next_look = krex_now_ns() + poll_ns;
     for (;;) {
         /* Withdraw the announcement, and let a waiting controller see 0. */
         if (KREX_SUB(&s->in_flight, 1) == 0)
@@ -322,12 +368,18 @@ void krex_gate_block(struct krex_slot *s)
             if (!g)
                 break;
             uint32_t seq = KREX_LOAD(&g->wake);
-            if (!krex_closed_to(s, KREX_LOAD(&g->word)))
+            uint64_t word = KREX_LOAD(&g->word);
+            if (!krex_closed_to(s, word))
                 continue;
+            size_t gi = (size_t)(g - seg->gates);
+            if (word == __atomic_load_n(&dead_word[gi], __ATOMIC_RELAXED)) {
+                KREX_ADD(&s->in_flight, 1); /* closed by a controller found dead: pass */
+                return;
+            }
             uint64_t timeout = UINT64_MAX;
             uint64_t deadline = KREX_LOAD(&g->deadline_ns);
+            uint64_t now = krex_now_ns();
             if (deadline) {
-                uint64_t now = krex_now_ns();
                 if (now >= deadline) {
                     static int warned;
                     if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
@@ -336,6 +388,23 @@ void krex_gate_block(struct krex_slot *s)
                     return;
                 }
                 timeout = deadline - now;
+            }
+            if (KREX_LOAD(&seg->header.controller_pid)) {
+                if (now >= next_look) {
+                    next_look = now + poll_ns;
+                    if (controller_gone() && KREX_LOAD(&g->word) == word) {
+                        __atomic_store_n(&dead_word[gi], word, __ATOMIC_RELAXED);
+                        static int told;
+                        if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+                            krex_warn("the controller that closed the gate (pid %u) is gone: "
+                                      "passing",
+                                      KREX_LOAD(&seg->header.controller_pid));
+                        KREX_ADD(&s->in_flight, 1);
+                        return;
+                    }
+                }
+                if (next_look - now < timeout)
+                    timeout = next_look - now;
             }
             krex_futex_wait(&g->wake, seq, timeout);
         }

@@ -107,6 +107,9 @@ KREX_HIDDEN extern uint32_t krex_n_gates;
 KREX_HIDDEN extern uint32_t krex_my_tenant;
 KREX_HIDDEN struct krex_slot *krex_register(void); /* NULL: pass everything through */
 KREX_HIDDEN void krex_gate_block(struct krex_slot *s);
+/* How often a thread blocked at a closed gate looks whether the controller that closed it is
+ * still there (its liveness lock, shim/krex_layout.h): gate.c. */
+#define KREX_CONTROLLER_POLL_NS 200000000ULL
 KREX_HIDDEN void krex_note_unmatched(void);
 
 /* Whether the gate word shuts out slot s. The tenant is read from the slot, not cached: the

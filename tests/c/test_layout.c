@@ -46,7 +46,8 @@ int main(void)
     AT(krex_header, creator_pid, 48);
     AT(krex_header, overflow, 52);
     AT(krex_header, overflow_pids, 56);
-    AT(krex_header, reserved, 88);
+    AT(krex_header, controller_pid, 88);
+    AT(krex_header, reserved, 96);
 
     SIZE(krex_gate, 64);
     AT(krex_gate, word, 0);

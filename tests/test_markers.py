@@ -524,12 +524,15 @@ def test_krex_region_reports_a_signal_as_128_plus_n(daemon: FakeDaemon) -> None:
     assert daemon.ops() == ["region_begin", "region_end"]
 
 
-def test_krex_region_of_a_missing_command_is_127_and_one_line(daemon: FakeDaemon) -> None:
+def test_krex_region_of_a_missing_command_is_127_and_one_line(
+    daemon: FakeDaemon, tmp_path: Path
+) -> None:
     """A command that cannot start: exit 127, one line on stderr, and no region taken."""
-    result = krex_region("/nonexistent", "--flag", env=clean_env(**daemon.env(TENANT)))
+    missing = tmp_path / "missing"  # not a name the machine might have (a /nonexistent did)
+    result = krex_region(str(missing), "--flag", env=clean_env(**daemon.env(TENANT)))
     assert result.returncode == 127
     assert result.stderr.splitlines() == [
-        "krex region: cannot run /nonexistent: no such file or directory"
+        f"krex region: cannot run {missing}: no such file or directory"
     ]
     assert daemon.connections == 0
 

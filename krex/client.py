@@ -304,10 +304,11 @@ def _warm(
     state: ProcState,
     reports: socket.socket,
 ) -> WarmEnd:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(30)
     try:
-        sock.connect(lease["socket"])
+        sock = _connect(Path(lease["socket"]), 30)
+    except OSError as e:
+        raise WarmRefused(f"the warm worker could not take the command: {e}") from e
+    try:
         check_daemon(sock, Path(lease["socket"]))  # the command's env and stdio go there
         job = {
             "token": lease["token"],

@@ -750,7 +750,7 @@ class Daemon:
             if op == "started":
                 await self._tenant_started(t, msg, conn)
             elif op == "lease":
-                await conn.send({"ok": True, **await self.pool.lease(t)})
+                await conn.send({"ok": True, **await self.pool.lease(t, conn.peer.pid)})
             elif op == "finished":
                 await self._tenant_finished(t, msg, conn)
                 return
@@ -975,7 +975,7 @@ class Daemon:
                 {
                     "tenant": t.id,
                     "gpus": t.gpus,
-                    "argv": t.argv[:8],
+                    "argv": [a[:1024] for a in t.argv[:8]],  # a long argv stays in its report
                     "pids": t.pids,
                     "age_s": now - t.t_admit,
                     "regions": len(t.regions),

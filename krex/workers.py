@@ -167,8 +167,9 @@ class Pool:
         if waiter is not None and not waiter.done():
             waiter.set_result(status)
 
-    async def lease(self, t: Tenant) -> dict[str, Any]:
-        """A server to fork tenant t's command, with a one-time token; or why there is none."""
+    async def lease(self, t: Tenant, client: int) -> dict[str, Any]:
+        """A server to fork tenant t's command for process `client` (its krex run), with a
+        one-time token; or why there is none."""
         g = self.d.gpus[t.gpu]
         ready = [w for w in g.pool if w.state == "idle" and w.writer is not None]
         if not ready or t.worker is not None:
@@ -178,7 +179,7 @@ class Pool:
         token = secrets.token_hex(16)
         try:
             assert w.writer is not None
-            w.writer.write(wire.encode({"op": "job", "token": token}))
+            w.writer.write(wire.encode({"op": "job", "token": token, "client": client}))
             await w.writer.drain()
         except (ConnectionError, OSError) as e:
             log.warning("pool worker %d could not take tenant %d: %s", w.id, t.id, e)

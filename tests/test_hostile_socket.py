@@ -7,6 +7,7 @@ supervised."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -342,3 +343,76 @@ def test_past_the_connection_cap_a_client_is_refused_with_one_line(tmp_path: Pat
         d.stop()
     log = d.log.read_text()
     assert "Traceback" not in log and "out of system resource" not in log, log[-3000:]
+
+
+# Long argv, JSON the parser cannot take, a fork server's socket flooded.
+SHOW_HASH = (
+    "import hashlib, os, sys; "
+    "print(hashlib.sha256(b'\\0'.join(map(os.fsencode, sys.argv[1:]))).hexdigest())"
+)
+
+
+def test_an_argv_as_long_as_the_os_allows_runs(daemon: Daemon) -> None:
+    """1.2 MB of arguments (over the 64 KiB of a request line; natively up to ARG_MAX), one
+    of them not UTF-8: the command gets them all, byte for byte."""
+    args = [bytes([97 + i]) * 100_000 for i in range(12)] + [b"caf\xe9"]
+    want = hashlib.sha256(b"\0".join(args)).hexdigest()
+    p = krex_run(daemon, sys.executable, "-c", SHOW_HASH, *map(os.fsdecode, args),
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err[-2000:]
+    assert out.strip() == want
+    assert_free(daemon)
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [(b"[" * 30_000 + b"]" * 30_000, "message nests arrays or objects too deeply"),
+     (b'{"a":' * 10_000 + b"1" + b"}" * 10_000, "message nests arrays or objects too deeply"),
+     (b"9" * 5_000, "message has a number with too many digits")],
+)  # fmt: skip
+def test_json_the_parser_cannot_take_is_one_protocol_error(
+    daemon: Daemon, value: bytes, why: str
+) -> None:
+    with Raw(daemon, b'{"v":1,"op":"hello","x":' + value + b"}\n") as conn:
+        assert conn.reply() == {"ok": False, "error": why}
+    assert_free(daemon)
+
+
+def test_a_request_other_than_admit_is_still_one_line_of_64_kib(daemon: Daemon) -> None:
+    big = wire.encode({"op": "status", "x": "a" * wire.MAX_LINE})
+    with Raw(daemon, big) as conn:
+        assert conn.reply() == {"ok": False, "error": f"request longer than {wire.MAX_LINE} bytes"}
+    assert_free(daemon)
+
+
+def test_a_flooded_fork_server_runs_the_next_command_warm_and_quietly(
+    pool: Daemon, tmp_path: Path
+) -> None:
+    """Connections to a warm worker's socket from a process with no job (idle, or sending
+    junk) are closed unread: the next warm command runs warm, nothing is written on its
+    stderr, and the worker says so in a line or two, not one per connection."""
+    listen = next(pool.socket.parent.glob(pool.socket.name + ".w*"))
+    junk = []
+    for i in range(200):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.setblocking(False)
+        try:
+            s.connect(str(listen))
+            if i % 2:
+                s.send(b"\x00\x00\x00\x10not a frame at all")
+        except (BlockingIOError, BrokenPipeError, ConnectionResetError):
+            pass
+        junk.append(s)
+    try:
+        report = tmp_path / "r.json"
+        p = krex_run(pool, sys.executable, "-c", "print('warm')", report=report,
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        out, err = p.communicate(timeout=120)
+    finally:
+        for s in junk:
+            s.close()
+    assert (p.returncode, out, err) == (0, "warm\n", "")
+    assert json.loads(report.read_text())["pool"] == "warm"
+    refused = [x for x in pool.log.read_text().splitlines() if "refused a client" in x]
+    assert 1 <= len(refused) <= 3, refused

@@ -49,13 +49,11 @@ def decode(line: bytes, *, request: bool = True, limit: int | None = MAX_LINE) -
     if limit is not None and len(line) > limit:
         raise ProtocolError(f"message longer than {limit} bytes")
     try:
-        msg = json.loads(line)
+        msg = json.loads(line, parse_int=_int)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ProtocolError("message is not one JSON object per line") from e
     except RecursionError:
         raise ProtocolError("message nests arrays or objects too deeply") from None
-    except ValueError:  # an integer past sys.get_int_max_str_digits() digits
-        raise ProtocolError("message has a number with too many digits") from None
     if not isinstance(msg, dict):
         raise ProtocolError("message is not a JSON object")
     if request:
@@ -63,6 +61,18 @@ def decode(line: bytes, *, request: bool = True, limit: int | None = MAX_LINE) -
         if not is_int(v) or v != VERSION:
             raise ProtocolError(f"protocol version {v!r} is not supported (want {VERSION})")
     return msg
+
+
+MAX_INT = 2**63  # an integer in a message is less than this in magnitude (64 bits, signed)
+
+
+def _int(digits: str) -> int:
+    """A JSON integer, within MAX_INT (a larger one, a count of bytes or a time-out past any
+    real one, would only overflow the floats it is compared with and printed as)."""
+    value = int(digits) if len(digits) <= 20 else MAX_INT
+    if abs(value) >= MAX_INT:
+        raise ProtocolError("message has an integer beyond 64 bits")
+    return value
 
 
 def arg_bytes(arg: str) -> bytes:

@@ -369,7 +369,8 @@ def test_an_argv_as_long_as_the_os_allows_runs(daemon: Daemon) -> None:
     ("value", "why"),
     [(b"[" * 30_000 + b"]" * 30_000, "message nests arrays or objects too deeply"),
      (b'{"a":' * 10_000 + b"1" + b"}" * 10_000, "message nests arrays or objects too deeply"),
-     (b"9" * 5_000, "message has a number with too many digits")],
+     (b"9" * 5_000, "message has an integer beyond 64 bits"),
+     (b"-" + b"9" * 19, "message has an integer beyond 64 bits")],
 )  # fmt: skip
 def test_json_the_parser_cannot_take_is_one_protocol_error(
     daemon: Daemon, value: bytes, why: str

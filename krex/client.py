@@ -67,9 +67,7 @@ class Connection:
 
     def __init__(self, path: Path, timeout_s: float | None = 10.0) -> None:
         self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(timeout_s)
-        self.sock.connect(str(path))
+        self.sock = _connect(path, timeout_s)
         try:
             check_daemon(self.sock, path)  # never talk to someone else's listener
         except TrustError as e:
@@ -106,6 +104,26 @@ class Connection:
         with contextlib.suppress(OSError):
             self.file.close()
             self.sock.close()
+
+
+def _connect(path: Path, timeout_s: float | None) -> socket.socket:
+    """A connection to the socket at path; tried again while its backlog is full (EAGAIN: a
+    burst of connections the daemon has yet to take), for up to timeout_s (10 s if None)."""
+    deadline = time.monotonic() + (timeout_s or 10.0)
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect(str(path))
+            return sock
+        except BlockingIOError:
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+        except BaseException:
+            sock.close()
+            raise
 
 
 def socket_for(sim: bool, explicit: str | None) -> Path:
@@ -286,10 +304,11 @@ def _warm(
     state: ProcState,
     reports: socket.socket,
 ) -> WarmEnd:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(30)
     try:
-        sock.connect(lease["socket"])
+        sock = _connect(Path(lease["socket"]), 30)
+    except OSError as e:
+        raise WarmRefused(f"the warm worker could not take the command: {e}") from e
+    try:
         check_daemon(sock, Path(lease["socket"]))  # the command's env and stdio go there
         job = {
             "token": lease["token"],

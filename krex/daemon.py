@@ -15,6 +15,7 @@ import importlib.util
 import json
 import logging
 import os
+import resource
 import signal
 import socket
 import struct
@@ -50,16 +51,32 @@ from krex.segments import Segments
 from krex.shm import MEM_KINDS, SegmentError, SlotView
 from krex.simnode import remove as remove_sim_segment
 from krex.simnode import segment_name as sim_segment
+from krex.tasks import Supervisor
 from krex.tenants import FreezerKind, TenantGroup, TenantsError, detect_freezer, prune
 from krex.workers import EXIT_WAIT_S, Pool
 
 log = logging.getLogger("krex.daemon")
+refuse = logging.getLogger("krex.daemon.connections")  # refusals: rate-limited (LogLimit)
 
 _TENANT_SLOTS = 64  # process slots in a tenant's own segment
 SIM_MEM = 143771 << 20  # the simulated GPU's default memory (shim/sim/sim.h: an H200's)
 _MEMORY_TICK_S = (0.02, 0.2)  # how often the memory arbiter looks: someone waits, nobody does
 STEP_MARGIN_S = 20.0  # step_s(): beyond the daemon's own bounds, for a loaded machine
 _PRUNE_EVERY = 10  # reaper passes (seconds) between prunes of groups left by a predecessor
+# Connections (docs/security.md, "Who may talk to the daemon"): at most MAX_CONNECTIONS open
+# (fewer where the descriptor limit, raised to its hard limit, leaves less than FD_RESERVE for
+# the daemon's own files), a further one refused with one error line; of them at most
+# MAX_WAITING that have not sent their first request, the one waiting longest closed (with a
+# line saying why) to make room; a first request within FIRST_REQUEST_S; at most BIG_REQUESTS
+# first requests longer than a line (an admit's long argv) read at once; a reply written
+# within SEND_S.
+MAX_CONNECTIONS = 4096
+FD_RESERVE = 256
+MAX_WAITING = 64
+FIRST_REQUEST_S = 10.0
+BIG_REQUESTS = 4
+SEND_S = 60.0
+BACKLOG = 1024  # connections the kernel holds for accept (a client tries again while full)
 
 
 @dataclass(frozen=True)
@@ -78,16 +95,22 @@ class Conn:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     peer: Peer
+    lines: wire.Lines
 
     async def send(self, msg: dict[str, Any]) -> None:
-        await wire.write(self.writer, msg)
+        try:
+            await asyncio.wait_for(wire.write(self.writer, msg), SEND_S)
+        except TimeoutError:
+            raise ConnectionError(f"the client read no reply for {SEND_S:g} s") from None
 
-    async def read(self) -> dict[str, Any] | None:
-        return await wire.read(self.reader)
+    async def read(self, limit: int = wire.MAX_LINE) -> dict[str, Any] | None:
+        return await self.lines.read(limit)
 
     async def until(self, fut: asyncio.Future[Any]) -> None:
         """Wait for fut, but give up when the client goes away (EOF). The client says nothing
         while it waits, so the watch for EOF reads no request."""
+        if self.lines.buf:
+            raise ProtocolError("nothing may be sent while waiting")
         eof = asyncio.create_task(self.reader.read(1))
         try:
             done, _ = await asyncio.wait({fut, eof}, return_when=asyncio.FIRST_COMPLETED)
@@ -176,7 +199,12 @@ class Daemon:
         self.mps: Mps | None = None
         self._server: asyncio.AbstractServer | None = None
         self._stopping: asyncio.Event | None = None
+        self.failed: str | None = None  # why a background task ended the daemon
+        self.supervisor = Supervisor(self._fail)
         self._conns: dict[asyncio.Task[Any], Conn] = {}  # open connections and their handlers
+        self._waiting: dict[asyncio.Task[Any], Conn] = {}  # of those, yet to send a request
+        self._max_conns = _connection_cap()
+        self._big: asyncio.Semaphore | None = None  # made in the loop (serve)
         self._ops: dict[str, Handler] = {
             "admit": self._op_admit,
             "region_begin": self._op_region_begin,
@@ -266,26 +294,30 @@ class Daemon:
     def stopping(self) -> bool:
         return self._stopping is not None and self._stopping.is_set()
 
+    def _fail(self, why: str) -> None:
+        """A background task the daemon cannot do without keeps dying: it stops (exit 1)."""
+        self.failed = self.failed or why
+        if self._stopping is not None:
+            self._stopping.set()
+
     # Start-up and shutdown.
     async def serve(self) -> None:
         """Serve until SIGTERM or SIGINT; then thaw everything, open every gate, and exit
         (also when it cannot start serving: nothing it made stays)."""
         self._stopping = asyncio.Event()
+        self._big = asyncio.Semaphore(BIG_REQUESTS)
         loop = asyncio.get_running_loop()
+        loop.set_exception_handler(_loop_exception)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
-        loops: list[asyncio.Task[None]] = []
         try:
             await self._listen()
-            loops = [
-                asyncio.create_task(self._reap_loop()),
-                asyncio.create_task(self._memory_loop()),
-            ]
+            self.supervisor.keep("reaper", self._reap_loop)
+            self.supervisor.keep("memory arbiter", self._memory_loop)
             self.pool.start()
             await self._stopping.wait()
         finally:
-            for task in loops:
-                task.cancel()
+            self.supervisor.cancel()
             await self._shutdown()
 
     async def _listen(self) -> None:
@@ -295,7 +327,7 @@ class Daemon:
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
         self._server = await asyncio.start_unix_server(
-            self._client, path=str(self.socket), limit=wire.MAX_LINE
+            self._client, path=str(self.socket), limit=wire.MAX_LINE, backlog=BACKLOG
         )
         os.chmod(self.socket, 0o600)
         log.info(
@@ -357,17 +389,37 @@ class Daemon:
 
     # Connections.
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = Conn(reader, writer, _peer(writer))
+        conn = Conn(reader, writer, _peer(writer), wire.Lines(reader, self._big))
         task = asyncio.current_task()
-        if task is not None:
-            self._conns[task] = conn
+        assert task is not None
+        self._conns[task] = conn
         try:
+            if len(self._conns) > self._max_conns:
+                refuse.warning(
+                    "refused a connection: %d are open (at most %d)",
+                    len(self._conns) - 1,
+                    self._max_conns,
+                )
+                raise ProtocolError(
+                    f"the daemon has {len(self._conns) - 1} connections open, its most: "
+                    "try again once some end"
+                )
             if conn.peer.uid not in (os.getuid(), 0):
                 # The socket is 0600 already; this also holds if its mode is ever loosened.
                 raise ProtocolError(f"user {conn.peer.uid} may not use this daemon")
-            first = await conn.read()
+            self._waiting[task] = conn
+            if len(self._waiting) > MAX_WAITING:
+                self._drop_oldest_waiting()
+            try:
+                first = await asyncio.wait_for(conn.read(wire.MAX_REQUEST), FIRST_REQUEST_S)
+            except TimeoutError:
+                raise ProtocolError(f"no request within {FIRST_REQUEST_S:g} s") from None
+            finally:
+                self._waiting.pop(task, None)
             if first is None:
                 return
+            if first.get("op") != "admit" and conn.lines.last > wire.MAX_LINE:
+                raise ProtocolError(f"request longer than {wire.MAX_LINE} bytes")
             op = first.get("op")
             handler = self._ops.get(op) if isinstance(op, str) else None
             if handler is None:
@@ -383,9 +435,31 @@ class Daemon:
             with contextlib.suppress(ConnectionError, OSError):
                 await conn.send({"ok": False, "error": "internal error (see the log)"})
         finally:
-            self._conns.pop(task, None)  # type: ignore[arg-type]
+            self._conns.pop(task, None)
             with contextlib.suppress(ConnectionError, OSError):
                 writer.close()
+
+    def _drop_oldest_waiting(self) -> None:
+        """More connections than MAX_WAITING have sent no request yet: the one that waited
+        longest is told why and closed (a client sends its request as it connects)."""
+        task, conn = next(iter(self._waiting.items()))
+        del self._waiting[task]
+        refuse.warning(
+            "closed a connection (pid %d) that sent no request: %d others wait for theirs",
+            conn.peer.pid,
+            MAX_WAITING,
+        )
+        with contextlib.suppress(ConnectionError, OSError, RuntimeError):
+            conn.writer.write(
+                wire.encode_reply(
+                    {
+                        "ok": False,
+                        "error": f"closed: no request yet and {MAX_WAITING} newer connections "
+                        "wait for theirs",
+                    }
+                )
+            )
+            conn.writer.close()
 
     async def _close_connections(self) -> None:
         """At shutdown: every client sees EOF and every handler ends on its own (a handler
@@ -455,10 +529,15 @@ class Daemon:
         await conn.send({"ok": True, "queued": len(g.admission), "gpu": g.index})
         try:
             await conn.until(ticket.granted)  # _admit_next reserves the slot for us
+            ticket.granted.result()  # or says why it could not
         except BaseException:
             if ticket in g.admission:
                 g.admission.remove(ticket)
-            elif ticket.granted.done() and not ticket.granted.cancelled():
+            elif (
+                ticket.granted.done()
+                and not ticket.granted.cancelled()
+                and ticket.granted.exception() is None
+            ):
                 # We were handed a slot but are leaving: pass it on.
                 self._reserve(g, req, -1)
                 self._admit_next(g)
@@ -466,18 +545,32 @@ class Daemon:
 
     def _admit_next(self, g: Gpu) -> None:
         """Hand free slots of g to the commands waiting for one, in order (each reserved at
-        once, so that nobody arriving meanwhile takes it)."""
-        while g.admission and self._room(g, g.admission[0].req):
-            ticket = g.admission.popleft()
-            if not ticket.granted.done():
-                self._reserve(g, ticket.req)
-                ticket.granted.set_result(None)
+        once, so that nobody arriving meanwhile takes it). A request that cannot be looked at
+        (a bug) is answered with an error and leaves the queue; the others go on."""
+        while g.admission:
+            ticket = g.admission[0]
+            try:
+                if not self._room(g, ticket.req):
+                    return
+                g.admission.popleft()
+                if not ticket.granted.done():
+                    self._reserve(g, ticket.req)
+                    ticket.granted.set_result(None)
+            except Exception:
+                log.exception("admission of a queued command on GPU %d failed", g.index)
+                if ticket in g.admission:
+                    g.admission.remove(ticket)
+                if not ticket.granted.done():
+                    ticket.granted.set_exception(ProtocolError("internal error (see the log)"))
 
     def _admission_request(self, msg: dict[str, Any]) -> AdmitRequest:
         """What an `admit` asks for, checked."""
         argv = msg.get("argv")
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
             raise ProtocolError("argv must be a non-empty list of strings")
+        for i, arg in enumerate(argv):
+            if why := wire.arg_problem(arg):
+                raise ProtocolError(f"argv[{i}] {why}")
         if bool(msg.get("sim", False)) != self.cfg.sim:
             kind = "simulated" if self.cfg.sim else "real"
             raise ProtocolError(f"this daemon serves {kind} GPUs")
@@ -669,7 +762,7 @@ class Daemon:
             if op == "started":
                 await self._tenant_started(t, msg, conn)
             elif op == "lease":
-                await conn.send({"ok": True, **await self.pool.lease(t)})
+                await conn.send({"ok": True, **await self.pool.lease(t, conn.peer.pid)})
             elif op == "finished":
                 await self._tenant_finished(t, msg, conn)
                 return
@@ -795,6 +888,7 @@ class Daemon:
         n = 0
         while True:
             await asyncio.sleep(1.0)
+            LOG_LIMIT.flush()
             self._account()
             self._sample_device()
             self.machinery.tick()
@@ -893,7 +987,7 @@ class Daemon:
                 {
                     "tenant": t.id,
                     "gpus": t.gpus,
-                    "argv": t.argv[:8],
+                    "argv": [a[:1024] for a in t.argv[:8]],  # a long argv stays in its report
                     "pids": t.pids,
                     "age_s": now - t.t_admit,
                     "regions": len(t.regions),
@@ -913,6 +1007,30 @@ class Daemon:
             "waiting_s": (time.monotonic_ns() - min(since)) / 1e9 if since else 0.0,
             "nvml_bytes": t.nvml_bytes,
         }
+
+
+def _connection_cap() -> int:
+    """MAX_CONNECTIONS, or fewer where the descriptor limit (raised to the hard limit) does
+    not leave FD_RESERVE descriptors for the daemon's own files beside them."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    cap = min(MAX_CONNECTIONS, soft - FD_RESERVE)
+    if cap < MAX_CONNECTIONS:
+        log.info("at most %d connections (descriptor limit %d)", max(cap, 16), soft)
+    return max(cap, 16)
+
+
+def _loop_exception(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """asyncio's own errors: out of descriptors at accept is one line (rate-limited), not a
+    traceback a second; anything else as asyncio says it."""
+    exc = context.get("exception")
+    if isinstance(exc, OSError) and "accept" in str(context.get("message", "")):
+        refuse.error("cannot accept connections: %s (the limit is the daemon's descriptors)", exc)
+        return
+    loop.default_exception_handler(context)
 
 
 def _take_lock(sock: Path) -> int:
@@ -1011,6 +1129,58 @@ def _names(gpus: list[int]) -> str:
     return ",".join(map(str, gpus))
 
 
+class LogLimit(logging.Filter):
+    """At most BURST records of one kind (logger, level and message before its arguments) of
+    WARNING or above in WINDOW_S seconds; the rest are counted and said in one line once the
+    window is over (at the next of its kind, or the reaper's flush)."""
+
+    BURST = 10
+    WINDOW_S = 60.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kinds: dict[tuple[str, int, str], list[float]] = {}  # start, count, not logged
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or getattr(record, "krex_summary", False):
+            return True
+        key = (record.name, record.levelno, str(record.msg))
+        now = time.monotonic()
+        kind = self.kinds.get(key)
+        if kind is None or now - kind[0] >= self.WINDOW_S:
+            if kind is not None and kind[2]:
+                self._say(key, kind)
+            self.kinds[key] = [now, 1, 0]
+            return True
+        kind[1] += 1
+        if kind[1] <= self.BURST:
+            return True
+        kind[2] += 1
+        return False
+
+    def flush(self) -> None:
+        """Say what windows that are over left unsaid; forget them."""
+        now = time.monotonic()
+        for key, kind in list(self.kinds.items()):
+            if now - kind[0] >= self.WINDOW_S:
+                del self.kinds[key]
+                if kind[2]:
+                    self._say(key, kind)
+
+    def _say(self, key: tuple[str, int, str], kind: list[float]) -> None:
+        logging.getLogger(key[0]).log(
+            key[1],
+            "%d more message(s) like %r in %g s, not logged",
+            int(kind[2]),
+            key[2][:200],
+            self.WINDOW_S,
+            extra={"krex_summary": True},
+        )
+
+
+LOG_LIMIT = LogLimit()
+
+
 class _JsonLines(logging.Formatter):
     """One JSON object per log record (`daemon.log_format = "json"`)."""
 
@@ -1034,6 +1204,7 @@ def run(cfg: Config) -> int:
         if cfg.log_format == "json"
         else logging.Formatter("%(asctime)s krex-daemon %(levelname)s %(message)s")
     )
+    handler.addFilter(LOG_LIMIT)
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     try:
         daemon = Daemon(cfg)
@@ -1042,4 +1213,7 @@ def run(cfg: Config) -> int:
         # What it cannot start with (a foreign or locked segment, an unsafe directory): one line.
         log.error("%s", e)
         return 2
+    if daemon.failed:
+        log.error("krex daemon stopped: %s", daemon.failed)
+        return 1
     return 0

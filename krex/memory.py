@@ -68,8 +68,9 @@ def _want(s: SlotView) -> int:
 
 
 def argv_key(argv: Sequence[str]) -> str:
-    """The learned-peaks key of a command known by its argv alone (older clients)."""
-    return hashlib.sha256("\0".join(argv).encode()).hexdigest()[:32]
+    """The learned-peaks key of a command known by its argv alone (older clients). Never
+    raises: an argument that is not UTF-8 (its bytes as lone surrogates) is hashed as such."""
+    return hashlib.sha256("\0".join(argv).encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def is_key(value: object) -> bool:

@@ -30,6 +30,7 @@ from krex.gate import Hold
 from krex.machinery import Machinery
 from krex.model import Gpu, Region, RegionRequest, Tenant
 from krex.nvml import throttled
+from krex.tasks import spawn
 
 log = logging.getLogger("krex.regions")
 
@@ -224,7 +225,7 @@ class Regions:
             # Pending from the start: a tenant that joins while it is set up is frozen into
             # it (tenant_joined), never left running beside it.
             q.pending = t.region
-            asyncio.get_running_loop().create_task(self._take(gpu, req, t.region))
+            spawn(self._take(gpu, req, t.region), f"region set-up on GPU {gpu}")
 
     async def _take(self, gpu: int, req: RegionRequest, r: Region) -> None:
         """Steps 1-5 on one GPU of region r; then grant, or let the GPU go and fail req."""

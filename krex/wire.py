@@ -1,7 +1,10 @@
 """The socket protocol's framing and version, once (docs/protocol.md).
 
 Requests and replies between `krex run`, the markers, pool workers and the daemon are JSON
-objects, one per line, at most `MAX_LINE` bytes, every request carrying `"v": VERSION`. The
+objects, one per line, at most `MAX_LINE` bytes (a connection's first request, an `admit` with
+its argv, at most `MAX_REQUEST`), every request carrying `"v": VERSION`. An argument that is
+not UTF-8 travels as Python's os.fsdecode makes it (each undecodable byte a lone surrogate
+U+DC80..U+DCFF, JSON-escaped) and is the same bytes again where it is run. The
 client and a pool worker speak length-prefixed JSON with file descriptors (`send_frame`,
 `recv_frame`). shim/preload/region.c writes its two requests by hand; tests/test_wire.py checks
 them against `encode`.
@@ -22,6 +25,10 @@ from krex.errors import ProtocolError
 VERSION = 1
 MAX_LINE = 64 * 1024  # bytes a line, its newline included
 MAX_FRAME = 1 << 24  # bytes of one length-prefixed message (argv, environment, ...)
+# A connection's first request: an `admit` carries the command's argv, which the OS allows up
+# to ARG_MAX (2 MiB here; at most 6 MiB on Linux), JSON-escaped (a byte that is not UTF-8
+# takes 6): the same bound as the frame that hands it to a warm worker.
+MAX_REQUEST = MAX_FRAME
 
 
 def encode(msg: dict[str, Any]) -> bytes:
@@ -42,9 +49,11 @@ def decode(line: bytes, *, request: bool = True, limit: int | None = MAX_LINE) -
     if limit is not None and len(line) > limit:
         raise ProtocolError(f"message longer than {limit} bytes")
     try:
-        msg = json.loads(line)
+        msg = json.loads(line, parse_int=_int)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ProtocolError("message is not one JSON object per line") from e
+    except RecursionError:
+        raise ProtocolError("message nests arrays or objects too deeply") from None
     if not isinstance(msg, dict):
         raise ProtocolError("message is not a JSON object")
     if request:
@@ -52,6 +61,34 @@ def decode(line: bytes, *, request: bool = True, limit: int | None = MAX_LINE) -
         if not is_int(v) or v != VERSION:
             raise ProtocolError(f"protocol version {v!r} is not supported (want {VERSION})")
     return msg
+
+
+MAX_INT = 2**63  # an integer in a message is less than this in magnitude (64 bits, signed)
+
+
+def _int(digits: str) -> int:
+    """A JSON integer, within MAX_INT (a larger one, a count of bytes or a time-out past any
+    real one, would only overflow the floats it is compared with and printed as)."""
+    value = int(digits) if len(digits) <= 20 else MAX_INT
+    if abs(value) >= MAX_INT:
+        raise ProtocolError("message has an integer beyond 64 bits")
+    return value
+
+
+def arg_bytes(arg: str) -> bytes:
+    """The bytes a command gets for one argument as it travels (os.fsencode's, on Linux)."""
+    return arg.encode("utf-8", "surrogateescape")
+
+
+def arg_problem(arg: str) -> str | None:
+    """Why `arg` cannot be an argument of a command (None when it can)."""
+    if "\0" in arg:
+        return "contains a NUL byte"
+    try:
+        arg_bytes(arg)
+    except UnicodeEncodeError:
+        return "has a surrogate that stands for no byte (only U+DC80..U+DCFF do)"
+    return None
 
 
 def is_int(value: object) -> TypeGuard[int]:
@@ -92,13 +129,47 @@ def calls_problem(value: object) -> str | None:
     return None
 
 
-async def read(reader: asyncio.StreamReader) -> dict[str, Any] | None:
-    """The next request on an asyncio stream (opened with limit=MAX_LINE); None at EOF."""
-    try:
-        line = await reader.readline()
-    except (ValueError, asyncio.LimitOverrunError) as e:
-        raise ProtocolError(f"request longer than {MAX_LINE} bytes") from e
-    return decode(line) if line else None
+class Lines:
+    """Request lines from an asyncio stream, each within a bound of its own: MAX_LINE, or for
+    a connection's first request MAX_REQUEST. Past MAX_LINE a line is read only while it holds
+    one of `big`'s places (the daemon's few), so that many connections cannot each buffer
+    MAX_REQUEST bytes at once."""
+
+    def __init__(self, reader: asyncio.StreamReader, big: asyncio.Semaphore | None = None):
+        self.reader = reader
+        self.big = big
+        self.buf = bytearray()  # what came after the last line
+        self.last = 0  # bytes of the last line
+
+    async def line(self, limit: int = MAX_LINE) -> bytes:
+        """The next line, its newline included (at EOF what came without one; b"": nothing)."""
+        held = False
+        try:
+            while (end := self.buf.find(b"\n")) < 0:
+                if len(self.buf) >= limit:
+                    raise ProtocolError(f"request longer than {limit} bytes")
+                if len(self.buf) >= MAX_LINE and self.big is not None and not held:
+                    await self.big.acquire()
+                    held = True
+                chunk = await self.reader.read(1 << 16)
+                if not chunk:
+                    line, self.buf = bytes(self.buf), bytearray()
+                    return line
+                self.buf += chunk
+            if end >= limit:
+                raise ProtocolError(f"request longer than {limit} bytes")
+            line = bytes(self.buf[: end + 1])
+            del self.buf[: end + 1]
+            self.last = len(line)
+            return line
+        finally:
+            if held and self.big is not None:
+                self.big.release()
+
+    async def read(self, limit: int = MAX_LINE) -> dict[str, Any] | None:
+        """The next request; None at EOF."""
+        line = await self.line(limit)
+        return decode(line, limit=limit) if line else None
 
 
 async def write(writer: asyncio.StreamWriter, msg: dict[str, Any]) -> None:

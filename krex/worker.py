@@ -32,6 +32,7 @@ import fcntl
 import importlib
 import importlib.machinery
 import io
+import math
 import os
 import random
 import runpy
@@ -180,7 +181,8 @@ class Zygote:
 
     listener: socket.socket
     ctl: socket.socket
-    tokens: dict[str, float] = field(default_factory=dict)  # token -> deadline
+    tokens: dict[str, tuple[float, int]] = field(default_factory=dict)  # -> deadline, client
+    strangers: int = 0  # connections closed unread: from a process that has no job here
     children: dict[int, Child] = field(default_factory=dict)
     buf: bytes = b""
 
@@ -216,30 +218,56 @@ class Zygote:
             return False
         self.buf += data
         now = time.monotonic()
-        self.tokens = {t: d for t, d in self.tokens.items() if d > now}
+        self.tokens = {t: d for t, d in self.tokens.items() if d[0] > now}
         while b"\n" in self.buf:
             line, self.buf = self.buf.split(b"\n", 1)
             msg = wire.decode(line, request=False)
             if msg.get("op") == "exit":
                 return False
             if msg.get("op") == "job" and isinstance(msg.get("token"), str):
-                self.tokens[msg["token"]] = now + JOB_ACCEPT_S
+                client = msg.get("client")
+                self.tokens[msg["token"]] = (
+                    now + JOB_ACCEPT_S,
+                    client if wire.is_int(client) else 0,
+                )
         return True
 
     def accept(self) -> Job | None:
-        """A client's job (checked, then forked: in the parent None, in the child its Job), or
-        a child's report of its status."""
-        try:
-            conn, _ = self.listener.accept()
-        except BlockingIOError:
-            return None
+        """A client's job (checked, then forked: in the parent None, in the child its Job).
+        Only a process the daemon leased a job to is read from (at most FRAME_S): any other
+        connection is closed unread, so that a flood of them delays nobody's job."""
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except BlockingIOError:
+                return None
+            try:
+                peer = _peer_pid(conn)
+            except OSError:
+                conn.close()
+                continue
+            now = time.monotonic()
+            if any(d > now and c in (peer, 0) for d, c in self.tokens.values()):
+                return self._job(conn, peer)
+            conn.close()
+            self.strangers += 1
+            if math.log10(self.strangers).is_integer():  # the 1st, 10th, 100th, ...
+                print(
+                    f"krex worker: refused a client: no job for its token (pid {peer}; "
+                    f"{self.strangers} connection(s) so far from processes with no job)",
+                    file=sys.stderr,
+                )
+
+    def _job(self, conn: socket.socket, peer: int) -> Job | None:
         conn.settimeout(FRAME_S)
         fds: list[int] = []
         try:
-            peer = _peer_pid(conn)
             msg, fds = wire.recv_frame(conn, max_fds=3 + MAX_PASSED_FDS)
-            if msg is None or self.tokens.pop(str(msg.get("token")), None) is None:
+            token = self.tokens.pop(str(msg.get("token")), None) if msg is not None else None
+            if msg is None or token is None or token[0] <= time.monotonic():
                 raise ProtocolError("no job for its token")
+            if token[1] not in (peer, 0):
+                raise ProtocolError(f"its job is process {token[1]}'s, not {peer}'s")
             state = ProcState(**msg["state"])
             if len(fds) != 3 + len(state.fds):
                 raise ProtocolError("not the descriptors announced (stdio, then the others)")

@@ -29,6 +29,7 @@ from krex import wire
 from krex.errors import KrexError, ProtocolError
 from krex.model import Gpu, PoolWorker, Tenant
 from krex.procs import parent, start_time
+from krex.tasks import spawn
 from krex.tenants import TenantGroup, TenantsError
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ class Pool:
                 t_admit=time.monotonic(),
             )
             for _ in range(n):
-                asyncio.get_running_loop().create_task(self._spawn(g))
+                spawn(self._spawn(g), f"pool worker on GPU {g.index}")
         log.info("pool: %d fork server(s) per GPU, pre-importing %s", n, self.d.preload or "none")
 
     def _worker_env(self, g: Gpu, secret: str) -> dict[str, str]:
@@ -150,7 +151,7 @@ class Pool:
         w.writer, w.state = conn.writer, "idle"
         g.pool_failures = 0
         log.info("pool worker %d ready on GPU %d after %.1f s", w.id, g.index, w.ready_s())
-        while (report := await wire.read(conn.reader)) is not None:
+        while (report := await conn.read()) is not None:
             pid, status = report.get("pid"), report.get("status")
             if report.get("op") == "exited" and wire.is_int(pid) and wire.is_int(status):
                 self._exited(pid, status)
@@ -166,8 +167,9 @@ class Pool:
         if waiter is not None and not waiter.done():
             waiter.set_result(status)
 
-    async def lease(self, t: Tenant) -> dict[str, Any]:
-        """A server to fork tenant t's command, with a one-time token; or why there is none."""
+    async def lease(self, t: Tenant, client: int) -> dict[str, Any]:
+        """A server to fork tenant t's command for process `client` (its krex run), with a
+        one-time token; or why there is none."""
         g = self.d.gpus[t.gpu]
         ready = [w for w in g.pool if w.state == "idle" and w.writer is not None]
         if not ready or t.worker is not None:
@@ -177,7 +179,7 @@ class Pool:
         token = secrets.token_hex(16)
         try:
             assert w.writer is not None
-            w.writer.write(wire.encode({"op": "job", "token": token}))
+            w.writer.write(wire.encode({"op": "job", "token": token, "client": client}))
             await w.writer.drain()
         except (ConnectionError, OSError) as e:
             log.warning("pool worker %d could not take tenant %d: %s", w.id, t.id, e)
@@ -286,7 +288,7 @@ class Pool:
             return
         delay = _RESTART_DELAY_S if g.pool_failures >= 3 else 0.0
         loop = asyncio.get_running_loop()
-        loop.call_later(delay, lambda: loop.create_task(self._spawn(g)))
+        loop.call_later(delay, lambda: spawn(self._spawn(g), f"pool worker on GPU {g.index}"))
 
     async def exit_status(self, pid: int | None) -> int | None:
         """The exit status of a warm command's child whose client saw it vanish (its server

@@ -521,8 +521,11 @@ def test_a_client_without_a_lease_gets_no_fork(pool: Daemon, tmp_path: Path) -> 
     s = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
     s.settimeout(10)
     s.connect(str(listen))
-    wire.send_frame(s, job, [0, 1, 2])
-    msg, _ = wire.recv_frame(s)
+    try:  # a process with no job is not read from: closed, maybe before it sent (a reset)
+        wire.send_frame(s, job, [0, 1, 2])
+        msg, _ = wire.recv_frame(s)
+    except ConnectionError:
+        msg = None
     s.close()
     assert msg is None, "refused: the connection closes with no child's pid"
     time.sleep(0.5)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import HOLDER, Daemon, krex_run
+from helpers import HOLDER, Daemon, krex_run, until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -267,4 +267,55 @@ def test_a_version_that_is_not_the_integer_1_is_refused(daemon: Daemon, version:
     """JSON's true is not protocol version 1 (nor is 1.0): one error reply naming the version."""
     (reply,) = exchange(daemon, [f'{{"v": {version}, "op": "hello"}}\n'.encode()])
     assert reply["ok"] is False and "protocol version" in reply["error"], reply
+    assert_healthy(daemon)
+
+
+# Hostile frames (issue #50): random, truncated and oversized lines, deep nesting, huge
+# numbers, arguments that are not UTF-8 and code points no argument can be. Not a soak: a
+# bounded count, run with the quick tests.
+def _wrapped(prefix: bytes, inner: bytes, suffix: bytes = b"}\n") -> bytes:
+    return prefix + inner + suffix
+
+
+hostile_frames = st.one_of(
+    st.binary(max_size=200).map(lambda b: b + b"\n"),
+    st.tuples(messages, st.floats(0, 1)).map(
+        lambda mf: (b := json.dumps(mf[0]).encode())[: int(len(b) * mf[1])]
+    ),
+    st.integers(wire.MAX_LINE - 40, wire.MAX_LINE + 200).map(
+        lambda n: _wrapped(b'{"v":1,"op":"status","x":"', b"a" * n, b'"}\n')
+    ),
+    st.integers(1, 40_000).map(
+        lambda n: _wrapped(b'{"v":1,"op":"hello","x":', b"[" * n + b"]" * n)
+    ),
+    st.integers(1, 30_000).map(
+        lambda n: _wrapped(b'{"v":1,"op":"admit","sim":true,"argv":["x"],"mem_bytes":', b"9" * n)
+    ),
+    st.binary(min_size=1, max_size=64).map(
+        lambda b: wire.encode({"op": "admit", "sim": True, "argv": ["prog", os.fsdecode(b)]})
+    ),
+    st.text(st.characters(codec=None), min_size=1, max_size=20).map(
+        lambda t: wire.encode({"op": "admit", "sim": True, "argv": [t]})
+    ),
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(frames=st.lists(hostile_frames, min_size=1, max_size=3))
+def test_hostile_frames_get_one_clear_error_each(daemon: Daemon, frames: list[bytes]) -> None:
+    """Every reply well formed; what the daemon admitted it lets go when the client goes; no
+    'internal error' and no traceback in its log."""
+    exchange(daemon, frames)
+    until(lambda: daemon.status()["gpus"][0]["used"] == 0, what="the slots free")  # type: ignore[index]
+    assert_healthy(daemon)
+    assert "Traceback" not in daemon.log.read_text(), daemon.log.read_text()[-3000:]
+
+
+def test_an_admit_past_its_bound_is_one_error(daemon: Daemon) -> None:
+    """The first request may be an admit of up to MAX_REQUEST bytes (its argv), no more."""
+    huge = wire.encode({"op": "admit", "sim": True, "argv": ["x" * wire.MAX_REQUEST]})
+    (reply,) = exchange(daemon, [huge])
+    assert reply == {"ok": False, "error": f"request longer than {wire.MAX_REQUEST} bytes"}
     assert_healthy(daemon)

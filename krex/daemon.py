@@ -580,11 +580,15 @@ class Daemon:
             for g in gpus:
                 await self._take_slot(g, req, conn)
                 held.append(g)
-            tid = self.segments.take_id()
+            try:
+                # An id whose slot-segment name is free (one someone else planted is skipped).
+                tid, _ = self.segments.new_tenant(_TENANT_SLOTS)
+            except (SegmentError, OSError) as e:
+                raise ProtocolError(f"cannot set up the tenant: {e}") from e
             try:
                 group = TenantGroup.create(self.freezer, self.root, tid)
-                self.segments.create(tid, _TENANT_SLOTS)
-            except (SegmentError, KrexError) as e:
+            except KrexError as e:
+                self.segments.discard(tid)
                 raise ProtocolError(f"cannot set up the tenant: {e}") from e
         except BaseException:
             for g in held:

@@ -468,11 +468,17 @@ def daemon_stop(sim: bool, socket_path: str | None, timeout_s: float) -> None:
     except ConfigError as e:
         click.echo(f"krex daemon stop: {e}", err=True)
         sys.exit(2)
+    from krex.trust import TrustError, open_beside, trusted_uids
+
     try:
-        fd = os.open(f"{sock}.pid", os.O_RDONLY)
+        # The pid it signals: from a file of ours or root's, never through a planted link.
+        fd = open_beside(f"{sock}.pid", os.O_RDONLY, owners=trusted_uids())
     except FileNotFoundError:
         click.echo(f"krex daemon stop: no krex daemon runs on {sock}", err=True)
         return
+    except TrustError as e:
+        click.echo(f"krex daemon stop: {e}", err=True)
+        sys.exit(2)
 
     def held() -> bool:
         """Whether a daemon holds the lock (it does for as long as it runs)."""

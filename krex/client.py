@@ -39,7 +39,7 @@ from krex.config import default_socket, load
 from krex.errors import KrexError, ProtocolError
 from krex.leftovers import reclaim
 from krex.pool import Invocation, ProcState, ignored_signals, plan
-from krex.trust import TrustError, check_daemon, check_env
+from krex.trust import TrustError, check_daemon, check_env, open_beside
 from krex.watch import DaemonWatch
 
 EXIT_KREX = 125
@@ -128,18 +128,26 @@ def connect(path: Path, *, sim: bool, start: bool) -> Connection:
         if not start:
             raise ClientError(f"no krex daemon answers at {path}") from e
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    lock = os.open(str(path) + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    log_path = path.parent / (path.stem + ".log")
+    try:
+        # Beside a socket that may be in a shared directory: never through a planted link.
+        lock = open_beside(str(path) + ".lock", os.O_RDWR | os.O_CREAT)
+    except TrustError as e:
+        raise ClientError(f"cannot start a daemon at {path}: {e}") from None
     try:
         # Two `krex run` started at once: one starts the daemon, the other waits here and
         # then finds it answering.
         fcntl.flock(lock, fcntl.LOCK_EX)
         with contextlib.suppress(FileNotFoundError, ConnectionRefusedError):
             return Connection(path)
-        log_path = path.parent / (path.stem + ".log")
         cmd = [sys.executable, "-m", "krex.cli", "daemon", "--socket", str(path.absolute())]
         if sim:
             cmd.append("--sim")
-        with open(log_path, "ab") as logf:
+        try:
+            log_fd = open_beside(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        except TrustError as e:
+            raise ClientError(f"cannot start a daemon at {path}: its log {e}") from None
+        with os.fdopen(log_fd, "ab") as logf:
             proc = subprocess.Popen(
                 cmd,
                 stdin=subprocess.DEVNULL,
@@ -154,13 +162,23 @@ def connect(path: Path, *, sim: bool, start: bool) -> Connection:
             with contextlib.suppress(FileNotFoundError, ConnectionRefusedError):
                 return Connection(path)
             if proc.poll() is not None:
-                tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+                tail = _read_beside(log_path).strip().splitlines()[-1:] or [""]
                 why = tail[0].split(" ERROR ", 1)[-1]  # the daemon's message, not its log prefix
                 raise ClientError(f"the krex daemon did not start: {why} (log: {log_path})")
             time.sleep(0.05)
         raise ClientError(f"the krex daemon did not answer at {path} within 20 s")
     finally:
         os.close(lock)
+
+
+def _read_beside(path: Path) -> str:
+    """A log krex wrote beside a socket or in a directory someone chose (open_beside: not
+    through a link); empty when it cannot be read so."""
+    try:
+        with os.fdopen(open_beside(path, os.O_RDONLY), "rb") as f:
+            return f.read().decode(errors="replace")
+    except (OSError, TrustError):
+        return ""
 
 
 def _daemon_place() -> dict[str, Any]:
@@ -939,15 +957,18 @@ def private_daemon(
         *(["--gpus", str(gpus)] if gpus is not None else []),
         *(["--mps"] if mps else []),
     ]
-    with open(log_path, "wb") as log:
+    try:
+        log_fd = open_beside(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    except TrustError as e:
+        raise ClientError(f"a private krex daemon cannot log to {e}") from None
+    with os.fdopen(log_fd, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=log, **_daemon_place())
     try:
         deadline = time.monotonic() + 30
         while not sock.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise ClientError(
-                    "a private krex daemon did not start: "
-                    + log_path.read_text(errors="replace")[-1500:]
+                    "a private krex daemon did not start: " + _read_beside(log_path)[-1500:]
                 )
             time.sleep(0.05)
         _await_pool(sock, deadline=time.monotonic() + 180)

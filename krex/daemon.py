@@ -51,6 +51,7 @@ from krex.shm import MEM_KINDS, SegmentError, SlotView
 from krex.simnode import remove as remove_sim_segment
 from krex.simnode import segment_name as sim_segment
 from krex.tenants import FreezerKind, TenantGroup, TenantsError, detect_freezer, prune
+from krex.trust import TrustError, open_beside
 from krex.workers import EXIT_WAIT_S, Pool
 
 log = logging.getLogger("krex.daemon")
@@ -922,7 +923,10 @@ def _take_lock(sock: Path) -> int:
     sock.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = str(sock) + ".pid"
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fd = open_beside(path, os.O_RDWR | os.O_CREAT)
+        except TrustError as e:  # planted: a symlink into someone's files, or not ours
+            raise ConfigError(f"the daemon's pid file {e}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import textwrap
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 import click
 import pytest
 from conftest import remove_shm
-from helpers import HOLDER, until
+from helpers import HOLDER, KREX, until
 from test_security import NOBODY, SYSTEM_PYTHON, as_root
 
 import krex
@@ -188,3 +189,163 @@ def test_a_planted_name_with_a_huge_id_does_not_push_the_ids_past_32_bits(
     p, rep = victim.region("r")
     assert p.returncode == 0, p.stderr + victim.log()[-2000:]
     assert int(rep["tenant"]) < 1000 and rep["regions"][0]["clean"] is True, rep
+
+
+# --- item 4: links planted beside a --socket in a shared directory ------------------------------
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A directory the other user (nobody) made and lets everyone write in (0777, no sticky
+    bit): the victim (root, here: "any file") was told to put its socket there."""
+    d = Path(tempfile.mkdtemp(prefix="krex-shared-", dir="/tmp"))
+    os.chown(d, NOBODY, NOBODY)
+    d.chmod(0o777)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def precious(tmp_path: Path) -> Path:
+    """A file of the victim's that the planted links point to."""
+    f = tmp_path / "precious.txt"
+    f.write_text("the victim's own\n")
+    return f
+
+
+def plant_link(link: Path, target: Path) -> None:
+    as_nobody(f"import os; os.symlink({str(target)!r}, {str(link)!r})")
+
+
+def as_nobody(code: str) -> str:
+    p = subprocess.run(
+        [str(SYSTEM_PYTHON), "-c", code],
+        preexec_fn=_drop,
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=60,
+    )
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+@as_root
+def test_a_pid_file_planted_as_a_link_is_refused_not_written_through(
+    shared: Path, precious: Path
+) -> None:
+    """`<sock>.pid` -> the victim's file: the daemon opened it O_CREAT, following the link,
+    truncated the file and wrote its pid in it. Now: one line, exit 2, the file untouched."""
+    sock = shared / "k.sock"
+    plant_link(Path(f"{sock}.pid"), precious)
+    p = subprocess.run(
+        [*KREX, "daemon", "--sim", "--socket", str(sock)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert precious.read_text() == "the victim's own\n"
+    assert p.returncode == 2, p.stderr
+    assert "k.sock.pid is a symlink: refusing to use it" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+@as_root
+def test_a_daemon_log_and_lock_planted_as_links_are_refused_by_krex_run(
+    shared: Path, precious: Path
+) -> None:
+    """The auto-started daemon's log beside the socket (`k.log`) -> the victim's file: krex
+    run appended the daemon's output to it (open(log, 'ab')). Now exit 125, one line."""
+    sock = shared / "k.sock"
+    plant_link(shared / "k.log", precious)
+    p = subprocess.run(
+        [*KREX, "run", "--sim", "--socket", str(sock), "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    try:
+        assert precious.read_text() == "the victim's own\n"
+        assert p.returncode == 125, p.stderr
+        assert "k.log is a symlink: refusing to use it" in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+        # The lock file the same way (it was opened O_CREAT through the link).
+        other = shared / "l.sock"
+        plant_link(Path(f"{other}.lock"), precious)
+        p = subprocess.run(
+            [*KREX, "run", "--sim", "--socket", str(other), "--", "true"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert p.returncode == 125 and "l.sock.lock is a symlink" in p.stderr, p.stderr
+    finally:
+        subprocess.run([*KREX, "daemon", "stop", "--socket", str(sock)], timeout=120)
+
+
+def test_learned_peaks_are_never_written_through_a_planted_temporary_file(
+    tmp_path: Path, precious: Path
+) -> None:
+    """`<sock>.peaks.tmp` -> the victim's file, planted while the daemon runs: write_text
+    followed it. Now the temporary file is made anew (O_EXCL, O_NOFOLLOW), the link removed."""
+    from test_memory import Node
+
+    from krex.memory import GIB
+
+    node = Node(tmp_path)
+    tmp = tmp_path / "peaks.tmp"  # Memory's temporary file beside peaks.json
+    tmp.symlink_to(precious)
+    node.mem.learn(node.tenant(5, argv=["python", "big.py"]), 8 * GIB)
+    assert precious.read_text() == "the victim's own\n"
+    assert not tmp.exists() and not tmp.is_symlink()
+    assert Node(tmp_path).mem.learned  # saved, and read again
+    # A peaks file that is a link is not read (a root daemon would read any file).
+    (tmp_path / "peaks.json").unlink()
+    (tmp_path / "peaks.json").symlink_to(precious)
+    assert Node(tmp_path).mem.learned == {}
+
+
+@as_root
+def test_krex_daemon_stop_signals_no_pid_from_a_file_someone_else_planted(
+    shared: Path,
+) -> None:
+    """Another user plants `<sock>.pid` (theirs, locked, naming a process of the victim's):
+    `krex daemon stop` sent SIGTERM to whatever pid it named. Now one line, exit 2."""
+    sock = shared / "k.sock"
+    innocent = subprocess.Popen(["sleep", "120"])
+    holder = subprocess.Popen(
+        [
+            str(SYSTEM_PYTHON),
+            "-c",
+            textwrap.dedent(f"""
+            import fcntl, os, time
+            fd = os.open({f"{sock}.pid"!r}, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(fd, b"{innocent.pid}\\n")
+            print("ready", flush=True)
+            time.sleep(120)
+        """),
+        ],
+        preexec_fn=_drop,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        p = subprocess.run(
+            [*KREX, "daemon", "stop", "--socket", str(sock), "--timeout", "5"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert p.returncode == 2, p.stderr
+        assert f"belongs to uid {NOBODY}" in p.stderr and "refusing" in p.stderr
+        assert innocent.poll() is None  # not signalled
+    finally:
+        holder.kill()
+        holder.wait()
+        innocent.kill()
+        innocent.wait()

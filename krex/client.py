@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import errno
 import fcntl
 import hashlib
 import json
@@ -481,6 +482,9 @@ def _report_target(path: Path) -> tuple[Path, bool]:
         raise ValueError(e.strerror or str(e)) from None
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise ValueError("is a directory")
+    if st is not None and (stat.S_ISSOCK(st.st_mode) or stat.S_ISBLK(st.st_mode)):
+        kind = "a socket" if stat.S_ISSOCK(st.st_mode) else "a block device"
+        raise ValueError(f"is {kind}: a report goes to a file, a pipe or a terminal")
     if st is not None and (not stat.S_ISREG(st.st_mode) or _open_here(st)):
         # Renaming over (or truncating) a file krex run has open, `--report /dev/stdout >
         # out.txt`, would lose what the command wrote to it: _write_report appends.
@@ -499,6 +503,67 @@ def _report_target(path: Path) -> tuple[Path, bool]:
     os.close(fd)
     os.unlink(probe)
     return target, True
+
+
+# How long a report written in place (a FIFO, a terminal) waits for a reader to open it and
+# take it; SIGTERM, SIGINT, SIGHUP or SIGQUIT end the wait at once.
+REPORT_WAIT_S = 10.0
+_ENDING = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
+
+
+class _ReportAbandoned(OSError):
+    """Nobody took the report in time, or a signal asked krex run to end while it waited."""
+
+
+def _write_in_place(target: Path, data: bytes, *, append: bool) -> None:
+    """Write the report into target as it is (a device, a pipe, a file krex run has open)
+    without blocking: a FIFO nobody opens for reading, or a reader that stops reading, is given
+    up after REPORT_WAIT_S, and at once when a signal that ends krex run comes (they are held
+    at this point: the command's, sent after it ended)."""
+    deadline = time.monotonic() + REPORT_WAIT_S
+    flags = os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_APPEND if append else os.O_TRUNC)
+    while True:
+        try:
+            fd = os.open(target, flags)
+            break
+        except OSError as e:
+            if e.errno != errno.ENXIO:  # ENXIO: a FIFO with no reader (yet)
+                raise
+        _pause(deadline, "nobody opened it for reading")
+    try:
+        while data:
+            try:
+                data = data[os.write(fd, data) :]
+            except BlockingIOError:
+                _pause(deadline, "nobody read it", fd)
+    finally:
+        os.close(fd)
+
+
+def _pause(deadline: float, why: str, fd: int | None = None) -> None:
+    """Wait a little (for fd to take more, when given); _ReportAbandoned once the deadline has
+    passed, or when a signal that ends krex run comes."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise _ReportAbandoned(errno.ETIMEDOUT, f"{why} within {REPORT_WAIT_S:g} s")
+    step = min(0.1, left)
+    ending = _ENDING - (_mask or set()) if _mask is not None else set()
+    if ending:
+        info = signal.sigtimedwait(ending, 0)
+        if info is not None:
+            raise _ReportAbandoned(
+                errno.EINTR, f"{why}, and {signal.Signals(info.si_signo).name} came"
+            )
+    if fd is not None:
+        select.select([], [fd], [], step)
+    elif ending:
+        info = signal.sigtimedwait(ending, step)
+        if info is not None:
+            raise _ReportAbandoned(
+                errno.EINTR, f"{why}, and {signal.Signals(info.si_signo).name} came"
+            )
+    else:
+        time.sleep(step)
 
 
 def _open_here(st: os.stat_result) -> bool:
@@ -520,8 +585,7 @@ def _write_report(path: Path, report: dict[str, Any]) -> None:
     try:
         target, whole = _report_target(path)
         if not whole:
-            with open(target, "a" if _open_here(os.stat(target)) else "w") as f:
-                f.write(text)
+            _write_in_place(target, text.encode(), append=_open_here(os.stat(target)))
             return
         try:
             mode = os.stat(target).st_mode & 0o7777

@@ -12,9 +12,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
+import sys
 import tempfile
 import textwrap
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,10 +27,12 @@ from typing import Any
 import click
 import pytest
 from conftest import remove_shm
-from helpers import HOLDER, KREX, until
+from helpers import HOLDER, KREX, Daemon, krex_run, until
 from test_security import NOBODY, SYSTEM_PYTHON, as_root
 
 import krex
+from krex import simnode
+from krex.paths import sim_library_dir
 
 
 def _drop() -> None:
@@ -349,3 +355,131 @@ def test_krex_daemon_stop_signals_no_pid_from_a_file_someone_else_planted(
         holder.wait()
         innocent.kill()
         innocent.wait()
+
+
+# --- item 7: a report target that would block; a simulated node someone else made --------------
+
+
+@pytest.fixture(scope="module")
+def sim_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = Daemon(tmp_path_factory.mktemp("report") / "krex.sock")
+    d.start()
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def _reported_command(d: Daemon, report: Path, marker: Path) -> subprocess.Popen[str]:
+    """krex run --report REPORT of a command that notes its end in marker, exit 3."""
+    code = f"open({str(marker)!r}, 'w').write('done'); raise SystemExit(3)"
+    return krex_run(d, sys.executable, "-c", code, report=report, stderr=subprocess.PIPE)
+
+
+def test_a_report_fifo_nobody_reads_is_given_up_with_one_line(
+    sim_daemon: Daemon, tmp_path: Path
+) -> None:
+    """Item 7: `--report` to a FIFO with no reader hung krex run for ever (open() blocks).
+    Now it waits a while for a reader, then one line; the command's exit status stays."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    p = _reported_command(sim_daemon, fifo, tmp_path / "done")
+    try:
+        _, err = p.communicate(timeout=120)
+    finally:
+        p.kill()  # when it hangs (it did)
+    assert p.returncode == 3, err
+    assert f"cannot write the report to {fifo}: nobody opened it for reading within" in err
+    assert "Traceback" not in err
+
+
+def test_sigterm_ends_krex_run_waiting_on_a_report_fifo(sim_daemon: Daemon, tmp_path: Path) -> None:
+    """SIGTERM while krex run waits to write its report (signals are held then: the
+    command's, sent after it ended) was ignored, and the open() never returned. Now it ends
+    krex run at once, with one line."""
+    fifo, marker = tmp_path / "fifo", tmp_path / "done"
+    os.mkfifo(fifo)
+    p = _reported_command(sim_daemon, fifo, marker)
+    until(marker.exists, 120, "the command's end")
+    # The first may reach krex run while it still reaps the command (then it is the
+    # command's, and the command is gone): send until one ends the report's wait.
+    deadline = time.monotonic() + 120
+    try:
+        while p.poll() is None and time.monotonic() < deadline:
+            p.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()  # when it hangs (it did)
+    assert p.returncode == 3, err
+    assert "nobody opened it for reading, and SIGTERM came" in err, err
+
+
+def test_a_report_fifo_read_late_gets_the_whole_report(sim_daemon: Daemon, tmp_path: Path) -> None:
+    fifo, marker = tmp_path / "fifo", tmp_path / "done"
+    os.mkfifo(fifo)
+    p = _reported_command(sim_daemon, fifo, marker)
+    until(marker.exists, 120, "the command's end")
+    time.sleep(0.5)  # krex run is waiting for a reader by now, or soon
+    with open(fifo) as f:
+        report = json.loads(f.read())
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 3 and report["exit_code"] == 3, err
+
+
+def test_a_report_to_a_socket_is_refused_before_the_command_runs(tmp_path: Path) -> None:
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "s"))
+    try:
+        p = subprocess.run(
+            [*KREX, "run", "--sim", "--report", str(tmp_path / "s"), "--", "true"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        sock.close()
+    assert p.returncode == 125 and "is a socket" in p.stderr, p.stderr
+
+
+@as_root
+def test_the_simulated_node_refuses_a_segment_another_uid_made(tmp_path: Path) -> None:
+    """Another uid makes the simulated node's segment first (a valid one), 0666: our
+    processes used to attach and share simulated GPUs with them. Now cuInit fails with one
+    line naming the owner, as the daemon refuses a gates segment not its own."""
+    name = f"/krex-hostile-sim-{os.getpid()}"
+    src = Path(krex.__file__).resolve().parent.parent
+    site = Path(click.__file__).resolve().parent.parent
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": f"{src}:{site}",
+        "LD_LIBRARY_PATH": str(sim_library_dir()),
+        "KREX_SIM_SHM": name,
+    }
+    use = "from krex.simgpu import SimGPU; g = SimGPU(); g.launch(1000); g.sync(); print('ok')"
+    try:
+        maker = subprocess.run(
+            [str(SYSTEM_PYTHON), "-c", use + f"; import os; os.chmod('/dev/shm{name}', 0o666)"],
+            preexec_fn=_drop,
+            capture_output=True,
+            text=True,
+            cwd="/",
+            env=env,
+            timeout=60,
+        )
+        assert maker.returncode == 0 and "ok" in maker.stdout, maker.stderr
+        mine = subprocess.run(
+            [sys.executable, "-c", use],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env, "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+            timeout=60,
+        )
+        assert mine.returncode != 0 and "ok" not in mine.stdout
+        assert f"shared segment {name} is not this user's alone (uid {NOBODY}" in mine.stderr
+        # The controller's view of it (the daemon's) is "unknown", never its pids.
+        assert simnode.lock_holders(name) == set()
+        assert simnode.busy(name, 0, None) is None
+        assert simnode.remove(name) is False  # not ours to remove
+    finally:
+        remove_shm(name)

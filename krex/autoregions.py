@@ -240,8 +240,13 @@ def note_at_exit(path: str) -> None:
     import json
 
     def note() -> None:
-        with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"pid": os.getpid(), **resolution()}) + "\n")
+        from krex.trust import TrustError, open_beside
+
+        # A name in the shared temporary directory: never through a link someone planted.
+        with contextlib.suppress(OSError, TrustError):
+            fd = open_beside(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            with os.fdopen(fd, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"pid": os.getpid(), **resolution()}) + "\n")
 
     atexit.register(note)
 
@@ -249,11 +254,15 @@ def note_at_exit(path: str) -> None:
 def unresolved(path: Path, requested: Sequence[str]) -> list[str]:
     """Of `requested`, the names no process that noted in `path` resolved (all of them when
     none noted: the command ran no Python, or none of its processes got that far)."""
+    from krex.trust import TrustError, open_beside
+
     found: set[str] = set()
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, TrustError):
         import json
 
-        for line in path.read_text(encoding="utf-8").splitlines():
+        with os.fdopen(open_beside(path, os.O_RDONLY), encoding="utf-8") as f:
+            text = f.read()
+        for line in text.splitlines():
             with contextlib.suppress(ValueError, TypeError, AttributeError):
                 found.update(str(n) for n in json.loads(line).get("resolved", []))
     return [n for n in requested if n not in found]

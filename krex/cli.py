@@ -15,9 +15,7 @@ import click
 from krex import __version__, paths
 from krex.bench import SETTLE_S as BENCH_SETTLE_S
 from krex.build import build_id
-from krex.config import MAX_SETTLE_S
-
-MAX_SECONDS = 1e9  # about 31 years: longer waits overflow the socket and timer calls
+from krex.config import MAX_SECONDS, MAX_SETTLE_S
 
 
 class Seconds(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2 on
@@ -314,14 +312,16 @@ def run(
         gpu = ids[0] if len(ids) == 1 else ids
     mem = 0
     if mem_text is not None:
-        from krex.config import parse_size
+        from krex.config import MAX_BYTES, parse_size
 
         try:
             mem = parse_size(mem_text)
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="'--mem'") from None
-        if mem == 0:
-            raise click.BadParameter("must be more than 0", param_hint="'--mem'")
+        if not 0 < mem <= MAX_BYTES:
+            raise click.BadParameter(
+                f"{mem_text!r}: must be more than 0 and at most 1024T (1 PiB)", param_hint="'--mem'"
+            )
     sys.exit(
         client.run(
             client.RunOptions(
@@ -468,11 +468,17 @@ def daemon_stop(sim: bool, socket_path: str | None, timeout_s: float) -> None:
     except ConfigError as e:
         click.echo(f"krex daemon stop: {e}", err=True)
         sys.exit(2)
+    from krex.trust import TrustError, open_beside, trusted_uids
+
     try:
-        fd = os.open(f"{sock}.pid", os.O_RDONLY)
+        # The pid it signals: from a file of ours or root's, never through a planted link.
+        fd = open_beside(f"{sock}.pid", os.O_RDONLY, owners=trusted_uids())
     except FileNotFoundError:
         click.echo(f"krex daemon stop: no krex daemon runs on {sock}", err=True)
         return
+    except TrustError as e:
+        click.echo(f"krex daemon stop: {e}", err=True)
+        sys.exit(2)
 
     def held() -> bool:
         """Whether a daemon holds the lock (it does for as long as it runs)."""

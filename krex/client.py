@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import errno
 import fcntl
 import hashlib
 import json
@@ -39,7 +40,7 @@ from krex.config import default_socket, load
 from krex.errors import KrexError, ProtocolError
 from krex.leftovers import reclaim
 from krex.pool import Invocation, ProcState, ignored_signals, plan
-from krex.trust import TrustError, check_daemon, check_env
+from krex.trust import TrustError, check_daemon, check_env, open_beside
 from krex.watch import DaemonWatch
 
 EXIT_KREX = 125
@@ -146,18 +147,26 @@ def connect(path: Path, *, sim: bool, start: bool) -> Connection:
         if not start:
             raise ClientError(f"no krex daemon answers at {path}") from e
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    lock = os.open(str(path) + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    log_path = path.parent / (path.stem + ".log")
+    try:
+        # Beside a socket that may be in a shared directory: never through a planted link.
+        lock = open_beside(str(path) + ".lock", os.O_RDWR | os.O_CREAT)
+    except TrustError as e:
+        raise ClientError(f"cannot start a daemon at {path}: {e}") from None
     try:
         # Two `krex run` started at once: one starts the daemon, the other waits here and
         # then finds it answering.
         fcntl.flock(lock, fcntl.LOCK_EX)
         with contextlib.suppress(FileNotFoundError, ConnectionRefusedError):
             return Connection(path)
-        log_path = path.parent / (path.stem + ".log")
         cmd = [sys.executable, "-m", "krex.cli", "daemon", "--socket", str(path.absolute())]
         if sim:
             cmd.append("--sim")
-        with open(log_path, "ab") as logf:
+        try:
+            log_fd = open_beside(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        except TrustError as e:
+            raise ClientError(f"cannot start a daemon at {path}: its log {e}") from None
+        with os.fdopen(log_fd, "ab") as logf:
             proc = subprocess.Popen(
                 cmd,
                 stdin=subprocess.DEVNULL,
@@ -172,13 +181,23 @@ def connect(path: Path, *, sim: bool, start: bool) -> Connection:
             with contextlib.suppress(FileNotFoundError, ConnectionRefusedError):
                 return Connection(path)
             if proc.poll() is not None:
-                tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+                tail = _read_beside(log_path).strip().splitlines()[-1:] or [""]
                 why = tail[0].split(" ERROR ", 1)[-1]  # the daemon's message, not its log prefix
                 raise ClientError(f"the krex daemon did not start: {why} (log: {log_path})")
             time.sleep(0.05)
         raise ClientError(f"the krex daemon did not answer at {path} within 20 s")
     finally:
         os.close(lock)
+
+
+def _read_beside(path: Path) -> str:
+    """A log krex wrote beside a socket or in a directory someone chose (open_beside: not
+    through a link); empty when it cannot be read so."""
+    try:
+        with os.fdopen(open_beside(path, os.O_RDONLY), "rb") as f:
+            return f.read().decode(errors="replace")
+    except (OSError, TrustError):
+        return ""
 
 
 def _daemon_place() -> dict[str, Any]:
@@ -482,6 +501,9 @@ def _report_target(path: Path) -> tuple[Path, bool]:
         raise ValueError(e.strerror or str(e)) from None
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise ValueError("is a directory")
+    if st is not None and (stat.S_ISSOCK(st.st_mode) or stat.S_ISBLK(st.st_mode)):
+        kind = "a socket" if stat.S_ISSOCK(st.st_mode) else "a block device"
+        raise ValueError(f"is {kind}: a report goes to a file, a pipe or a terminal")
     if st is not None and (not stat.S_ISREG(st.st_mode) or _open_here(st)):
         # Renaming over (or truncating) a file krex run has open, `--report /dev/stdout >
         # out.txt`, would lose what the command wrote to it: _write_report appends.
@@ -500,6 +522,67 @@ def _report_target(path: Path) -> tuple[Path, bool]:
     os.close(fd)
     os.unlink(probe)
     return target, True
+
+
+# How long a report written in place (a FIFO, a terminal) waits for a reader to open it and
+# take it; SIGTERM, SIGINT, SIGHUP or SIGQUIT end the wait at once.
+REPORT_WAIT_S = 10.0
+_ENDING = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
+
+
+class _ReportAbandoned(OSError):
+    """Nobody took the report in time, or a signal asked krex run to end while it waited."""
+
+
+def _write_in_place(target: Path, data: bytes, *, append: bool) -> None:
+    """Write the report into target as it is (a device, a pipe, a file krex run has open)
+    without blocking: a FIFO nobody opens for reading, or a reader that stops reading, is given
+    up after REPORT_WAIT_S, and at once when a signal that ends krex run comes (they are held
+    at this point: the command's, sent after it ended)."""
+    deadline = time.monotonic() + REPORT_WAIT_S
+    flags = os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_APPEND if append else os.O_TRUNC)
+    while True:
+        try:
+            fd = os.open(target, flags)
+            break
+        except OSError as e:
+            if e.errno != errno.ENXIO:  # ENXIO: a FIFO with no reader (yet)
+                raise
+        _pause(deadline, "nobody opened it for reading")
+    try:
+        while data:
+            try:
+                data = data[os.write(fd, data) :]
+            except BlockingIOError:
+                _pause(deadline, "nobody read it", fd)
+    finally:
+        os.close(fd)
+
+
+def _pause(deadline: float, why: str, fd: int | None = None) -> None:
+    """Wait a little (for fd to take more, when given); _ReportAbandoned once the deadline has
+    passed, or when a signal that ends krex run comes."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise _ReportAbandoned(errno.ETIMEDOUT, f"{why} within {REPORT_WAIT_S:g} s")
+    step = min(0.1, left)
+    ending = _ENDING - (_mask or set()) if _mask is not None else set()
+    if ending:
+        info = signal.sigtimedwait(ending, 0)
+        if info is not None:
+            raise _ReportAbandoned(
+                errno.EINTR, f"{why}, and {signal.Signals(info.si_signo).name} came"
+            )
+    if fd is not None:
+        select.select([], [fd], [], step)
+    elif ending:
+        info = signal.sigtimedwait(ending, step)
+        if info is not None:
+            raise _ReportAbandoned(
+                errno.EINTR, f"{why}, and {signal.Signals(info.si_signo).name} came"
+            )
+    else:
+        time.sleep(step)
 
 
 def _open_here(st: os.stat_result) -> bool:
@@ -521,8 +604,7 @@ def _write_report(path: Path, report: dict[str, Any]) -> None:
     try:
         target, whole = _report_target(path)
         if not whole:
-            with open(target, "a" if _open_here(os.stat(target)) else "w") as f:
-                f.write(text)
+            _write_in_place(target, text.encode(), append=_open_here(os.stat(target)))
             return
         try:
             mode = os.stat(target).st_mode & 0o7777
@@ -958,15 +1040,18 @@ def private_daemon(
         *(["--gpus", str(gpus)] if gpus is not None else []),
         *(["--mps"] if mps else []),
     ]
-    with open(log_path, "wb") as log:
+    try:
+        log_fd = open_beside(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    except TrustError as e:
+        raise ClientError(f"a private krex daemon cannot log to {e}") from None
+    with os.fdopen(log_fd, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=log, **_daemon_place())
     try:
         deadline = time.monotonic() + 30
         while not sock.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise ClientError(
-                    "a private krex daemon did not start: "
-                    + log_path.read_text(errors="replace")[-1500:]
+                    "a private krex daemon did not start: " + _read_beside(log_path)[-1500:]
                 )
             time.sleep(0.05)
         _await_pool(sock, deadline=time.monotonic() + 180)

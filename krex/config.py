@@ -73,8 +73,8 @@ address = "127.0.0.1"
 from __future__ import annotations
 
 import difflib
-import math
 import os
+import re
 import sys
 import zlib
 from dataclasses import dataclass, field
@@ -94,11 +94,25 @@ DEFAULT_PATH = Path("/etc/krex/config.toml")
 # file in /dev/shm (NAME_MAX 255) with suffixes of its own added (`-t<tenant>`, `-sim`).
 SOCKET_PATH_MAX = 107
 SEGMENT_NAME_MAX = 200
+# Its name without the slash is also the daemon's cgroup root (krex/tenants.py, _ROOT_NAME).
+_SEGMENT_NAME = re.compile(rf"/[A-Za-z0-9_][A-Za-z0-9_.-]{{0,{SEGMENT_NAME_MAX - 1}}}")
 FREEZERS = ("auto", "cgroup-v2", "cgroup-v1", "signal")
 VENDORS = ("auto", "nvidia", "amd")
 # A region's settle (regions.settle_s, krex run --settle): its longest. Siblings stay frozen
 # through it, so a long one would cost everyone; 5 s is past any cooling measured to matter.
 MAX_SETTLE_S = 5.0
+# The longest time-out of any kind (about 31 years): a gate's deadline and the shim's waits are
+# nanoseconds in 64 bits, Python's sockets and timers hold at most about 9.2e9 s, and several
+# time-outs are added up (a region's setup, the shutdown's bound). The shim caps its own waits
+# (KREX_MEM_WAIT_S, KREX_REGION_WAIT_S) here too.
+MAX_SECONDS = 1e9
+# The most device memory any setting or flag names (memory.*_gib, krex run --mem), 1 PiB: far
+# beyond any GPU, and what the simulated driver takes (KREX_SIM_MEM_BYTES, shim/sim).
+MAX_BYTES = 1 << 50
+MAX_GIB = MAX_BYTES >> 30
+MAX_EXACT_INT = 2**53  # an integer given for a number: at most this large
+MAX_GPUS = 16  # gpus.count, slices.N, krex daemon --gpus
+MAX_POOL_USES = 2**31 - 1  # pool.max_uses (unused, but still a number krex can hold)
 
 
 class ConfigError(KrexError):
@@ -121,6 +135,29 @@ def parse_size(text: str) -> int:
     if not (value >= 0 and value != float("inf")):
         raise ValueError(f"{text!r} is not a size (e.g. 24G, 512M, 1073741824)")
     return int(value * _SIZE_UNITS[unit])
+
+
+# KREX_SIM_MEM_BYTES as the simulated driver reads it (shim/sim/sim_util.c, sim_parse_bytes):
+# whole bytes, optionally with K (or k), M, G or T and then B or iB, between 1 MiB and 1 PiB.
+_SIM_BYTES = re.compile(r"([0-9]+)(?:([kKMGT])(?:B|iB)?)?")
+SIM_MEM_MIN = 1 << 20
+
+
+def sim_mem_bytes(text: str) -> int:
+    """The simulated GPU's memory that KREX_SIM_MEM_BYTES=text gives, read as the simulated
+    driver reads it (the daemon must agree with it); ConfigError naming the variable, the
+    value and the range when the driver would ignore it."""
+    m = _SIM_BYTES.fullmatch(text)
+    bytes_ = 0
+    if m and len(m[1]) <= 20:
+        bytes_ = int(m[1]) << (10 * (1 + "KMGT".index(m[2].upper())) if m[2] else 0)
+    if not SIM_MEM_MIN <= bytes_ <= MAX_BYTES:
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise ConfigError(
+            f"KREX_SIM_MEM_BYTES={shown!r}: the simulated GPU's memory must be whole bytes, "
+            "optionally with K, M, G or T, between 1 MiB and 1 PiB (e.g. 80G)"
+        )
+    return bytes_
 
 
 def runtime_dir() -> Path:
@@ -327,8 +364,10 @@ def _check(doc: dict[str, Any], where: str) -> None:
                 raise ConfigError(f"{where}: [slices] must be a table of GPUs")
             for gpu, s in body.items():
                 key = f"slices.{gpu}"
-                if not gpu.isdigit():
-                    raise ConfigError(f"{where}: {key}: the key must be a GPU index")
+                if not (gpu.isascii() and gpu.isdigit() and int(gpu) < MAX_GPUS):
+                    raise ConfigError(
+                        f"{where}: {key}: the key must be a GPU index, 0..{MAX_GPUS - 1}"
+                    )
                 if not isinstance(s, dict) or set(s) - {"region", "shared"}:
                     raise ConfigError(f"{where}: {key} takes only 'region' and 'shared'")
                 for k in ("region", "shared"):
@@ -380,7 +419,11 @@ def from_toml(text: str, where: str = "config") -> Config:
                 value = Path(value)
             elif name == "pool_preload":
                 value = tuple(value)
-            elif isinstance(value, int) and _SCHEMA[section][key] == (int, float):
+            elif (
+                isinstance(value, int)
+                and _SCHEMA[section][key] == (int, float)
+                and abs(value) <= MAX_EXACT_INT  # a longer one overflows float(): validate()
+            ):  # refuses it as it is
                 value = float(value)
             values[name] = value
     cfg = Config(**values)  # every default is the dataclass's own
@@ -389,46 +432,66 @@ def from_toml(text: str, where: str = "config") -> Config:
 
 
 def validate(cfg: Config) -> None:
-    """Value checks that do not depend on the machine."""
-    if cfg.gpu_count is not None and not 1 <= cfg.gpu_count <= 16:
-        raise ConfigError(f"{cfg.source}: gpus.count must be 1..16, got {cfg.gpu_count}")
+    """Value checks that do not depend on the machine: every number within what krex can hold
+    (one ConfigError naming the key, its value and the range)."""
+    if cfg.gpu_count is not None and not 1 <= cfg.gpu_count <= MAX_GPUS:
+        raise ConfigError(
+            f"{cfg.source}: gpus.count must be 1..{MAX_GPUS}, got {_shown(cfg.gpu_count)}"
+        )
     if cfg.vendor not in VENDORS:
         raise ConfigError(
             f"{cfg.source}: gpus.vendor must be one of {', '.join(VENDORS)}, got {cfg.vendor!r}"
         )
     if not 1 <= cfg.slots <= 256:
-        raise ConfigError(f"{cfg.source}: gpus.slots must be 1..256, got {cfg.slots}")
-    for key in ("quiesce_s", "drain_s", "freeze_s", "region_s"):
-        value = getattr(cfg, _FIELDS["timeouts", key])
-        if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{cfg.source}: gpus.slots must be 1..256, got {_shown(cfg.slots)}")
+    for section, key in (
+        *(("timeouts", k) for k in ("quiesce_s", "drain_s", "freeze_s", "region_s")),
+        *(("memory", k) for k in ("wait_s", "deadlock_s", "room_wait_s")),
+    ):
+        value = getattr(cfg, _FIELDS[section, key])
+        if not (_within(value, 0, MAX_SECONDS) and value > 0):
             raise ConfigError(
-                f"{cfg.source}: timeouts.{key} must be > 0 and finite (seconds), got {value!r}"
+                f"{cfg.source}: {section}.{key} must be > 0 and finite, at most "
+                f"{MAX_SECONDS:g} (seconds), got {_shown(value)}"
             )
     for key in ("settle_s", "capped_settle_s"):
         value = getattr(cfg, _FIELDS["regions", key])
-        if not (math.isfinite(value) and 0 <= value <= MAX_SETTLE_S):
+        if not _within(value, 0, MAX_SETTLE_S):
             raise ConfigError(
-                f"{cfg.source}: regions.{key} must be 0..{MAX_SETTLE_S:g} (seconds), got {value!r}"
-            )
-    for key in ("wait_s", "deadlock_s", "room_wait_s"):
-        value = getattr(cfg, _FIELDS["memory", key])
-        if not (math.isfinite(value) and value > 0):
-            raise ConfigError(
-                f"{cfg.source}: memory.{key} must be > 0 and finite (seconds), got {value!r}"
+                f"{cfg.source}: regions.{key} must be 0..{MAX_SETTLE_S:g} (seconds), "
+                f"got {_shown(value)}"
             )
     for key in ("headroom_gib", "room_gib", "unknown_gib"):
         gib = getattr(cfg, _FIELDS["memory", key])
-        if gib is not None and not (math.isfinite(gib) and gib >= 0):
-            raise ConfigError(f"{cfg.source}: memory.{key} must be >= 0 and finite, got {gib!r}")
+        if gib is not None and not _within(gib, 0, MAX_GIB):
+            raise ConfigError(
+                f"{cfg.source}: memory.{key} must be >= 0 and finite, at most {MAX_GIB} "
+                f"(GiB, 1 PiB), got {_shown(gib)}"
+            )
     if cfg.pool_workers is not None and not 0 <= cfg.pool_workers <= 256:
-        raise ConfigError(f"{cfg.source}: pool.workers must be 0..256, got {cfg.pool_workers}")
-    if cfg.pool_max_uses < 1:
-        raise ConfigError(f"{cfg.source}: pool.max_uses must be at least 1")
+        raise ConfigError(
+            f"{cfg.source}: pool.workers must be 0..256, got {_shown(cfg.pool_workers)}"
+        )
+    if not 1 <= cfg.pool_max_uses <= MAX_POOL_USES:
+        raise ConfigError(
+            f"{cfg.source}: pool.max_uses must be at least 1, at most {MAX_POOL_USES}, "
+            f"got {_shown(cfg.pool_max_uses)}"
+        )
+    for gpu in cfg.slices:
+        if not 0 <= gpu < MAX_GPUS:
+            raise ConfigError(f"{cfg.source}: slices.{gpu}: a GPU index is 0..{MAX_GPUS - 1}")
     for name in cfg.pool_preload or ():
         if not isinstance(name, str) or not all(p.isidentifier() for p in name.split(".")):
             raise ConfigError(f"{cfg.source}: pool.preload: {name!r} is not a module name")
     if not 0 <= cfg.metrics_port <= 65535:
-        raise ConfigError(f"{cfg.source}: metrics.port must be 0..65535, got {cfg.metrics_port}")
+        raise ConfigError(
+            f"{cfg.source}: metrics.port must be 0..65535, got {_shown(cfg.metrics_port)}"
+        )
+    addr = cfg.metrics_address
+    if not (addr and len(addr) <= 253 and addr.isascii() and addr.isprintable()) or " " in addr:
+        raise ConfigError(
+            f"{cfg.source}: metrics.address must be a host name or address, got {addr[:60]!r}"
+        )
     if cfg.log_format not in ("text", "json"):
         raise ConfigError(
             f"{cfg.source}: daemon.log_format must be text or json, got {cfg.log_format!r}"
@@ -439,26 +502,33 @@ def validate(cfg: Config) -> None:
             f"got {cfg.freezer!r}"
         )
     seg = cfg.segment
-    if seg is not None and not (
-        seg.startswith("/")
-        and 1 < len(seg) <= SEGMENT_NAME_MAX + 1
-        and "/" not in seg[1:]
-        and seg.isprintable()
-    ):
+    if seg is not None and not _SEGMENT_NAME.fullmatch(seg):
         shown = repr(seg[:40]) + ("..." if len(seg) > 40 else "")
         raise ConfigError(
-            f"{cfg.source}: daemon.segment must look like '/name' (at most {SEGMENT_NAME_MAX} "
-            f"printable characters after the slash, none of them '/'), got {shown} "
-            f"({len(seg)} characters)"
+            f"{cfg.source}: daemon.segment must look like '/name' (1 to {SEGMENT_NAME_MAX} "
+            "letters, digits, '.', '_' or '-' after the slash, the first not '.' or '-': it "
+            f"names the daemon's cgroups too), got {shown} ({len(seg)} characters)"
         )
     if cfg.socket is not None:
         check_socket_path(cfg.socket, f"{cfg.source}: daemon.socket")
 
 
+def _within(value: float, lo: float, hi: float) -> bool:
+    """lo <= value <= hi, compared exactly (an integer too large for a float is out, not an
+    OverflowError; nan is out)."""
+    return lo <= value <= hi
+
+
+def _shown(value: object) -> str:
+    """A value for an error message, cut short."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def check_socket_path(path: Path, where: str) -> None:
     """ConfigError unless `path` can be a unix socket's path (length, no NUL byte)."""
     raw = os.fsencode(path)
-    if b"\0" in raw or not raw:
+    if b"\0" in raw or not raw or raw in (b".", b".."):
         raise ConfigError(f"{where}: not a usable path ({str(path)!r})")
     if len(raw) > SOCKET_PATH_MAX:
         raise ConfigError(

@@ -28,7 +28,7 @@ from typing import Any
 
 from krex import __version__, liveness, wire
 from krex.build import identity, mismatch
-from krex.config import MAX_SETTLE_S, Config, ConfigError, parse_size
+from krex.config import MAX_BYTES, MAX_SECONDS, MAX_SETTLE_S, Config, ConfigError, sim_mem_bytes
 from krex.errors import KrexError, ProtocolError
 from krex.machinery import NodeMachinery
 from krex.memory import GIB, Memory, argv_key, is_key
@@ -53,6 +53,7 @@ from krex.simnode import remove as remove_sim_segment
 from krex.simnode import segment_name as sim_segment
 from krex.tasks import Supervisor
 from krex.tenants import FreezerKind, TenantGroup, TenantsError, detect_freezer, prune
+from krex.trust import TrustError, open_beside
 from krex.workers import EXIT_WAIT_S, Pool
 
 log = logging.getLogger("krex.daemon")
@@ -178,6 +179,13 @@ class Daemon:
             m for m in cfg.preload() if importlib.util.find_spec(m.split(".")[0]) is not None
         ]
         self.pool = Pool(self)
+        capacity = min(map(self._capacity, range(n)), default=0)
+        if cfg.memory_room_gib is not None and 0 < capacity < cfg.room_bytes(capacity):
+            # A room no GPU can free: every region beside siblings would wait room_wait_s.
+            raise ConfigError(
+                f"{cfg.source}: memory.room_gib = {cfg.memory_room_gib:g} is more than the "
+                f"GPU's memory ({capacity / (1 << 30):.1f} GiB)"
+            )
         self.memory = Memory(
             self.gpus,
             self.segments.live_slots,
@@ -193,7 +201,7 @@ class Daemon:
             room_wait_s=cfg.memory_room_wait_s,
             device_free=self._device_free,
             device_users=self.machinery.device_users,
-            unknown=cfg.unknown_bytes(min(map(self._capacity, range(n)), default=0)),
+            unknown=cfg.unknown_bytes(capacity),
         )
         self.machinery.room = self._make_room
         self.mps: Mps | None = None
@@ -222,9 +230,8 @@ class Daemon:
         """GPU memory in bytes: NVML's total; on the simulated GPU, KREX_SIM_MEM_BYTES (what
         the simulated driver reads) or its default; 0 where unknown."""
         if self.cfg.sim:
-            with contextlib.suppress(ValueError):
-                return parse_size(os.environ.get("KREX_SIM_MEM_BYTES", "") or "0") or SIM_MEM
-            return SIM_MEM
+            text = os.environ.get("KREX_SIM_MEM_BYTES", "")
+            return sim_mem_bytes(text) if text else SIM_MEM
         info = self.nvml.memory(gpu) if self.nvml is not None else None
         return info[0] if info else 0
 
@@ -577,16 +584,18 @@ class Daemon:
         timeout = msg.get("region_timeout_s")
         if timeout is None:
             timeout = self.cfg.region_timeout_s
-        if not wire.is_number(timeout) or not 0 < timeout < float("inf"):
-            raise ProtocolError("region_timeout_s must be a positive, finite number")
+        if not wire.is_number(timeout) or not 0 < timeout <= MAX_SECONDS:
+            raise ProtocolError(
+                f"region_timeout_s must be a positive number of seconds, at most {MAX_SECONDS:g}"
+            )
         auto = msg.get("auto_regions")
         if auto is not None and not isinstance(auto, str):
             raise ProtocolError("auto_regions must be a string")
         mem = msg.get("mem_bytes", 0)
         if mem is None:
             mem = 0
-        if not wire.is_int(mem) or mem < 0:
-            raise ProtocolError("mem_bytes must be a non-negative integer")
+        if not wire.is_int(mem) or not 0 <= mem <= MAX_BYTES:
+            raise ProtocolError(f"mem_bytes must be an integer 0..{MAX_BYTES} (1 PiB)")
         if not self.segments.linked():
             # Running tenants keep their mapping and carry on; a new one would find no segment
             # and run ungated, so none is let in.
@@ -598,8 +607,8 @@ class Daemon:
         if not isinstance(alone, bool):
             raise ProtocolError("mem_alone must be true or false")
         rerun = msg.get("mem_rerun", 0)
-        if not wire.is_int(rerun) or rerun < 0:
-            raise ProtocolError("mem_rerun must be a non-negative integer (bytes)")
+        if not wire.is_int(rerun) or not 0 <= rerun <= MAX_BYTES:
+            raise ProtocolError(f"mem_rerun must be an integer 0..{MAX_BYTES} (bytes)")
         settles: dict[str, float] = {}
         for key, field_name, default in (
             ("settle_s", "settle", self.cfg.region_settle_s),
@@ -677,11 +686,15 @@ class Daemon:
             for g in gpus:
                 await self._take_slot(g, req, conn)
                 held.append(g)
-            tid = self.segments.take_id()
+            try:
+                # An id whose slot-segment name is free (one someone else planted is skipped).
+                tid, _ = self.segments.new_tenant(_TENANT_SLOTS)
+            except (SegmentError, OSError) as e:
+                raise ProtocolError(f"cannot set up the tenant: {e}") from e
             try:
                 group = TenantGroup.create(self.freezer, self.root, tid)
-                self.segments.create(tid, _TENANT_SLOTS)
-            except (SegmentError, KrexError) as e:
+            except KrexError as e:
+                self.segments.discard(tid)
                 raise ProtocolError(f"cannot set up the tenant: {e}") from e
         except BaseException:
             for g in held:
@@ -1040,7 +1053,10 @@ def _take_lock(sock: Path) -> int:
     sock.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = str(sock) + ".pid"
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fd = open_beside(path, os.O_RDWR | os.O_CREAT)
+        except TrustError as e:  # planted: a symlink into someone's files, or not ours
+            raise ConfigError(f"the daemon's pid file {e}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

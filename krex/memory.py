@@ -46,6 +46,7 @@ from typing import Any, Protocol
 
 from krex.model import AdmitRequest, Gpu, Tenant
 from krex.shm import MEM_KINDS, SlotView
+from krex.trust import TrustError, open_beside
 
 log = logging.getLogger("krex.daemon")
 
@@ -492,18 +493,30 @@ class Memory:
         self.learned[key] = peak
         if len(self.learned) > _LEARNED_MAX:
             self.learned = dict(list(self.learned.items())[-_LEARNED_MAX:])
-        with contextlib.suppress(OSError):
-            tmp = self.learned_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self.learned))
+        tmp = self.learned_path.with_suffix(".tmp")
+        try:
+            # Beside a socket someone may share a directory with: a new file of ours, never
+            # written through a link they planted (krex/trust.py, open_beside).
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            fd = open_beside(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(self.learned))
             os.replace(tmp, self.learned_path)
+        except (OSError, TrustError) as e:
+            log.warning("cannot save the learned peaks to %s: %s", self.learned_path, e)
 
 
 def _load(path: Path | None) -> dict[str, int]:
     if path is None:
         return {}
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
+        with os.fdopen(open_beside(path, os.O_RDONLY), encoding="utf-8") as f:
+            doc = json.loads(f.read())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, TrustError) as e:
+        log.warning("not using the learned peaks in %s: %s", path, e)
         return {}
     if not isinstance(doc, dict):
         return {}

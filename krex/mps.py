@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -30,8 +31,14 @@ class Mps:
         if not control:
             raise ConfigError(f"mps.enabled is set but {_CONTROL} is not on PATH")
         mps = cls(directory)
-        for sub in ("pipe", "log"):
-            (directory / sub).mkdir(parents=True, exist_ok=True)
+        for d in (directory, directory / "pipe", directory / "log"):
+            d.mkdir(parents=True, exist_ok=True)
+            st = os.lstat(d)  # beside the socket: ours, not a link someone planted there
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+                raise ConfigError(
+                    f"mps: {d} is not a directory of ours (a symlink, or uid "
+                    f"{st.st_uid}'s): refusing to use it"
+                )
         subprocess.run([control, "-d"], env=dict(os.environ, **mps.env()), check=True, timeout=30)
         log.info("started MPS (pipe directory %s)", directory / "pipe")
         return mps

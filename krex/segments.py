@@ -22,6 +22,9 @@ from krex.shm import ForeignSegment, Segment, SegmentError, SlotView
 from krex.tenants import recover
 
 log = logging.getLogger("krex.daemon")
+# Planted slot-segment names skipped in a row before an admission gives up with one error (a
+# stat each: cheap; a planter who makes more has to make them faster than ids are taken).
+_PLANTED_MAX = 1024
 
 
 class Segments:
@@ -80,15 +83,17 @@ class Segments:
             for entry in os.listdir("/dev/shm"):
                 if not (entry.startswith(prefix) and entry[len(prefix) :].isdigit()):
                     continue
-                self.next_id = max(self.next_id, int(entry[len(prefix) :]) + 1)
                 try:
                     seg = Segment.attach("/" + entry, owner=os.geteuid())
                 except ForeignSegment as e:
+                    # Not ours: its id is skipped when it comes (new_tenant), and it does not
+                    # push our ids up (a planted "-t4294967295" would overflow them).
                     log.warning("not adopting %s: %s", entry, e)
                     continue
                 except SegmentError:
                     unlink("/" + entry)
                     continue
+                self.next_id = max(self.next_id, int(entry[len(prefix) :]) + 1)
                 if _in_use(seg):
                     adopted.append(seg)
                 else:
@@ -105,12 +110,53 @@ class Segments:
         return f"{self.gates.name}-t{tid}"
 
     def create(self, tid: int, slots: int) -> Segment:
-        """The slot segment of a new tenant (or pool worker) with this id."""
+        """The slot segment of a new tenant (or pool worker) with this id. ForeignSegment when
+        someone else holds its name (another uid can make any name in /dev/shm first, and the
+        sticky directory forbids removing it): new_tenant() then takes the next id."""
         name = self.name_of(tid)
-        unlink(name)  # a stale one of a predecessor's tenant with this id
-        seg = Segment.create(name, n_gpus=self.n_gpus, n_slots=slots)
-        self.tenants[tid] = seg
-        return seg
+        path = Path("/dev/shm", name.lstrip("/"))
+        for _ in range(2):
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                st = None
+            if st is not None and st.st_uid != os.geteuid():
+                raise ForeignSegment(
+                    f"{name} belongs to uid {st.st_uid} (mode {st.st_mode & 0o777:o}), not to "
+                    f"this daemon's uid {os.geteuid()}"
+                )
+            if st is not None:
+                unlink(name)  # a stale one of a predecessor's tenant with this id
+            try:
+                seg = Segment.create(name, n_gpus=self.n_gpus, n_slots=slots)
+            except SegmentError:
+                continue  # made meanwhile: whose it is decides on the next pass
+            self.tenants[tid] = seg
+            return seg
+        raise SegmentError(f"{name} keeps being made again under the daemon")
+
+    def new_tenant(self, slots: int) -> tuple[int, Segment]:
+        """A fresh id and its slot segment; a name someone else planted is skipped (logged),
+        and after many in a row one SegmentError says whose they are."""
+        last: ForeignSegment | None = None
+        for _ in range(_PLANTED_MAX):
+            tid = self.take_id()
+            try:
+                return tid, self.create(tid, slots)
+            except ForeignSegment as e:
+                log.warning("skipping tenant id %d: %s", tid, e)
+                last = e
+        raise SegmentError(
+            f"cannot make a slot segment: the next {_PLANTED_MAX} names are someone else's "
+            f"({last}); remove them"
+        )
+
+    def discard(self, tid: int) -> None:
+        """A tenant that was never set up: its new segment goes (no process ever mapped it)."""
+        seg = self.tenants.pop(tid, None)
+        if seg is not None:
+            seg.unlink()
+            seg.close()
 
     def retire(self, tid: int) -> None:
         """Its tenant is gone: the segment stays (and is drained) until its last process exits."""
@@ -264,5 +310,7 @@ def _inode(shm_name: str) -> int | None:
 
 
 def unlink(name: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
+    """Remove a segment's name if it is there and we may (another uid's in the sticky /dev/shm
+    stays: whoever maps it next checks its owner)."""
+    with contextlib.suppress(FileNotFoundError, PermissionError):
         Path("/dev/shm", name.lstrip("/")).unlink()

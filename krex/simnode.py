@@ -78,13 +78,21 @@ def busy(sim_shm: str, gpu: int, since: float | None) -> tuple[set[int], bool] |
     return set(pids[:n]), bool(lost.value)
 
 
+def ours(st: os.stat_result) -> bool:
+    """Whether a simulated node's segment is this user's alone (shim/sim: sim_shm_ours)."""
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
 def lock_holders(sim_shm: str) -> set[int]:
     """Pids holding the simulated driver's shared locks (empty when none, or no segment)."""
     try:
-        with open(Path("/dev/shm", sim_shm.lstrip("/")), "rb") as f:
-            head = f.read(_HEAD)
+        fd = os.open(Path("/dev/shm", sim_shm.lstrip("/")), os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return set()
+    with os.fdopen(fd, "rb") as f:
+        if not ours(os.fstat(fd)):
+            return set()  # another uid's: its pids are not our GPUs' (as shim/sim refuses it)
+        head = f.read(_HEAD)
     if len(head) < _HEAD:
         return set()
     pids = {int.from_bytes(head[o : o + 4], "little") for o in HOLDER_OFFSETS}
@@ -121,6 +129,13 @@ def remove(sim_shm: str) -> bool:
     segment is left under the name."""
     if mapped_by(sim_shm):
         return False
-    with contextlib.suppress(FileNotFoundError):
-        Path("/dev/shm", sim_shm.lstrip("/")).unlink()
+    path = Path("/dev/shm", sim_shm.lstrip("/"))
+    try:
+        if os.lstat(path).st_uid != os.geteuid():
+            return False  # someone else's: not ours to remove (and sticky /dev/shm forbids it)
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    except PermissionError:
+        return False
     return True

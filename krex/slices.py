@@ -18,6 +18,7 @@ from krex.errors import KrexError
 from krex.kernelfs import read as _read
 
 SYS_CPU = "/sys/devices/system/cpu"
+MAX_CPU = 8191  # a CPU list's highest (the kernel's NR_CPUS is at most 8192)
 SYS_NODE = "/sys/devices/system/node"
 SYS_PCI = "/sys/bus/pci/devices"
 _NVIDIA_VENDOR = "0x10de"
@@ -60,6 +61,9 @@ def parse_cpu_list(text: str) -> set[int]:
             raise SliceError(f"{text!r} is not a CPU list such as 0-3,8.") from None
         if first < 0 or last < first:
             raise SliceError(f"{text!r} is not a CPU list such as 0-3,8.")
+        if last > MAX_CPU:
+            shown = text if len(text) <= 40 else text[:37] + "..."
+            raise SliceError(f"{shown!r} names CPU {last}: CPUs are 0..{MAX_CPU}.")
         cpus.update(range(first, last + 1))
     return cpus
 

@@ -8,6 +8,7 @@ for.
 
 from __future__ import annotations
 
+import errno
 import functools
 import grp
 import os
@@ -63,6 +64,37 @@ def runtime_dir() -> Path:
             return private_dir(Path.home() / ".krex" / "run")
         except TrustError as e:
             raise TrustError(f"no safe runtime directory: {first_problem}; {e}") from e
+
+
+def open_beside(
+    path: str | os.PathLike[str], flags: int, mode: int = 0o600, owners: set[int] | None = None
+) -> int:
+    """os.open of a file krex keeps beside a path someone chose (a socket's pid, lock, peaks
+    and log files; a report's temporary file): never through a symlink (O_NOFOLLOW), and only
+    a regular file of ours (`owners`: default ourselves) with no other name (a hard link to
+    someone's file would pass the owner check). O_CREAT makes it with `mode`; with O_EXCL only
+    a new one. TrustError says which and why; other failures are OSError."""
+    truncate = flags & os.O_TRUNC  # only once it is known to be ours
+    try:
+        fd = os.open(path, (flags & ~os.O_TRUNC) | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise TrustError(f"{path} is a symlink: refusing to use it") from None
+        raise
+    st = os.fstat(fd)
+    why = ""
+    if not stat.S_ISREG(st.st_mode):
+        why = "is not a regular file"
+    elif st.st_uid not in (owners if owners is not None else {os.geteuid()}):
+        why = f"belongs to uid {st.st_uid}, not to you (uid {os.geteuid()})"
+    elif st.st_nlink != 1:
+        why = f"has {st.st_nlink} names (a hard link)"
+    if why:
+        os.close(fd)
+        raise TrustError(f"{path} {why}: refusing to use it")
+    if truncate:
+        os.ftruncate(fd, 0)
+    return fd
 
 
 def peer_uid(sock: socket.socket) -> int:

@@ -229,6 +229,9 @@ SIM_HIDDEN extern pid_t sim_pid;
  * error every call returns from then on. */
 SIM_HIDDEN CUresult sim_ensure_init(void);
 SIM_HIDDEN void sim_shm_init_layout(struct sim_shm *s);
+/* Whether a node's segment (its fstat) is this user's alone: ours, writable by nobody else. */
+struct stat;
+SIM_HIDDEN int sim_shm_ours(const struct stat *st);
 
 /* ---- The device model (sim_model.c). All functions with the model lock held. ---- */
 

@@ -82,7 +82,9 @@ static const struct sim_shm *map_node(const char *shm_name, unsigned gpu)
     if (fd < 0)
         return NULL;
     struct stat st;
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size != sizeof(struct sim_shm)) {
+    /* Not another uid's (nor one anyone may write): its pids would be taken for our GPUs'. */
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size != sizeof(struct sim_shm) ||
+        !sim_shm_ours(&st)) {
         close(fd);
         return NULL;
     }

@@ -76,6 +76,11 @@ static CUresult sim_shm_create(int fd, const char *name)
     return CUDA_SUCCESS;
 }
 
+int sim_shm_ours(const struct stat *st)
+{
+    return st->st_uid == geteuid() && !(st->st_mode & 022);
+}
+
 /* Give up on an existing segment: one clear line, and the caller fails cuInit. */
 static CUresult sim_shm_refuse(const char *name, const char *why, const char *detail)
 {
@@ -87,6 +92,18 @@ static CUresult sim_shm_attach(int fd, const char *name)
 {
     int64_t deadline = sim_mono_ns() + SIM_READY_WAIT_NS;
     struct stat st;
+    /* Ours alone, as the daemon's gates segment must be (krex/shm.py, attach): another uid's
+     * segment, or one anyone may write, would let them share (and steer) our simulated GPUs. */
+    if (fstat(fd, &st) != 0) {
+        sim_warn("cannot stat shared segment %s: %s", name, strerror(errno));
+        return CUDA_ERROR_NOT_INITIALIZED;
+    }
+    if (!sim_shm_ours(&st)) {
+        char detail[96];
+        snprintf(detail, sizeof detail, " (uid %u, mode %o; this process runs as uid %u)",
+                 (unsigned)st.st_uid, (unsigned)(st.st_mode & 0777), (unsigned)geteuid());
+        return sim_shm_refuse(name, "is not this user's alone", detail);
+    }
     /* Size 0: its creator has not sized it yet (ftruncate sets the final size at once). */
     for (;;) {
         if (fstat(fd, &st) != 0) {

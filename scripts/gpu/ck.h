@@ -15,4 +15,20 @@
         }                                                                                        \
     } while (0)
 
+/* The PTX file at path, NUL-terminated, in a static buffer (NULL, said on stderr, when it cannot
+ * be read). */
+static inline const char *read_ptx(const char *path)
+{
+    static char ptx[1 << 20];
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        perror(path);
+        return NULL;
+    }
+    size_t n = fread(ptx, 1, sizeof ptx - 1, f);
+    fclose(f);
+    ptx[n] = 0;
+    return ptx;
+}
+
 #endif

@@ -17,15 +17,9 @@ int main(int argc, char **argv)
 {
     if (argc < 3)
         return 2;
-    FILE *f = fopen(argv[2], "rb");
-    if (!f) {
-        perror(argv[2]);
+    const char *ptx = read_ptx(argv[2]);
+    if (!ptx)
         return 1;
-    }
-    static char ptx[1 << 20];
-    size_t n = fread(ptx, 1, sizeof ptx - 1, f);
-    fclose(f);
-    ptx[n] = 0;
     CUdevice dev;
     CUcontext ctx;
     CK(cuInit(0));

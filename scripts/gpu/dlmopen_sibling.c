@@ -29,15 +29,9 @@ int main(int argc, char **argv)
 {
     if (argc != 2)
         return 2;
-    FILE *f = fopen(argv[1], "rb");
-    if (!f) {
-        perror(argv[1]);
+    const char *ptx = read_ptx(argv[1]);
+    if (!ptx)
         return 1;
-    }
-    static char ptx[1 << 20];
-    size_t n = fread(ptx, 1, sizeof ptx - 1, f);
-    fclose(f);
-    ptx[n] = 0;
     fprintf(stderr, "loading libcuda.so.1 with dlmopen(LM_ID_NEWLM)\n");
     void *lib = dlmopen(LM_ID_NEWLM, "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!lib) {

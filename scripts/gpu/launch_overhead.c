@@ -20,13 +20,9 @@ int main(int argc, char **argv)
 {
     if (argc != 3)
         return 2;
-    FILE *f = fopen(argv[1], "rb");
-    if (!f)
+    const char *ptx = read_ptx(argv[1]);
+    if (!ptx)
         return 2;
-    static char ptx[1 << 20];
-    size_t len = fread(ptx, 1, sizeof ptx - 1, f);
-    ptx[len] = 0;
-    fclose(f);
     long n = atol(argv[2]);
     CUdevice dev;
     CUcontext ctx;

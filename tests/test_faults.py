@@ -105,7 +105,8 @@ def test_a_client_killed_while_queued_leaks_no_slot(tmp_path: Path) -> None:
     d = Daemon(tmp_path / "krex.sock", "--slots", "1")
     d.start()
     try:
-        first = krex_run(d, "sh", "-c", "echo ready; sleep 2", stdout=subprocess.PIPE)
+        # Long enough for the next client to queue behind it, on a loaded machine too.
+        first = krex_run(d, "sh", "-c", "echo ready; sleep 10", stdout=subprocess.PIPE)
         assert first.stdout is not None and first.stdout.readline().strip() == "ready"
         queued = krex_run(d, "true")
         _until(d, lambda g: g["queue"] == 1)

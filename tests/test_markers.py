@@ -667,6 +667,8 @@ def test_auto_regions_wrap_an_unmodified_script(daemon: FakeDaemon, tmp_path: Pa
     base = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "usersite"), str(tmp_path)])}
     env = clean_env(**autoregions.env_for(["fakebench.testing.do_bench"], base))
     env.update(daemon.env(TENANT))
+    # A linger a loaded machine cannot outlast between two calls (5 ms, the default, it did).
+    env["KREX_REGION_LINGER_S"] = "1"
     result = subprocess.run(
         [sys.executable, str(tmp_path / "main.py")],
         env=env,

@@ -962,6 +962,15 @@ def _check_auto_regions(opts: RunOptions, reply: dict[str, Any], report: dict[st
             )
 
 
+def _accepts(sock: Path) -> bool:
+    """Whether a daemon listens at sock (a connection is accepted; nothing is sent)."""
+    try:
+        Connection(sock, timeout_s=2.0).close()
+    except (ClientError, OSError):
+        return False
+    return True
+
+
 def _await_pool(sock: Path, deadline: float) -> None:
     """Wait until the daemon's warm workers are ready (none starting), so that a benchmark
     measures a warm pool, not its start-up; give up quietly at the deadline."""
@@ -1048,7 +1057,9 @@ def private_daemon(
         proc = subprocess.Popen(cmd, stdout=log, stderr=log, **_daemon_place())
     try:
         deadline = time.monotonic() + 30
-        while not sock.exists():
+        # Until it accepts a connection: the socket's name exists from its bind, before the
+        # daemon listens (a loaded machine showed that gap: "no krex daemon answers").
+        while not _accepts(sock):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise ClientError(
                     "a private krex daemon did not start: " + _read_beside(log_path)[-1500:]

@@ -371,9 +371,18 @@ def sim_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 
 
 def _reported_command(d: Daemon, report: Path, marker: Path) -> subprocess.Popen[str]:
-    """krex run --report REPORT of a command that notes its end in marker, exit 3."""
-    code = f"open({str(marker)!r}, 'w').write('done'); raise SystemExit(3)"
+    """krex run --report REPORT of a command that notes its end (its pid) in marker, exit 3."""
+    code = f"import os; open({str(marker)!r}, 'w').write(str(os.getpid())); raise SystemExit(3)"
     return krex_run(d, sys.executable, "-c", code, report=report, stderr=subprocess.PIPE)
+
+
+def _gone(pid: int) -> bool:
+    """Whether pid has exited (a zombie, or reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 def test_a_report_fifo_nobody_reads_is_given_up_with_one_line(
@@ -400,9 +409,11 @@ def test_sigterm_ends_krex_run_waiting_on_a_report_fifo(sim_daemon: Daemon, tmp_
     fifo, marker = tmp_path / "fifo", tmp_path / "done"
     os.mkfifo(fifo)
     p = _reported_command(sim_daemon, fifo, marker)
-    until(marker.exists, 120, "the command's end")
-    # The first may reach krex run while it still reaps the command (then it is the
+    until(lambda: marker.exists() and marker.read_text(), 120, "the command's end")
+    # Not while the command still exits (a SIGTERM then is the command's: 143, seen under
+    # load). The first may still reach krex run while it reaps the command (then it is the
     # command's, and the command is gone): send until one ends the report's wait.
+    until(lambda: _gone(int(marker.read_text())), 60, "the command's exit")
     deadline = time.monotonic() + 120
     try:
         while p.poll() is None and time.monotonic() < deadline:

@@ -53,7 +53,7 @@ from krex.simnode import remove as remove_sim_segment
 from krex.simnode import segment_name as sim_segment
 from krex.tasks import Supervisor
 from krex.tenants import FreezerKind, TenantGroup, TenantsError, detect_freezer, prune
-from krex.trust import TrustError, open_beside
+from krex.trust import TrustError, bind_private, open_beside
 from krex.workers import EXIT_WAIT_S, Pool
 
 log = logging.getLogger("krex.daemon")
@@ -334,9 +334,8 @@ class Daemon:
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
         self._server = await asyncio.start_unix_server(
-            self._client, path=str(self.socket), limit=wire.MAX_LINE, backlog=BACKLOG
+            self._client, sock=bind_private(self.socket), limit=wire.MAX_LINE, backlog=BACKLOG
         )
-        os.chmod(self.socket, 0o600)
         log.info(
             "krex daemon %s on %s: %d %s%s GPU(s), %d slots each, freezer %s, segment %s",
             __version__,

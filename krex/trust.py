@@ -213,3 +213,18 @@ def check_env(env: Mapping[str, str], where: Path) -> dict[str, str]:
 
 def _trusted_dir(path: str) -> bool:
     return _trusted(path, stat.S_ISDIR)
+
+
+def bind_private(path: Path) -> socket.socket:
+    """A unix socket bound at path, created 0600 (under a umask, not chmod after the bind: a
+    chmod by name would follow a link swapped in for the socket in a shared directory)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        os.umask(old)
+    return sock

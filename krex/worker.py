@@ -805,8 +805,13 @@ def main(argv: list[str] | None = None) -> int:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(args.listen)
-    listener.bind(args.listen)
-    os.chmod(args.listen, 0o600)
+    # Created 0600 under a umask (krex.trust.bind_private, not imported here: the fork server
+    # imports little), not chmod by name after the bind, which would follow a swapped link.
+    old = os.umask(0o177)
+    try:
+        listener.bind(args.listen)
+    finally:
+        os.umask(old)
     listener.listen(64)
     listener.setblocking(False)
     ctl = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -494,3 +494,27 @@ def test_the_simulated_node_refuses_a_segment_another_uid_made(tmp_path: Path) -
         assert simnode.remove(name) is False  # not ours to remove
     finally:
         remove_shm(name)
+
+
+def test_the_daemon_socket_is_made_private_without_a_chmod_by_name(
+    sim_daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon's socket is 0600 from its bind (a umask), so nothing chmods it by name
+    afterwards (that would follow a link swapped in for it); bind_private leaves the
+    process's umask as it was."""
+    from krex.trust import bind_private
+
+    assert sim_daemon.socket.stat().st_mode & 0o777 == 0o600
+    path = sim_daemon.socket.parent / "private.sock"
+    chmods: list[object] = []
+    monkeypatch.setattr(os, "chmod", lambda *a, **k: chmods.append(a))
+    before = os.umask(0o022)
+    try:
+        sock = bind_private(path)
+        sock.close()
+        assert path.stat().st_mode & 0o777 == 0o600
+        assert os.umask(0o022) == 0o022
+    finally:
+        os.umask(before)
+        path.unlink(missing_ok=True)
+    assert chmods == []

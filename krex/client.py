@@ -41,7 +41,7 @@ from krex.errors import KrexError, ProtocolError
 from krex.leftovers import reclaim
 from krex.pool import Invocation, ProcState, ignored_signals, plan
 from krex.trust import TrustError, check_daemon, check_env, open_beside
-from krex.watch import DaemonWatch
+from krex.watch import DaemonWatch, answers
 
 EXIT_KREX = 125
 EXIT_NOT_STARTED = 127
@@ -80,8 +80,18 @@ class Connection:
         self.step_s = 10.0
 
     def send(self, msg: dict[str, Any]) -> None:
-        self.file.write(wire.encode(msg))
-        self.file.flush()
+        """Send one request. A daemon that refused the connection before reading it (too many
+        open) may have closed it mid-send: its one error line, when there, is the error."""
+        try:
+            self.file.write(wire.encode(msg))
+            self.file.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            self.sock.settimeout(1.0)
+            with contextlib.suppress(OSError, ProtocolError):
+                reply = wire.decode(self.file.readline(), request=False, limit=None)
+                if not reply.get("ok") and reply.get("error"):
+                    raise ClientError(str(reply["error"])) from None
+            raise
 
     def recv(self, timeout_s: float | None = 10.0) -> dict[str, Any]:
         self.sock.settimeout(timeout_s)
@@ -962,15 +972,6 @@ def _check_auto_regions(opts: RunOptions, reply: dict[str, Any], report: dict[st
             )
 
 
-def _accepts(sock: Path) -> bool:
-    """Whether a daemon listens at sock (a connection is accepted; nothing is sent)."""
-    try:
-        Connection(sock, timeout_s=2.0).close()
-    except (ClientError, OSError):
-        return False
-    return True
-
-
 def _await_pool(sock: Path, deadline: float) -> None:
     """Wait until the daemon's warm workers are ready (none starting), so that a benchmark
     measures a warm pool, not its start-up; give up quietly at the deadline."""
@@ -1057,9 +1058,9 @@ def private_daemon(
         proc = subprocess.Popen(cmd, stdout=log, stderr=log, **_daemon_place())
     try:
         deadline = time.monotonic() + 30
-        # Until it accepts a connection: the socket's name exists from its bind, before the
+        # Until it answers a hello: the socket's name exists from its bind, before the
         # daemon listens (a loaded machine showed that gap: "no krex daemon answers").
-        while not _accepts(sock):
+        while not answers(sock):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise ClientError(
                     "a private krex daemon did not start: " + _read_beside(log_path)[-1500:]

@@ -75,6 +75,8 @@ MAX_CONNECTIONS = 4096
 FD_RESERVE = 256
 MAX_WAITING = 64
 FIRST_REQUEST_S = 10.0
+# How long a refused connection's unread request is still taken in (see _linger).
+LINGER_S = 1.0
 BIG_REQUESTS = 4
 SEND_S = 60.0
 BACKLOG = 1024  # connections the kernel holds for accept (a client tries again while full)
@@ -434,6 +436,8 @@ class Daemon:
         except ProtocolError as e:
             with contextlib.suppress(ConnectionError):
                 await conn.send({"ok": False, "error": str(e)})
+                if conn.lines.last == 0:  # refused before its request was read
+                    await _linger(writer, reader)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except Exception:  # a bug, not the client's fault: log it, answer, keep serving
@@ -1100,6 +1104,20 @@ def _reclaim_files(sock: Path) -> None:
             probe.close()
     with contextlib.suppress(FileNotFoundError):
         (sock.parent / f"{sock.name}.peaks.tmp").unlink()
+
+
+async def _linger(writer: asyncio.StreamWriter, reader: asyncio.StreamReader) -> None:
+    """After refusing a connection whose request is unread: end our side and take what the
+    client still sends, for at most LINGER_S, so that its send does not fail (a closed peer
+    is EPIPE) before it reads the one error line."""
+    with contextlib.suppress(OSError, RuntimeError):
+        if writer.can_write_eof():
+            writer.write_eof()
+    deadline = time.monotonic() + LINGER_S
+    with contextlib.suppress(OSError, TimeoutError, asyncio.IncompleteReadError):
+        while (left := deadline - time.monotonic()) > 0:
+            if not await asyncio.wait_for(reader.read(65536), left):
+                return
 
 
 def _peer(writer: asyncio.StreamWriter) -> Peer:

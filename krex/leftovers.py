@@ -12,13 +12,13 @@ next daemon on the socket, which adopts or removes what its predecessor left
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from krex.segments import daemon_holds
 from krex.simnode import mapped_by
-from krex.watch import _answers as answers
+from krex.watch import answers
 
 
 def reclaim(env: Mapping[str, str]) -> list[str]:
@@ -44,11 +44,8 @@ def _remove(name: str, key: str) -> bool:
     try:
         if os.fstat(fd).st_uid != os.geteuid():
             return False
-        if key == "KREX_SHM":
-            try:  # a daemon holds its gates segment's lock for as long as it runs
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False
+        if key == "KREX_SHM" and daemon_holds(fd):
+            return False
         if mapped_by("/" + name):
             return False
         with contextlib.suppress(FileNotFoundError):

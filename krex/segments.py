@@ -297,6 +297,17 @@ def _lock(name: str) -> int:
     return fd
 
 
+def daemon_holds(fd: int) -> bool:
+    """Whether a running daemon holds the exclusive flock it keeps on its gates segment for its
+    life (docs/security.md, case 5); fd is that segment opened. When none does, fd holds the
+    lock now, until it is closed."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    return False
+
+
 def _in_use(seg: Segment) -> bool:
     return any(s.alive for s in seg.slots())
 

@@ -75,7 +75,7 @@ class DaemonWatch:
             return
 
     def _daemon_gone(self) -> None:
-        if _answers(self.path):
+        if answers(self.path):
             return  # a successor: it reopens the gates and thaws on its own
         # The liveness lock held: our daemon still dying (the kernel closes its files one by
         # one, our connection's may go first), or stopping (it opens and thaws all itself), or
@@ -93,7 +93,7 @@ class DaemonWatch:
                     if time.monotonic() >= claimed_until:
                         return  # a live controller keeps it: a successor, nothing of ours
                     self._stop.wait(_POLL_S / 4)
-                    if os.path.exists(self.path) and _answers(self.path):
+                    if os.path.exists(self.path) and answers(self.path):
                         return
         except TenantsError as e:
             print(f"krex run: the krex daemon died, and thawing failed: {e}", file=sys.stderr)
@@ -116,7 +116,7 @@ class DaemonWatch:
         )
 
 
-def _answers(path: Path) -> bool:
+def answers(path: Path) -> bool:
     """Whether a daemon answers a hello at path. Connecting is not enough: a dying daemon may
     close our connection before its listening socket (the kernel closes a process's files one
     by one), and a connection queued on that socket is accepted by nobody."""

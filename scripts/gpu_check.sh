@@ -25,7 +25,8 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # pool (scripts/bench/pool_check.py: the warm pool against cold commands), readme (the README's
 # real-GPU block as written), security (scripts/gpu/security_check.py), fidelity
 # (scripts/bench/fidelity_check.py; FIDELITY_PHASES), fidelity-probe (PROBE_PARTS) and
-# pool-probe (scripts/bench/fidelity_probe.py, pool_probe.py), warm (warm_check.py),
+# pool-probe (scripts/bench/fidelity_probe.py, pool_probe.py), warm (warm_check.py), probes
+# (scripts/gpu/warm_native_check.py: issue #48's probe catalogue; PROBES_ONLY picks probes),
 # tunableop (scripts/gpu/tunableop_check.py: the TunableOp warning, warm and cold), linger
 # (scripts/gpu/linger_check.py: a timing right after Triton's autotune gets its own region;
 # LINGER_SIBLINGS=N: the suite's 8192^3 matmul beside N bursty siblings), settle
@@ -165,6 +166,10 @@ fi
 if [[ " $PARTS " == *" warm "* ]]; then
     echo "== the fork-server pool: preloads, a compute-bound kernel warm vs exclusive, walls"
     python3 scripts/bench/warm_check.py --json "$OUT/warm_check.json" || rc=1
+fi
+if [[ " $PARTS " == *" probes "* ]]; then
+    echo "== a warm command is the command: the probe catalogue natively, cold and warm (torch too)"
+    python3 scripts/gpu/warm_native_check.py --out "$OUT/probes" ${PROBES_ONLY:+--only "$PROBES_ONLY"} || rc=1
 fi
 if [[ " $PARTS " == *" pool "* ]]; then
     echo "== the warm pool: a typical command cold vs warm; 32 commands at 8 slots"

@@ -9,7 +9,6 @@ process runs with: the shim preloaded and the simulated libcuda.so.1 on the libr
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import itertools
 import os
 import signal
@@ -22,6 +21,7 @@ from typing import Any
 import pytest
 
 from krex.paths import shim_library, sim_library_dir
+from krex.segments import daemon_holds
 from krex.shm import Segment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,21 +121,17 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def _daemon_lives(root: str) -> bool:
-    """Whether a daemon runs on group root `root`: it holds an exclusive flock on its gates
-    segment, which has the root's name, for its life (docs/security.md, case 5)."""
+    """Whether a daemon runs on group root `root` (its gates segment has the root's name)."""
     try:
         fd = os.open(f"/dev/shm/{root}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
+        return daemon_holds(fd)
     except OSError:
         return False
     finally:
         os.close(fd)  # closing drops a lock taken here
-    return False
 
 
 @pytest.fixture(scope="session")

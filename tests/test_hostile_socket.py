@@ -25,6 +25,7 @@ from helpers import HOLDER, Daemon, krex_run, running, until
 
 from krex import daemon as daemon_mod
 from krex import tasks, wire
+from krex.client import ClientError, Connection
 from krex.daemon import LogLimit
 
 # The arguments' bytes as the command got them, hex, one a line.
@@ -47,8 +48,12 @@ class Raw:
         self.sock.settimeout(timeout_s)
         self.sock.connect(str(d.socket))
         self.file = self.sock.makefile("rb")
-        for line in lines:
-            self.sock.sendall(line)
+        self.broken = False  # the daemon closed before taking all we sent (its reply is there)
+        try:
+            for line in lines:
+                self.sock.sendall(line)
+        except BrokenPipeError:
+            self.broken = True
 
     def reply(self) -> dict[str, Any]:
         line = self.file.readline()
@@ -332,7 +337,16 @@ def test_past_the_connection_cap_a_client_is_refused_with_one_line(tmp_path: Pat
         else:
             raise AssertionError(f"{cap + 10} connections held, none refused")
         assert "connections open, its most" in got["error"], got
+        assert not conn.broken, "the refusal closed before the request was taken in"
         assert cap - 8 <= len(held) <= cap  # a pool worker would hold one
+        # krex's own client past the cap: the daemon's reason, not a broken pipe.
+        with pytest.raises(ClientError, match="connections open, its most"):
+            refused = Connection(d.socket)
+            try:
+                refused.send({**ADMIT, "argv": ["prog", "late"]})
+                refused.recv()
+            finally:
+                refused.close()
     finally:
         for conn in held:
             conn.close()
@@ -343,6 +357,25 @@ def test_past_the_connection_cap_a_client_is_refused_with_one_line(tmp_path: Pat
         d.stop()
     log = d.log.read_text()
     assert "Traceback" not in log and "out of system resource" not in log, log[-3000:]
+
+
+def test_a_refusal_that_closed_mid_send_still_reaches_the_client(tmp_path: Path) -> None:
+    """A listener that answers one error line and closes without reading (a daemon past its
+    cap whose client was slow): the client's send fails (EPIPE), and krex's client reports the
+    line, not the broken pipe."""
+    path = tmp_path / "s.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as srv:
+        srv.bind(str(path))
+        srv.listen()
+        conn = Connection(path)
+        try:
+            peer, _ = srv.accept()
+            peer.sendall(wire.encode_reply({"ok": False, "error": "refused for a reason"}))
+            peer.close()
+            with pytest.raises(ClientError, match="refused for a reason"):
+                conn.send({**ADMIT, "argv": ["x" * 4_000_000]})  # more than the socket takes
+        finally:
+            conn.close()
 
 
 # Long argv, JSON the parser cannot take, a fork server's socket flooded.

@@ -291,7 +291,7 @@ def test_a_listener_that_does_not_answer_is_no_successor(tmp_path: Path) -> None
     seen in one of three runs of the restart test)."""
     import socket
 
-    from krex.watch import _answers
+    from krex.watch import answers
 
     path = tmp_path / "dying.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -299,11 +299,11 @@ def test_a_listener_that_does_not_answer_is_no_successor(tmp_path: Path) -> None
     listener.listen(8)
     try:
         t0 = time.monotonic()
-        assert _answers(path) is False
+        assert answers(path) is False
         assert time.monotonic() - t0 < 5
     finally:
         listener.close()
-    assert _answers(path) is False  # nobody listening at all
+    assert answers(path) is False  # nobody listening at all
 
 
 def test_a_dead_daemon_leaves_nobody_frozen(tmp_path: Path) -> None:

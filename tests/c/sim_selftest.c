@@ -374,27 +374,76 @@ static void *share_thread(void *p)
     return NULL;
 }
 
+/* Sum of n kernel times. */
+static double total_ms(const float *ms, int n)
+{
+    double t = 0;
+    for (int i = 0; i < n; i++)
+        t += ms[i];
+    return t;
+}
+
+/* Two sides ran SHARE_N 2 ms kernels each on one GPU. When they started together, processor
+ * sharing makes every middle kernel take 4 ms and each side span 24 ms. A loaded machine can
+ * start one side late (the scheduler, not the simulator): such a try says 0 and is tried again. */
+static int aligned_pair(const float *a, const float *b)
+{
+    double two = SHARE_N * 2.0 * 2;
+    return near(total_ms(a, SHARE_N), two, 0.02) && near(total_ms(b, SHARE_N), two, 0.02);
+}
+
+/* 1 = the pair started together and was checked; 0 = it never did in SHARE_TRIES tries, so the
+ * last is held to what sharing gives whatever the start offset d: both spans 24 - d ms (work
+ * is conserved), above the 12 ms of a GPU that does not share. */
+static void check_shared_pair(const char *what, const float *a, const float *b, int aligned)
+{
+    if (aligned) {
+        for (int i = 1; i < SHARE_N - 1; i++)
+            CHECK(near(a[i], 4.0, 0.02) && near(b[i], 4.0, 0.02),
+                  "%s: kernel %d took %.4f / %.4f ms, expected 4.0", what, i, a[i], b[i]);
+        return;
+    }
+    double work = SHARE_N * 2.0, ta = total_ms(a, SHARE_N), tb = total_ms(b, SHARE_N);
+    CHECK(near(ta, tb, 0.02) && ta > work + 0.5 && ta < 2 * work * 1.02,
+          "%s: spans %.4f / %.4f ms: not one shared GPU (equal, between %.0f and %.0f)", what, ta,
+          tb, work, 2 * work);
+}
+
+#define SHARE_TRIES 10
+
 /* Two threads, each with 2 ms kernels back to back: on one GPU each kernel takes 4 ms. */
 static void run_share_threads(int dev_a, int dev_b, double want)
 {
-    pthread_barrier_t barrier;
-    pthread_barrier_init(&barrier, NULL, 2);
-    struct share_arg a = {.dev = dev_a, .barrier = &barrier};
-    struct share_arg b = {.dev = dev_b, .barrier = &barrier};
-    pthread_t ta, tb;
-    pthread_create(&ta, NULL, share_thread, &a);
-    pthread_create(&tb, NULL, share_thread, &b);
-    pthread_join(ta, NULL);
-    pthread_join(tb, NULL);
-    pthread_barrier_destroy(&barrier);
-    /* The first and last kernels may overlap partly (the threads start a little apart). */
-    for (int i = 1; i < SHARE_N - 1; i++) {
-        CHECK(near(a.ms[i], want, 0.02) && near(b.ms[i], want, 0.02),
-              "GPUs %d/%d: kernel %d took %.4f / %.4f ms, expected %.1f", dev_a, dev_b, i,
-              a.ms[i], b.ms[i], want);
+    struct share_arg a, b;
+    int tries = 0, aligned = 0;
+    while (!aligned && tries++ < SHARE_TRIES) {
+        pthread_barrier_t barrier;
+        pthread_barrier_init(&barrier, NULL, 2);
+        a = (struct share_arg){.dev = dev_a, .barrier = &barrier};
+        b = (struct share_arg){.dev = dev_b, .barrier = &barrier};
+        pthread_t ta, tb;
+        pthread_create(&ta, NULL, share_thread, &a);
+        pthread_create(&tb, NULL, share_thread, &b);
+        pthread_join(ta, NULL);
+        pthread_join(tb, NULL);
+        pthread_barrier_destroy(&barrier);
+        if (dev_a == dev_b) {
+            aligned = aligned_pair(a.ms, b.ms);
+            if (aligned || tries == SHARE_TRIES)
+                check_shared_pair("threads on one GPU", a.ms, b.ms, aligned);
+            continue;
+        }
+        /* Different GPUs: neither slows the other, whenever each starts. */
+        for (int i = 0; i < SHARE_N; i++)
+            CHECK(near(a.ms[i], want, 0.02) && near(b.ms[i], want, 0.02),
+                  "GPUs %d/%d: kernel %d took %.4f / %.4f ms, expected %.1f", dev_a, dev_b, i,
+                  a.ms[i], b.ms[i], want);
+        aligned = 1;
     }
-    printf("threads on GPUs %d and %d: middle kernels %.4f / %.4f ms (expected %.1f)\n", dev_a,
-           dev_b, a.ms[2], b.ms[2], want);
+    printf("threads on GPUs %d and %d: middle kernels %.4f / %.4f ms (expected %.1f)%s, "
+           "%d tries\n",
+           dev_a, dev_b, a.ms[2], b.ms[2], want, aligned ? "" : " (never started together)",
+           tries > SHARE_TRIES ? SHARE_TRIES : tries);
 }
 
 static void test_threads_share(void)
@@ -418,17 +467,20 @@ static int read_all(int fd, void *buf, size_t n)
     return 0;
 }
 
-static void test_processes_share(void)
+/* One try of two processes with SHARE_N 2 ms kernels each on GPU 0; 1 = both results back. */
+static int processes_share_once(float ms[2][SHARE_N])
 {
     int ready[2], go[2], res[2];
     if (pipe(ready) || pipe(go) || pipe(res)) {
         CHECK(0, "pipe: %s", strerror(errno));
-        return;
+        return 0;
     }
+    fflush(stdout); /* the children must not print the parent's buffered lines again */
     pid_t kids[2];
     for (int k = 0; k < 2; k++) {
         kids[k] = fork();
         if (kids[k] == 0) {
+            n_fail = 0; /* the child's exit status says what failed in the child */
             /* A child is a new process of the simulated node: its own context and streams. */
             primary(0);
             CUstream s;
@@ -436,9 +488,9 @@ static void test_processes_share(void)
             char c = 'r';
             if (write(ready[1], &c, 1) != 1 || read_all(go[0], &c, 1) != 0)
                 _exit(3);
-            float ms[SHARE_N];
-            timed_kernels(s, SHARE_N, 2 * MS, ms);
-            if (write(res[1], ms, sizeof ms) != (ssize_t)sizeof ms)
+            float mine[SHARE_N];
+            timed_kernels(s, SHARE_N, 2 * MS, mine);
+            if (write(res[1], mine, sizeof mine) != (ssize_t)sizeof mine)
                 _exit(3);
             fflush(stdout); /* _exit does not flush: the child's FAIL lines must show */
             _exit(n_fail ? 1 : 0);
@@ -449,15 +501,11 @@ static void test_processes_share(void)
         CHECK(read_all(ready[0], &c, 1) == 0, "child %d ready", k);
     char both[2] = {'g', 'g'};
     CHECK(write(go[1], both, 2) == 2, "release children");
+    int ok = 1;
     for (int k = 0; k < 2; k++) {
-        float ms[SHARE_N];
-        int ok = read_all(res[0], ms, sizeof ms) == 0;
-        CHECK(ok, "result from child %d", k);
-        for (int i = 1; ok && i < SHARE_N - 1; i++)
-            CHECK(near(ms[i], 4.0, 0.02), "process sharing: kernel %d took %.4f ms, expected 4",
-                  i, ms[i]);
-        if (ok)
-            printf("processes on GPU 0: a middle kernel took %.4f ms (expected 4.0)\n", ms[2]);
+        int got = read_all(res[0], ms[k], sizeof ms[k]) == 0;
+        CHECK(got, "result from child %d", k);
+        ok = ok && got;
     }
     for (int k = 0; k < 2; k++) {
         int st = 0;
@@ -465,6 +513,23 @@ static void test_processes_share(void)
         CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child %d exit status %d", k, st);
     }
     close(ready[0]), close(ready[1]), close(go[0]), close(go[1]), close(res[0]), close(res[1]);
+    return ok;
+}
+
+static void test_processes_share(void)
+{
+    float ms[2][SHARE_N];
+    int tries = 0, aligned = 0;
+    while (!aligned && tries++ < SHARE_TRIES) {
+        if (!processes_share_once(ms))
+            return;
+        aligned = aligned_pair(ms[0], ms[1]);
+        if (aligned || tries == SHARE_TRIES)
+            check_shared_pair("processes on one GPU", ms[0], ms[1], aligned);
+    }
+    printf("processes on GPU 0: a middle kernel took %.4f ms (expected 4.0)%s, %d tries\n",
+           ms[0][2], aligned ? "" : " (never started together)",
+           tries > SHARE_TRIES ? SHARE_TRIES : tries);
 }
 
 /* ---- Host gaps (KREX_SIM_LAUNCH_GAP_US, default 1000 us). ---- */

@@ -1,0 +1,84 @@
+"""Issue #48 on a real GPU: the warm-vs-native probe catalogue (tests/warm_probes.py, the torch
+probes among them) against a daemon of this GPU with two warm workers, each probe natively,
+cold and warm (tests/test_warm_native.py's table). The daemon is started as the CI test starts
+its own (teardown bound KREX_PROBE_TEARDOWN_S, default 3 s, instead of krex's 120 s, so that the
+late-grandchild probe does not wait two minutes).
+
+    python3 scripts/gpu/warm_native_check.py --out DIR
+
+Writes DIR/warm_native.json (every probe's views), DIR/warm_native.txt (the table) and
+DIR/warm_native.daemon.log; exits 1 when a probe differs that is not a documented difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+import test_warm_native as twn  # noqa: E402
+
+from krex.client import ClientError, status  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--only", default="", help="comma-separated probe names")
+    ap.add_argument("--sim", action="store_true", help="the simulated GPU (a check of this script)")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    bound = float(os.environ.get(twn.TEARDOWN_VAR, "3"))
+    sock = Path(f"/tmp/krex-probes-{os.getpid()}.sock")
+    log = args.out / "warm_native.daemon.log"
+    cmd = [sys.executable, "-c", twn._BOOT, str(bound), "daemon", "--socket", str(sock),
+           "--pool", str(twn.WORKERS), *(["--sim"] if args.sim else [])]  # fmt: skip
+    with open(log, "wb") as f:
+        daemon = subprocess.Popen(
+            cmd, env=twn.daemon_env(), cwd="/", stdout=f, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(ClientError, OSError):
+                status(args.sim, str(sock))
+                break
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                print(log.read_text()[-3000:])
+                return 2
+            time.sleep(0.2)
+        twn.pool_ready(sock, args.sim, within_s=180)
+        table = io.StringIO()
+        argv = ["--socket", str(sock), "--teardown-s", str(bound),
+                "--json", str(args.out / "warm_native.json"), *([] if args.sim else ["--no-sim"])]  # fmt: skip
+        if args.only:
+            argv += ["--only", args.only]
+        with contextlib.redirect_stdout(table):
+            rc = twn.main(argv)
+        text = table.getvalue()
+        (args.out / "warm_native.txt").write_text(text)
+        print(text)
+        rows = [ln for ln in text.splitlines() if ln and not ln.startswith(" ")]
+        bad = [ln for ln in rows if "ERROR" in ln or ("DIFFERS" in ln and "expected" not in ln)]
+        same = sum(" same" in ln for ln in rows)
+        skipped = sum("skipped" in ln for ln in rows)
+        print(f"{len(rows)} probes: {same} the same, {skipped} skipped, {len(bad)} differ/error")
+        return 1 if bad or rc else 0
+    finally:
+        daemon.terminate()
+        try:
+            daemon.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -58,7 +58,8 @@ def main() -> int:
         twn.pool_ready(sock, args.sim, within_s=180)
         table = io.StringIO()
         argv = ["--socket", str(sock), "--teardown-s", str(bound),
-                "--json", str(args.out / "warm_native.json"), *([] if args.sim else ["--no-sim"])]  # fmt: skip
+                "--json", str(args.out / "warm_native.json")]  # fmt: skip
+        argv += [] if args.sim else ["--no-sim"]
         if args.only:
             argv += ["--only", args.only]
         with contextlib.redirect_stdout(table):

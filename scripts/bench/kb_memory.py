@@ -620,6 +620,25 @@ def run(
     return summarise(modes)
 
 
+def merge(first: Path, second: Path, json_path: Path) -> int:
+    """Two calls' results as one summary: every mode of `first`, then those of `second` that
+    `first` lacks (each mode keeps the call it ran in: `from_call`)."""
+    docs = [json.loads(p.read_text()) for p in (first, second)]
+    modes: list[dict[str, Any]] = []
+    for path, d in zip((first, second), docs, strict=True):
+        for m in d.get("modes", []):
+            if m.get("from_baseline") or any(x["mode"] == m["mode"] for x in modes):
+                continue
+            modes.append(m | {"from_call": str(path)})
+    doc = summarise(modes)
+    doc["merged_from"] = {str(p): {"date": d.get("date"), "command": d.get("command")}
+                          for p, d in zip((first, second), docs, strict=True)}  # fmt: skip
+    doc["order"] = docs[0].get("order")
+    json_path.write_text(json.dumps(doc, indent=1))
+    print(table(doc), flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--problems", type=Path, required=True, help="copies of PROBLEMS' files")
@@ -635,7 +654,19 @@ def main() -> int:
         metavar="KERNELBENCH_CHECKOUT",
         help="copy the problems from a KernelBench checkout into --problems, and exit",
     )
+    ap.add_argument(
+        "--merge",
+        type=Path,
+        nargs=2,
+        metavar=("FIRST", "SECOND"),
+        help="no run: FIRST's modes and SECOND's others (two calls' JSONs, e.g. exclusive, krex8, "
+        "krex16 and exclusive2, shared8) summarised together into --json",
+    )
     args = ap.parse_args()
+    if args.merge is not None:
+        if args.json is None:
+            ap.error("--json is required")
+        return merge(args.merge[0], args.merge[1], args.json)
     if args.populate is not None:
         missing = populate(args.populate, args.problems)
         for name in missing:

@@ -62,7 +62,8 @@ room_gib = 1.0     # free device memory a region's owner waits for before its si
                    # frozen (default: 1, at most 1/16 of the GPU; 0: off)
 room_wait_s = 10.0 # the longest that wait lasts (then the region goes ahead)
 unknown_gib = 17.0 # what a command never seen is expected to need until a few peaks are
-                   # learned (default: an eighth of the GPU; 0: admitted whatever)
+                   # learned (default: an eighth of the GPU less the headroom; 0: admitted
+                   # whatever)
 
 [metrics]
 port = 0           # Prometheus endpoint (0: off; needs prometheus-client)
@@ -256,10 +257,13 @@ class Config:
 
     def unknown_bytes(self, capacity: int) -> int:
         """What a command never seen is expected to need until a few peaks are learned:
-        configured, else an eighth of the GPU's `capacity` (0: unknown)."""
+        configured, else an eighth of what admission may give out of the GPU's `capacity` (0:
+        unknown), its headroom kept: eight such commands are admitted at once. (An eighth of
+        the whole GPU let seven in: on the H200 an eighth one waited for a slot's worth of
+        memory that eight long-running commands of 0.6 GiB each never needed.)"""
         if self.memory_unknown_gib is not None:
             return int(self.memory_unknown_gib * (1 << 30))
-        return capacity // 8
+        return max(0, capacity - self.headroom_bytes()) // 8
 
     def preload(self) -> tuple[str, ...]:
         """Modules each worker imports (those not installed are skipped by the daemon)."""

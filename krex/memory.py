@@ -25,8 +25,9 @@ could have had the memory (shim/preload, docs/shim.md). This module is the daemo
   memory freed is not handed to other waiters.
 - Admission: a GPU with waiters admits nobody; otherwise a command is admitted when the memory
   it is expected to need (`--mem`, else the peak learned from earlier runs of the same command,
-  else the median of all learned peaks, else an eighth of the GPU) fits beside what the GPU's
-  tenants hold or are expected to need, and the driver's free figure (NVML) has room for it.
+  else the median of all learned peaks, else an eighth of the GPU less the headroom) fits
+  beside what the GPU's tenants hold or are expected to need, and the driver's free figure
+  (NVML) has room for it.
 """
 
 from __future__ import annotations
@@ -437,9 +438,10 @@ class Memory:
 
     def prior(self) -> int:
         """What a command never seen is expected to need: the median of the learned peaks,
-        once there are a few; before, `unknown` (an eighth of the GPU by default: a fresh node
-        admits no more than eight commands it knows nothing of at once, whatever its slots, and
-        a first wave of them does not oversubscribe the GPU by its number alone)."""
+        once there are a few; before, `unknown` (by default an eighth of the GPU less the
+        headroom: a fresh node admits eight commands it knows nothing of at once, no more,
+        whatever its slots, and a first wave of them does not oversubscribe the GPU by its number
+        alone)."""
         if len(self.learned) < _PRIOR_MIN:
             return self.unknown
         return int(statistics.median(self.learned.values()))

@@ -564,3 +564,23 @@ def test_a_commands_key_is_its_argv_and_the_contents_of_the_files_it_names(
     assert command_key(argv, str(b)) != key  # rewritten: another command
     assert command_key(["python", "other.py"], str(a)) != key
     assert command_key(["python", "caf\udce9.py"], str(a))  # a non-UTF-8 name: still a key
+
+
+def test_eight_commands_never_seen_are_admitted_at_once_on_a_fresh_node() -> None:
+    """The default expectation of an unknown command is an eighth of what admission may give
+    (the GPU less its headroom): on the H200 an eighth of the whole GPU admitted seven, and
+    an eighth long-running command of 0.6 GiB queued behind them for good."""
+    cap = 140 * GIB
+    cfg = from_toml("[gpus]\nslots = 8\n")
+    unknown = cfg.unknown_bytes(cap)
+    assert 8 * unknown + cfg.headroom_bytes() <= cap
+    gpu = Gpu(index=0, slots=8, slice=Slice(0, frozenset({0}), frozenset({1})))
+    view = [slot(i, i + 1, held=0.6) for i in range(7)]
+    mem = Memory([gpu], lambda: [(cast(Pokable, FakeSeg()), s) for s in view], [cap],
+                 headroom=cfg.headroom_bytes(), unknown=unknown, deadlock_s=30.0, learned=None,
+                 owner_of=lambda g: None)  # fmt: skip
+    for tid in range(1, 8):
+        gpu.tenants.append(Node().tenant(tid))
+    assert mem.fits(gpu, req(["the eighth"]))
+    gpu.tenants.append(Node().tenant(8))
+    assert not mem.fits(gpu, req(["a ninth"]))  # eight unknowns fill what may be given

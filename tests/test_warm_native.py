@@ -328,24 +328,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     probes = [BY_NAME[n] for n in args.only.split(",") if n] or CATALOGUE
     root = Path(args.root or tempfile.mkdtemp(prefix="krex-probes-"))
-    results = run_catalogue(probes, krex, root, {n: s for n, (s, _) in DELIBERATE.items()})
-    for r in results:
-        if r.skipped:
-            state = f"skipped: {r.skipped}"
-        elif r.error:
-            state = f"ERROR {r.error}"
-        elif r.difference:
-            state = "DIFFERS" + (" (expected: issue #48)" if r.probe in XFAIL else "")
-        else:
-            state = "same" if scope(r.probe) == "all" else f"same ({scope(r.probe)})"
-        print(f"{r.probe:28} {r.wall_s:6.1f} s  {state}")
-        if r.difference:
-            print("    " + r.difference.replace("\n", "\n    "))
+    results = run_catalogue(probes, krex, root, {n: s for n, (s, _) in DELIBERATE.items()},
+                            on_result=lambda r: print(table_line(r), flush=True))  # fmt: skip
     if args.json:
         Path(args.json).write_text(
             json.dumps([r.__dict__ for r in results], indent=1, default=repr) + "\n"
         )
     return 0
+
+
+def table_line(r: Any) -> str:
+    """One probe's line of main's table (with its difference, indented, below it)."""
+    if r.skipped:
+        state = f"skipped: {r.skipped}"
+    elif r.error:
+        state = f"ERROR {r.error}"
+    elif r.difference:
+        state = "DIFFERS" + (" (expected: issue #48)" if r.probe in XFAIL else "")
+    else:
+        state = "same" if scope(r.probe) == "all" else f"same ({scope(r.probe)})"
+    line = f"{r.probe:28} {r.wall_s:6.1f} s  {state}"
+    if r.difference:
+        line += "\n    " + r.difference.replace("\n", "\n    ")
+    return line
 
 
 if __name__ == "__main__":

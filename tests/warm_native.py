@@ -559,15 +559,19 @@ def run_catalogue(
     root: Path,
     scopes: Mapping[str, str] | None = None,
     have: Mapping[str, bool] | None = None,
+    on_result: Callable[[Result], None] | None = None,
 ) -> list[Result]:
     """Every probe three ways against krex's daemon; what each observed and how they compare
-    (`scopes`: the probe's comparison where it is not all three, see `compare`)."""
-    results = []
+    (`scopes`: the probe's comparison where it is not all three, see `compare`); `on_result`
+    is told each as it is known (a run cut short keeps what it had)."""
+    results: list[Result] = []
     for probe in probes:
         t0 = time.monotonic()
         why = unmet(probe, krex, have)
         if why is not None:
             results.append(Result(probe.name, skipped=why))
+            if on_result is not None:
+                on_result(results[-1])
             continue
         res = Result(probe.name)
         try:
@@ -580,6 +584,8 @@ def run_catalogue(
             res.error = f"{type(e).__name__}: {e}"
         res.wall_s = time.monotonic() - t0
         results.append(res)
+        if on_result is not None:
+            on_result(res)
     return results
 
 

@@ -6,7 +6,8 @@ late-grandchild probe does not wait two minutes).
 
     python3 scripts/gpu/warm_native_check.py --out DIR
 
-Writes DIR/warm_native.json (every probe's views), DIR/warm_native.txt (the table) and
+Writes DIR/warm_native.json (every probe's views), DIR/warm_native.txt (the table, a line per
+probe as it ends, the torch probes first) and
 DIR/warm_native.daemon.log; exits 1 when a probe differs that is not a documented difference.
 """
 
@@ -20,13 +21,29 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TextIO
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import test_warm_native as twn  # noqa: E402
+from warm_probes import CATALOGUE  # noqa: E402
 
 from krex.client import ClientError, status  # noqa: E402
+
+
+class Tee(io.TextIOBase):
+    """stdout, and a file, line by line as the table is printed (a run cut short keeps it)."""
+
+    def __init__(self, f: TextIO) -> None:
+        self.f = f
+        self.out = sys.stdout
+
+    def write(self, text: str) -> int:
+        self.out.write(text)
+        self.f.write(text)
+        self.f.flush()
+        return len(text)
 
 
 def main() -> int:
@@ -56,18 +73,17 @@ def main() -> int:
                 return 2
             time.sleep(0.2)
         twn.pool_ready(sock, args.sim, within_s=180)
-        table = io.StringIO()
         argv = ["--socket", str(sock), "--teardown-s", str(bound),
                 "--json", str(args.out / "warm_native.json")]  # fmt: skip
         argv += [] if args.sim else ["--no-sim"]
-        if args.only:
-            argv += ["--only", args.only]
-        with contextlib.redirect_stdout(table):
+        # The torch probes first: what only a GPU shows, before a time limit can cut the run.
+        names = args.only.split(",") if args.only else [p.name for p in CATALOGUE]
+        names.sort(key=lambda n: not n.startswith("torch"))
+        argv += ["--only", ",".join(names)]
+        txt = args.out / "warm_native.txt"
+        with open(txt, "w") as table, contextlib.redirect_stdout(Tee(table)):
             rc = twn.main(argv)
-        text = table.getvalue()
-        (args.out / "warm_native.txt").write_text(text)
-        print(text)
-        rows = [ln for ln in text.splitlines() if ln and not ln.startswith(" ")]
+        rows = [ln for ln in txt.read_text().splitlines() if ln and not ln.startswith(" ")]
         bad = [ln for ln in rows if "ERROR" in ln or ("DIFFERS" in ln and "expected" not in ln)]
         same = sum(" same" in ln for ln in rows)
         skipped = sum("skipped" in ln for ln in rows)

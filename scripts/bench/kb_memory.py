@@ -12,7 +12,9 @@ order (a shuffle seeded with SEED) in every mode:
 - shared8: 8 at once natively, no krex (the unprotected control);
 - krex8, krex16: all 32 submitted at once through `krex run --auto-regions` (do_bench is a
   region with no code change) to a private daemon of 8 / 16 slots, default configuration
-  otherwise (scripts/bench/memory_check.py's daemons; their logs beside the results).
+  otherwise (scripts/bench/memory_check.py's daemons; their logs beside the results);
+- krex8-cold: krex8 with `krex run --no-pool` (every command started cold, as natively): the
+  warm pool's gain is krex8's throughput against it (docs/pool.md).
 
 Memory: PROBLEMS gives each problem's device memory from its shapes (fp32: inputs, outputs,
 parameters, the eager forward's temporaries; a compile command also keeps the eager output as
@@ -93,13 +95,16 @@ MODES: dict[str, tuple[int, int | None]] = {
     "shared8": (8, None),
     "krex8": (8, 8),
     "krex16": (16, 16),
+    "krex8-cold": (8, 8),
 }
+COLD = ("krex8-cold",)  # through `krex run --no-pool`: the warm pool's gain is krex8 against it
 NATIVE = ("exclusive", "exclusive2")  # the references: a command's median against these
 # The budget's shares: a native command's seconds one at a time, each mode's speed-up over that
 # and its fixed start (a daemon and its warm workers). Estimates, not measurements.
 EST_S = {"eager": 5.0, "compile": 14.0}
-EST_SPEEDUP = {"exclusive": 1.0, "exclusive2": 1.0, "shared8": 4.0, "krex8": 4.0, "krex16": 3.0}
-EST_START_S = {"krex8": 20.0, "krex16": 20.0}
+EST_SPEEDUP = {"exclusive": 1.0, "exclusive2": 1.0, "shared8": 4.0, "krex8": 4.0, "krex16": 3.0,
+               "krex8-cold": 3.0}  # fmt: skip
+EST_START_S = {"krex8": 20.0, "krex16": 20.0, "krex8-cold": 10.0}
 
 
 class Problem(NamedTuple):
@@ -388,7 +393,9 @@ def run_mode(
         else:
             argv, report = argv_for(c), reports / f"{c.tag}.json"
             if sock is not None:
-                argv = memory_check.krex_argv(argv, sock, report, auto_regions=True)
+                argv = memory_check.krex_argv(
+                    argv, sock, report, auto_regions=True, cold=name in COLD
+                )
             env = memory_check.command_env(tmp / f"{name}-{i}")
             row["started_s"] = round(time.monotonic() - t0, 3)
             row |= run_command(c, argv, env, logs, deadline)

@@ -82,10 +82,13 @@ def krex_argv(
     retry: bool = True,
     gpu: int | None = None,
     auto_regions: bool = False,
+    cold: bool = False,
 ) -> list[str]:
-    """argv through `krex run` on the daemon at `sock`, its report to `report`."""
+    """argv through `krex run` on the daemon at `sock`, its report to `report` (`cold`: not
+    forked from a warm worker, `--no-pool`)."""
     return [sys.executable, "-m", "krex.cli", "run", "--socket", str(sock),
             *(["--auto-regions"] if auto_regions else []), "--report", str(report),
+            *(["--no-pool"] if cold else []),
             *([] if retry else ["--no-memory-retry"]),
             *([] if gpu is None else ["--gpu", str(gpu)]), "--", *argv]  # fmt: skip
 

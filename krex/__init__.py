@@ -7,12 +7,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from krex.markers import RegionError, last_region, region
+    from krex.tenant.markers import RegionError, last_region, region
 
-__version__ = "0.1.0"
+from krex.core.build import __version__
+
 __all__ = ["RegionError", "__version__", "last_region", "region"]
 
-# Re-exported from krex.markers on first use, so `import krex` stays light. The module is not
+# Re-exported from krex.tenant.markers on first use, so `import krex` stays light. The module is not
 # called krex.region: importing a submodule binds its name on the package, which would shadow
 # the function `krex.region`.
 _MARKERS = ("region", "last_region", "RegionError")
@@ -20,7 +21,7 @@ _MARKERS = ("region", "last_region", "RegionError")
 
 def __getattr__(name: str) -> Any:
     if name in _MARKERS:
-        value = getattr(importlib.import_module("krex.markers"), name)
+        value = getattr(importlib.import_module("krex.tenant.markers"), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'krex' has no attribute {name!r}")

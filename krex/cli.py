@@ -12,10 +12,10 @@ from pathlib import Path
 
 import click
 
-from krex import __version__, paths
 from krex.bench import SETTLE_S as BENCH_SETTLE_S
-from krex.build import build_id
-from krex.config import MAX_SECONDS, MAX_SETTLE_S
+from krex.core import paths
+from krex.core.build import __version__, build_id
+from krex.core.config import MAX_SECONDS, MAX_SETTLE_S
 
 
 class Seconds(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2 on
@@ -167,7 +167,7 @@ def bench_report(out_dir: Path) -> None:
 # unknown option before it is a usage error (not a command named after the typo).
 def _names(value: str) -> bool:
     """Whether an --auto-regions value is names to wrap (dotted paths), not a program."""
-    from krex.autoregions import parse
+    from krex.tenant.autoregions import parse
 
     try:
         parse(value)
@@ -275,8 +275,8 @@ def run(
            configuration, a refused request, a report that cannot be written)
       127  CMD could not start
     """
-    from krex import client
-    from krex.autoregions import DEFAULT_AUTO_REGIONS, parse
+    from krex.client import run as client
+    from krex.tenant.autoregions import DEFAULT_AUTO_REGIONS, parse
 
     if (
         auto_regions not in (None, "default")
@@ -312,7 +312,7 @@ def run(
         gpu = ids[0] if len(ids) == 1 else ids
     mem = 0
     if mem_text is not None:
-        from krex.config import MAX_BYTES, parse_size
+        from krex.core.config import MAX_BYTES, parse_size
 
         try:
             mem = parse_size(mem_text)
@@ -403,8 +403,8 @@ def daemon(
         return
     import dataclasses
 
-    from krex import config as kconfig
-    from krex import daemon as kdaemon
+    from krex.core import config as kconfig
+    from krex.daemon import daemon as kdaemon
 
     try:
         cfg = kconfig.load(config_path)
@@ -460,15 +460,15 @@ def daemon_stop(sim: bool, socket_path: str | None, timeout_s: float) -> None:
     import signal
     import time
 
-    from krex import client
-    from krex.config import ConfigError
+    from krex.client import run as client
+    from krex.core.config import ConfigError
 
     try:
         sock = client.socket_for(sim, socket_path)
     except ConfigError as e:
         click.echo(f"krex daemon stop: {e}", err=True)
         sys.exit(2)
-    from krex.trust import TrustError, open_beside, trusted_uids
+    from krex.core.trust import TrustError, open_beside, trusted_uids
 
     try:
         # The pid it signals: from a file of ours or root's, never through a planted link.
@@ -526,8 +526,8 @@ def status(as_json: bool, sim: bool, socket_path: str | None) -> None:
     """Show the daemon's GPUs, slots, queues, regions, tenants and freezer."""
     import json
 
-    from krex import client
-    from krex.config import ConfigError
+    from krex.client import run as client
+    from krex.core.config import ConfigError
 
     try:
         st = client.status(sim, socket_path)
@@ -542,7 +542,7 @@ def status(as_json: bool, sim: bool, socket_path: str | None) -> None:
         return
     from rich.console import Console
 
-    from krex.views import status_tables
+    from krex.daemon.views import status_tables
 
     Console(width=200).print(status_tables(st))
 
@@ -567,10 +567,10 @@ def top(sim: bool, socket_path: str | None, interval: float, once: bool) -> None
     from rich.console import Console
     from rich.live import Live
 
-    from krex import client
-    from krex.config import ConfigError
-    from krex.errors import KrexError
-    from krex.views import status_tables
+    from krex.client import run as client
+    from krex.core.config import ConfigError
+    from krex.core.errors import KrexError
+    from krex.daemon.views import status_tables
 
     try:
         client.socket_for(sim, socket_path)  # a bad configuration: one line, not a live error
@@ -619,8 +619,8 @@ def config_show(config_path: Path | None, sim: bool, as_json: bool) -> None:
     import dataclasses
     import json
 
-    from krex import config as kconfig
-    from krex.views import config_toml, effective_config
+    from krex.core import config as kconfig
+    from krex.daemon.views import config_toml, effective_config
 
     try:
         cfg = kconfig.load(config_path)
@@ -641,7 +641,7 @@ def region(argv: tuple[str, ...]) -> None:
     For shell and C++ benchmarks. Exits with the command's status (127: it cannot start; 125:
     the region cannot begin). Outside krex it just runs the command.
     """
-    from krex.markers import run_in_region
+    from krex.tenant.markers import run_in_region
 
     sys.exit(run_in_region(argv))
 
@@ -710,7 +710,7 @@ def info() -> None:
 )
 def demo(force_sim: bool | None) -> None:
     """Run the demo: concurrent benchmarks through KREX on a real or the simulated GPU."""
-    from krex.demo import main as demo_main
+    from krex.client.demo import main as demo_main
 
     sys.exit(demo_main(force_sim))
 

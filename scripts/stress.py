@@ -36,7 +36,7 @@ import psutil
 KREX = [sys.executable, "-m", "krex.cli"]
 TENANT = textwrap.dedent("""
     import os, sys, krex
-    from krex.simgpu import SimGPU
+    from krex.sim.simgpu import SimGPU
     n, code = int(sys.argv[1]), int(sys.argv[2])
     g = SimGPU()
     for i in range(n):
@@ -102,7 +102,7 @@ def _check_end(node: Node) -> list[str]:
     for path in Path("/sys/fs/cgroup").glob(f"**/{root}/**/cgroup.freeze"):
         if path.read_text().strip() != "0":
             problems.append(f"{path} is frozen")
-    from krex.shm import Segment
+    from krex.core.shm import Segment
 
     seg = Segment.attach(st["segment"])
     try:

@@ -1,6 +1,6 @@
 /*
  * krex_control.h: the control side of the region protocol (docs/shim.md: steps 1-3 and exit),
- * compiled into the cffi module krex._native and driven from krex/shm.py.
+ * compiled into the cffi module krex._native and driven from krex/core/shm.py.
  *
  * Every function takes the mapped segment; the caller maps it (posix_ipc + mmap) and checks it
  * with krex_seg_check first. All waits are bounded by a timeout in nanoseconds. Atomics live

@@ -54,7 +54,7 @@
 #define KREX_MEM_KINDS 5U
 #define KREX_MEM_KIND_SLOTS 8U /* entries of mem_kind_waits (room for more kinds) */
 
-/* Status codes shared by the C helpers and Python (krex/shm.py maps them to exceptions). */
+/* Status codes shared by the C helpers and Python (krex/core/shm.py maps them to exceptions). */
 #define KREX_OK 0
 #define KREX_E_SMALL -1      /* segment smaller than its header or than total_size */
 #define KREX_E_MAGIC -2      /* not a KREX segment */

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from krex.paths import shim_library, sim_library_dir
-from krex.segments import daemon_holds
-from krex.shm import Segment
+from krex.core.liveness import daemon_holds
+from krex.core.paths import shim_library, sim_library_dir
+from krex.core.shm import Segment
 
 ROOT = Path(__file__).resolve().parents[1]
 C_DIR = ROOT / "tests" / "c"
@@ -68,7 +68,7 @@ def compile_c(
 
 def _group_roots() -> set[str]:
     """The krex group roots (krex-...) under the cgroup hierarchies mounted here."""
-    from krex.tenants import V1_CPUSET, V1_FREEZER, V2_MOUNT
+    from krex.core.tenants import V1_CPUSET, V1_FREEZER, V2_MOUNT
 
     roots: set[str] = set()
     for mount in (V2_MOUNT, V1_FREEZER, V1_CPUSET):
@@ -111,7 +111,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     before = session.config.stash.get(_ROOTS_BEFORE, None)
     if not _controller(session.config) or before is None:
         return
-    from krex.tenants import TenantsError, recover
+    from krex.core.tenants import TenantsError, recover
 
     for root in _group_roots() - before:
         if _daemon_lives(root):

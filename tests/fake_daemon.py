@@ -22,8 +22,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from krex import wire
-from krex.errors import ProtocolError
+from krex.core import wire
+from krex.core.errors import ProtocolError
 
 Received = tuple[str, int | None, int | None]
 

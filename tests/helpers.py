@@ -21,10 +21,10 @@ from typing import Any
 
 from conftest import Node, unique
 
-from krex import simnode
-from krex.gate import exclusive
-from krex.shm import Segment
-from krex.tenants import _stat
+from krex.core.shm import Segment
+from krex.core.tenants import _stat
+from krex.daemon.gate import exclusive
+from krex.sim import simnode
 
 KREX = [sys.executable, "-m", "krex.cli"]
 
@@ -286,7 +286,7 @@ HOLDER = textwrap.dedent("""
 # and then only sleeps (it keeps its slot, with calls counted long ago).
 SIM_SIBLING = textwrap.dedent("""
     import sys, time
-    from krex.simgpu import SimGPU
+    from krex.sim.simgpu import SimGPU
     g = SimGPU()
     g.launch(1000)
     g.sync()

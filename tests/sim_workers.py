@@ -3,7 +3,7 @@
 is).
 
 A worker is a Python process of the node (ctypes against the built krex/_lib/sim/libcuda.so.1,
-through krex.simgpu.SimGPU) that runs one statement or expression per stdin line and answers
+through krex.sim.simgpu.SimGPU) that runs one statement or expression per stdin line and answers
 one JSON line. In it: `g`, the SimGPU made at its start (None for a worker started with
 open_gpu=False, which has made no driver call yet), `cu` the library, the helpers below, and
 the test file's own prelude. The node (a unique KREX_SIM_SHM) is removed afterwards.
@@ -21,14 +21,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from krex.paths import sim_library_dir
+from krex.core.paths import sim_library_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
 _HEAD = r"""
 import ctypes, json, sys
 from ctypes import byref, c_int, c_size_t, c_uint, c_ubyte, c_ushort, c_uint64, c_void_p
-from krex.simgpu import SimDriverError, SimGPU, SimOutOfMemory
+from krex.sim.simgpu import SimDriverError, SimGPU, SimOutOfMemory
 
 g = SimGPU() if sys.argv[1] == "open" else None
 cu = g.cu if g else ctypes.CDLL("libcuda.so.1")

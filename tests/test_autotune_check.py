@@ -8,7 +8,7 @@ from typing import Any
 
 from conftest import load_script
 
-from krex.tenants import _stat
+from krex.core.tenants import _stat
 
 STDERR = """\
 AUTOTUNE mm(4096x4096, 4096x4096)

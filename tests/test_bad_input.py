@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import C_DIR, Node, compile_c, remove_shm, unique
 
-from krex.shm import Segment, SegmentError
+from krex.core.shm import Segment, SegmentError
 
 
 def run_workload(node: Node, **env: str | None) -> subprocess.CompletedProcess[str]:

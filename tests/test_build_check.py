@@ -13,8 +13,8 @@ from pathlib import Path
 
 from helpers import KREX, Daemon
 
-from krex.build import build_id
-from krex.paths import package_dir
+from krex.core.build import build_id
+from krex.core.paths import package_dir
 
 
 def _checkout(tmp_path: Path, name: str) -> dict[str, str]:
@@ -42,7 +42,7 @@ def _run(sock: Path, env: dict[str, str], *argv: str) -> subprocess.CompletedPro
 
 
 def _build_of(env: dict[str, str]) -> str:
-    code = "from krex.build import build_id, package_dir; print(build_id(), package_dir())"
+    code = "from krex.core.build import build_id, package_dir; print(build_id(), package_dir())"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/", check=True
     )

@@ -25,7 +25,7 @@ from helpers import HOLDER, KREX, configured, krex_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from krex.config import (
+from krex.core.config import (
     _FIELDS,
     _SCHEMA,
     MAX_BYTES,
@@ -35,7 +35,7 @@ from krex.config import (
     from_toml,
     sim_mem_bytes,
 )
-from krex.regions import GATE_GRACE_S
+from krex.daemon.regions import GATE_GRACE_S
 
 DURATIONS = [("timeouts", k) for k in ("quiesce_s", "drain_s", "freeze_s", "region_s")] + [
     ("memory", k) for k in ("wait_s", "deadlock_s", "room_wait_s")
@@ -200,7 +200,7 @@ def _render(doc: dict[str, dict[str, Any]]) -> str:
 
 def _runnable(cfg: Config) -> None:
     """What the daemon does with the numbers of a config it accepted, each representable."""
-    from krex.shm import _ns
+    from krex.core.shm import _ns
 
     u64 = 2**64 - 1
     for section, key in DURATIONS:

@@ -268,7 +268,8 @@ def test_a_command_that_cannot_start_exits_127(daemon: Daemon, tmp_path: Path) -
 # kills krex run's children can): the daemon's answer to `started` comes once it is dead.
 KILLED_BEFORE_EXEC = textwrap.dedent("""
     import os, signal, sys
-    from krex import cli, client
+    from krex import cli
+    from krex.client import run as client
     send, recv, started = client.Connection.send, client.Connection.recv, []
     def spy(self, msg):
         if msg.get("op") == "started":

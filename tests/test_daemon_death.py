@@ -22,17 +22,17 @@ from pathlib import Path
 import pytest
 from helpers import HOLDER, Daemon, krex_run, until
 
-from krex.shm import Segment
-from krex.tenants import recover
+from krex.core.shm import Segment
+from krex.core.tenants import recover
 
 REGION_S = 300.0
-GATE_DEADLINE_S = REGION_S + 30.0  # krex/regions.py: GATE_GRACE_S
+GATE_DEADLINE_S = REGION_S + 30.0  # krex/daemon/regions.py: GATE_GRACE_S
 RELEASED_WITHIN_S = 30.0  # generous (a loaded machine), and far below the deadline
 
 # A sibling on the simulated GPU: its pid, then "ready", then a count of 1 ms kernels done.
 KERNELS = textwrap.dedent("""
     import os
-    from krex.simgpu import SimGPU
+    from krex.sim.simgpu import SimGPU
     print(os.getpid(), flush=True)
     g = SimGPU()
     g.launch(1000)

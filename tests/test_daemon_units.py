@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, remove_shm, unique
 
-from krex import simnode
-from krex.config import ConfigError, from_toml
+from krex.core.config import ConfigError, from_toml
+from krex.sim import simnode
 
 
 def test_sim_lock_offsets_are_the_ones_krexsim_h_documents() -> None:

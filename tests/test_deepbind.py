@@ -130,7 +130,7 @@ def test_a_second_copy_of_the_driver_makes_the_process_ungated(
 # shares the GPU with another's measures longer).
 OWNER = textwrap.dedent("""
     import json, krex
-    from krex.simgpu import SimGPU
+    from krex.sim.simgpu import SimGPU
     g = SimGPU()
     g.launch(1000)
     g.sync()

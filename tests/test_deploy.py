@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from krex.config import load
+from krex.core.config import load
 
 DEPLOY = Path(__file__).resolve().parents[1] / "docs" / "deploy"
 

@@ -22,19 +22,19 @@ import pytest
 from conftest import Node
 from helpers import HOLDER, Daemon, configured, krex_run
 
-from krex import simnode
-from krex.machinery import NVML_MARGIN_S, NodeMachinery, late
-from krex.nvml import Nvml
+from krex.core.nvml import Nvml
+from krex.daemon.machinery import NVML_MARGIN_S, NodeMachinery, late
+from krex.sim import simnode
 
 # A sibling on the simulated GPU that queues `n` kernels of `seconds` each, then sleeps. With
 # "forge", a thread of its own keeps drain_ack equal to drain_req in its own slot (its slot
-# segment is its tenant's, mapped read-write: the layout is krex/shm.py's), so a drain request
+# segment is its tenant's, mapped read-write: the layout is krex/core/shm.py's), so a drain request
 # is answered at once while its kernels run; "honest" leaves the answer to the shim's drain
 # thread, which synchronises first.
 SIBLING = textwrap.dedent("""
     import os, sys, threading, time
-    from krex.shm import Segment
-    from krex.simgpu import SimGPU
+    from krex.core.shm import Segment
+    from krex.sim.simgpu import SimGPU
 
     how, n, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     g = SimGPU()
@@ -133,7 +133,7 @@ def test_the_simulated_driver_records_whose_work_ran_after_a_time(node: Node) ->
     that does not exist yet has nobody's work."""
     code = textwrap.dedent("""
         import sys
-        from krex.simgpu import SimGPU
+        from krex.sim.simgpu import SimGPU
         g = SimGPU()
         g.launch(400_000_000)
         print("launched", flush=True)
@@ -192,7 +192,7 @@ def _machinery(
 
 GPU_JOB = textwrap.dedent("""
     import sys
-    from krex.simgpu import SimGPU
+    from krex.sim.simgpu import SimGPU
     g = SimGPU()
     for line in sys.stdin:
         g.launch(int(line))

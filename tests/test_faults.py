@@ -22,7 +22,7 @@ from helpers import HOLDER, KREX, Counter, Daemon, krex_run, run_argv, running, 
 # cannot finish the drain until the kernel does.
 LONG_KERNEL = textwrap.dedent("""
     import sys, time
-    from krex.simgpu import SimGPU
+    from krex.sim.simgpu import SimGPU
     g = SimGPU()
     g.launch(int(float(sys.argv[1]) * 1e9))
     print("launched", flush=True)
@@ -224,7 +224,7 @@ def test_a_foreign_gpu_process_is_shown_and_makes_regions_unclean(
 ) -> None:
     """A process on the GPU outside krex (no shim, not admitted) cannot be gated, drained or
     frozen: `krex status` lists it and a region taken meanwhile says clean = false."""
-    from krex.paths import sim_library_dir
+    from krex.core.paths import sim_library_dir
 
     st = fast_drain.status()
     assert st is not None
@@ -254,7 +254,7 @@ def test_a_foreign_gpu_process_is_shown_and_makes_regions_unclean(
 
 MAPS = textwrap.dedent("""
     import json, os
-    from krex.simgpu import SimGPU
+    from krex.sim.simgpu import SimGPU
     g = SimGPU()
     g.launch(1000)
     g.sync()

@@ -13,7 +13,7 @@ import pytest
 from conftest import Node
 from helpers import Daemon, krex_run, running
 
-from krex.gate import exclusive
+from krex.daemon.gate import exclusive
 
 KERNEL_NS = 2_000_000  # 2 ms
 
@@ -65,7 +65,7 @@ def test_gate_and_drain_remove_a_neighbours_contention(node: Node) -> None:
 # the region's record; else prints "holding" and sleeps until killed.
 HOLD_MEMORY = textwrap.dedent("""
     import json, sys, time, krex
-    from krex.simgpu import SimGPU
+    from krex.sim.simgpu import SimGPU
     g = SimGPU()
     p = g.alloc(int(sys.argv[1]) << 20)
     if sys.argv[2] == "region":

@@ -12,7 +12,7 @@ from typing import Any
 
 from helpers import Daemon, krex_run, run_argv, running, until
 
-USE_THE_GPU = "from krex.simgpu import SimGPU; g = SimGPU(); g.launch(1000); g.sync()"
+USE_THE_GPU = "from krex.sim.simgpu import SimGPU; g = SimGPU(); g.launch(1000); g.sync()"
 
 
 def sim_segment(d: Daemon) -> Path:
@@ -58,7 +58,7 @@ def test_the_simulated_gpus_segment_stays_while_a_process_uses_it(tmp_path: Path
 # N processes using the GPU at once: each holds its slot until all have one (or found none).
 FORK_USERS = textwrap.dedent("""
     import os, sys
-    from krex.simgpu import SimGPU
+    from krex.sim.simgpu import SimGPU
     n = int(sys.argv[1])
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
@@ -84,7 +84,7 @@ FORK_USERS = textwrap.dedent("""
 
 REGION = textwrap.dedent("""
     import json, krex
-    from krex.simgpu import SimGPU
+    from krex.sim.simgpu import SimGPU
     g = SimGPU()
     with krex.region():
         g.launch(1000)

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from helpers import KREX, Daemon, krex_run, run_argv, running
 
-from krex import wire
-from krex.build import identity
+from krex.core import wire
+from krex.core.build import identity
 
 # A command that says it got a SIGINT; bounded, so that a command the signal never reaches
 # fails the test instead of hanging it. (Ctrl-C from a terminal: test_controller.py.)
@@ -245,7 +245,7 @@ def test_a_command_killed_before_the_daemon_placed_it_ends_with_its_own_status(
     """`started` refused because the held command is gone (a kill aimed at it before the
     daemon placed it, as `make stress`'s killer does): krex run ends with the command's status
     (128 + 9), not krex's 125; a command still alive is killed and krex's 125 it is."""
-    from krex import client
+    from krex.client import run as client
 
     dead = subprocess.Popen(["sleep", "60"])
     dead.send_signal(signal.SIGKILL)

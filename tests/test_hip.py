@@ -20,8 +20,8 @@ from helpers import KREX, Daemon, Witness, assert_slotted_once_listed, cycle_gat
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from krex.gate import exclusive
-from krex.paths import hip_audit_library, hip_shim_library, sim_hip_available
+from krex.core.paths import hip_audit_library, hip_shim_library, sim_hip_available
+from krex.daemon.gate import exclusive
 
 Run = subprocess.CompletedProcess[str]
 pytestmark = pytest.mark.skipif(not sim_hip_available(), reason="simulated HIP not built")

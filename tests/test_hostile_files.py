@@ -31,8 +31,8 @@ from helpers import HOLDER, KREX, Daemon, krex_run, until
 from test_security import NOBODY, SYSTEM_PYTHON, as_root
 
 import krex
-from krex import simnode
-from krex.paths import sim_library_dir
+from krex.core.paths import sim_library_dir
+from krex.sim import simnode
 
 
 def _drop() -> None:
@@ -298,7 +298,7 @@ def test_learned_peaks_are_never_written_through_a_planted_temporary_file(
     followed it. Now the temporary file is made anew (O_EXCL, O_NOFOLLOW), the link removed."""
     from test_memory import Node
 
-    from krex.memory import GIB
+    from krex.daemon.memory import GIB
 
     node = Node(tmp_path)
     tmp = tmp_path / "peaks.tmp"  # Memory's temporary file beside peaks.json
@@ -467,7 +467,7 @@ def test_the_simulated_node_refuses_a_segment_another_uid_made(tmp_path: Path) -
         "LD_LIBRARY_PATH": str(sim_library_dir()),
         "KREX_SIM_SHM": name,
     }
-    use = "from krex.simgpu import SimGPU; g = SimGPU(); g.launch(1000); g.sync(); print('ok')"
+    use = "from krex.sim.simgpu import SimGPU; g = SimGPU(); g.launch(1000); g.sync(); print('ok')"
     try:
         maker = subprocess.run(
             [str(SYSTEM_PYTHON), "-c", use + f"; import os; os.chmod('/dev/shm{name}', 0o666)"],
@@ -502,7 +502,7 @@ def test_the_daemon_socket_is_made_private_without_a_chmod_by_name(
     """The daemon's socket is 0600 from its bind (a umask), so nothing chmods it by name
     afterwards (that would follow a link swapped in for it); bind_private leaves the
     process's umask as it was."""
-    from krex.trust import bind_private
+    from krex.core.trust import bind_private
 
     assert sim_daemon.socket.stat().st_mode & 0o777 == 0o600
     path = sim_daemon.socket.parent / "private.sock"

@@ -23,10 +23,11 @@ from typing import Any
 import pytest
 from helpers import HOLDER, Daemon, krex_run, running, until
 
-from krex import daemon as daemon_mod
-from krex import tasks, wire
-from krex.client import ClientError, Connection
-from krex.daemon import LogLimit
+from krex.client.run import ClientError, Connection
+from krex.core import wire
+from krex.daemon import daemon as daemon_mod
+from krex.daemon import tasks
+from krex.daemon.daemon import LogLimit
 
 # The arguments' bytes as the command got them, hex, one a line.
 SHOW_ARGV = "import os, sys; print(*(os.fsencode(a).hex() for a in sys.argv[1:]), sep='\\n')"
@@ -227,7 +228,7 @@ def test_a_short_task_that_fails_is_logged(caplog: pytest.LogCaptureFixture) -> 
     assert any("'region set-up' failed" in r.getMessage() and r.exc_info for r in caplog.records)
 
 
-# Connections: a cap, a first-request time-out, rate-limited log lines (krex/daemon.py).
+# Connections: a cap, a first-request time-out, rate-limited log lines (krex/daemon/daemon.py).
 def fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 

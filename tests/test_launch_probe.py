@@ -10,7 +10,7 @@ import pytest
 from conftest import load_script
 
 from krex.bench.runner import slice_config
-from krex.config import load
+from krex.core.config import load
 
 
 def probe() -> Any:

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from helpers import KREX, SIM_SIBLING, Daemon, krex_run, until
 
-from krex.config import Config
+from krex.core.config import Config
 
 # What stays on purpose: the daemon's log (the tests' Daemon writes it beside the socket) and
-# the peaks it learned (krex/memory.py: read again by the next daemon).
+# the peaks it learned (krex/daemon/memory.py: read again by the next daemon).
 KEPT = {"daemon.log", "krex.sock.peaks.json"}
 
 

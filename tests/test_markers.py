@@ -19,10 +19,11 @@ from fake_daemon import FakeDaemon
 from helpers import until
 
 import krex
-from krex import autoregions, markers, wire
-from krex.errors import KrexError
-from krex.markers import RegionError, last_region, region
-from krex.paths import shim_library
+from krex.core import wire
+from krex.core.errors import KrexError
+from krex.core.paths import shim_library
+from krex.tenant import autoregions, markers
+from krex.tenant.markers import RegionError, last_region, region
 
 KREX_ENV = (
     "KREX_SOCKET",
@@ -97,7 +98,7 @@ def test_outside_krex_a_region_is_a_no_op(
 
 
 def test_package_reexports_the_markers() -> None:
-    """`krex.region`, `krex.last_region` and `krex.RegionError` are krex.markers' own."""
+    """`krex.region`, `krex.last_region` and `krex.RegionError` are krex.tenant.markers' own."""
     assert krex.region is region
     assert krex.last_region is last_region
     assert krex.RegionError is RegionError
@@ -318,7 +319,7 @@ def test_a_lingering_region_ends_at_exit_and_not_in_a_forked_child(
     once, without waiting for the linger; a child forked meanwhile never ends it."""
     script = textwrap.dedent("""
         import os, time
-        from krex import markers
+        from krex.tenant import markers
         with markers.auto_region():
             pass
         pid = os.fork()
@@ -852,7 +853,7 @@ def test_without_the_hook_inductors_benchmarkers_are_wrapped_on_torch_2_11(
 FAKE_HEURISTICS = """
 # torch 2.11's triton_heuristics, its shape: a CachingAutotuner compiled in a worker has no
 # launchers, and its run() compiles (precompile()) before the launch.
-import krex.markers
+import krex.tenant.markers
 
 
 class CachingAutotuner:
@@ -860,7 +861,7 @@ class CachingAutotuner:
         self.launchers, self.fails, self.triton_interpret = [], fails, False
 
     def precompile(self):
-        held = krex.markers.region_depth() or krex.markers._state.held is not None
+        held = krex.tenant.markers.region_depth() or krex.tenant.markers._state.held is not None
         print("compiled", "holding a region" if held else "outside any region")
         if self.fails:
             raise RuntimeError("No valid triton configs. OutOfResources: shared memory")
@@ -963,12 +964,12 @@ FAKE_TRITON = {
     "runtime/__init__.py": "from triton.runtime import autotuner, jit  # noqa: F401\n",
     "runtime/errors.py": "class PTXASError(Exception):\n    pass\n",
     "runtime/jit.py": """
-import krex.markers
+import krex.tenant.markers
 from triton.runtime.errors import PTXASError
 
 
 def where():
-    held = krex.markers.region_depth() or krex.markers._state.held is not None
+    held = krex.tenant.markers.region_depth() or krex.tenant.markers._state.held is not None
     return "holding a region" if held else "outside any region"
 
 
@@ -1170,7 +1171,7 @@ def test_cudnn_benchmark_search_runs_in_a_region_once_per_configuration(
     script = textwrap.dedent("""
         import sys, torch
         import torch.nn.functional as F
-        from krex.markers import last_region
+        from krex.tenant.markers import last_region
         def regions():
             return [l for l in open(sys.argv[1]).read().split() if l == "region_begin"]
         x, w = torch.Tensor(8, 64, 56, 56), torch.Tensor(64, 64, 3, 3)
@@ -1285,7 +1286,7 @@ def test_plain_cuda_event_timing_is_a_region(daemon: FakeDaemon, tmp_path: Path)
     )
     (tmp_path / "torch" / "cuda" / "__init__.py").write_text(FAKE_CUDA)
     script = textwrap.dedent("""
-        import time, torch, krex, krex.events
+        import time, torch, krex, krex.tenant.events
         from torch.cuda import Event
         Event().record()                                   # no timing: no region
         for _ in range(3):                                 # per trial: 3 regions
@@ -1305,7 +1306,7 @@ def test_plain_cuda_event_timing_is_a_region(daemon: FakeDaemon, tmp_path: Path)
         torch.cuda.capturing = True
         s.record(); e.record()                             # graph capture: none
         torch.cuda.capturing = False
-        krex.events.MAX_S = 0.05                           # never read: ended, then 1 more
+        krex.tenant.events.MAX_S = 0.05                           # never read: ended, then 1 more
         s.record(); time.sleep(0.1)
         f = Event(enable_timing=True)                      # made while it was open
         f.record(); f.elapsed_time(f)
@@ -1382,7 +1383,7 @@ def test_install_wraps_now_or_on_import_and_only_once(
 
 
 def test_env_for_puts_the_sitecustomize_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    """env_for() names the callables and puts krex/_auto before the existing PYTHONPATH."""
+    """env_for() names the callables and puts krex/tenant/_auto before the existing PYTHONPATH."""
     env = autoregions.env_for(autoregions.DEFAULT_AUTO_REGIONS, {"PYTHONPATH": "/a:/b"})
     assert env["KREX_AUTO_REGIONS"] == ",".join(autoregions.DEFAULT_AUTO_REGIONS)
     assert env["PYTHONPATH"].split(os.pathsep) == [str(autoregions.AUTO_DIR), "/a", "/b"]

@@ -1,4 +1,4 @@
-"""The daemon's memory arbiter and memory-aware admission (krex/memory.py), against fake
+"""The daemon's memory arbiter and memory-aware admission (krex/daemon/memory.py), against fake
 process slots: the order waiters are served in, which waits are denied (they could not succeed
 alone), which command is preempted to break a deadlock, and who may be admitted."""
 
@@ -11,12 +11,12 @@ from typing import cast
 
 import pytest
 
-from krex.config import ConfigError, from_toml, parse_size
-from krex.memory import GIB, Memory, Pokable, argv_key
-from krex.model import AdmitRequest, Gpu, Tenant
-from krex.shm import MEM_KINDS, SlotView
-from krex.slices import Slice
-from krex.tenants import TenantGroup
+from krex.core.config import ConfigError, from_toml, parse_size
+from krex.core.shm import MEM_KINDS, SlotView
+from krex.core.slices import Slice
+from krex.core.tenants import TenantGroup
+from krex.daemon.memory import GIB, Memory, Pokable, argv_key
+from krex.daemon.model import AdmitRequest, Gpu, Tenant
 
 CAP = 10 * GIB
 
@@ -524,8 +524,8 @@ def test_the_admission_pass_that_admits_an_alone_rerun_admits_nobody_else() -> N
     same pass went on to admit the others beside it (it was not a tenant yet)."""
     from types import SimpleNamespace
 
-    from krex.daemon import Daemon
-    from krex.model import AdmissionTicket
+    from krex.daemon.daemon import Daemon
+    from krex.daemon.model import AdmissionTicket
 
     async def scenario() -> list[bool]:
         node = Node()
@@ -548,8 +548,8 @@ def test_a_commands_key_is_its_argv_and_the_contents_of_the_files_it_names(
     """Issue #47, 5: what identifies a command for its learned peak. An agent's `python
     bench.py` is another command once bench.py changes (its argv alone was the key: one
     candidate's peak stood for every other's), and the same one in another directory."""
-    from krex.client import command_key
-    from krex.memory import is_key
+    from krex.client.run import command_key
+    from krex.daemon.memory import is_key
 
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()

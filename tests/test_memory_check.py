@@ -93,7 +93,7 @@ def test_shared8_mps_runs_every_command_as_a_client_of_its_own_mps_daemon(
 ) -> None:
     """The native MPS mode starts an MPS daemon for the mode, hands its variables to every
     command, and stops it after the mode, failed commands or not."""
-    import krex.mps
+    import krex.daemon.mps
 
     check = load_script("scripts/bench/memory_check.py")
     events: list[str] = []
@@ -114,7 +114,7 @@ def test_shared8_mps_runs_every_command_as_a_client_of_its_own_mps_daemon(
         assert extra_env == {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/pipe"}, extra_env
         return {"size_gib": a[0], "variant": a[1], "rc": 0, "oom": False}
 
-    monkeypatch.setattr(krex.mps, "Mps", FakeMps)
+    monkeypatch.setattr(krex.daemon.mps, "Mps", FakeMps)
     check.run_one = lambda *a: fake_run_one(*a[:7], extra_env=a[7])
     m = check.run_mode("shared8-mps", tmp_path)
     assert m["succeeded"] == 12 and events == ["start mps-shared8-mps", "stop"]

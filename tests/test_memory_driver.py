@@ -4,7 +4,7 @@ creation, module and library loading, lazy loading, launches, graphs), holding n
 announcement while it waits; and a process that submitted nothing since its last drain (one
 waiting for memory, say) costs a region nothing, even if it cannot answer a drain.
 
-Each test drives Python workers (ctypes through krex.simgpu, so the shim sees the calls as it
+Each test drives Python workers (ctypes through krex.sim.simgpu, so the shim sees the calls as it
 sees a framework's) on a private simulated node and KREX segment (the `node` fixture).
 """
 
@@ -21,15 +21,15 @@ import pytest
 from conftest import Node
 from helpers import until
 
-from krex.gate import exclusive
-from krex.shm import MEM_KINDS
+from krex.core.shm import MEM_KINDS
+from krex.daemon.gate import exclusive
 
 MIB = 1 << 20
 
 # A worker: one statement per stdin line, "ok" (or the exception) back; `g` is a SimGPU.
 WORKER = textwrap.dedent("""
     import sys, traceback
-    from krex.simgpu import SimGPU
+    from krex.sim.simgpu import SimGPU
     g = SimGPU() if sys.argv[1] == "open" else None
     print("ready", flush=True)
     for line in sys.stdin:

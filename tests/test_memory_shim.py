@@ -17,8 +17,8 @@ import pytest
 from conftest import C_DIR, Node, compile_c
 from helpers import until
 
-from krex.paths import sim_library_dir
-from krex.shm import SlotView
+from krex.core.paths import sim_library_dir
+from krex.core.shm import SlotView
 
 MIB = 1024 * 1024
 OOM = 2  # CUDA_ERROR_OUT_OF_MEMORY

@@ -101,7 +101,7 @@ def hook_names(kind: str) -> set[str]:
 
 def test_hook_table_is_what_the_library_exports() -> None:
     """One list (hooks.def) generates the wrappers; the library exports exactly it."""
-    from krex.paths import shim_library
+    from krex.core.paths import shim_library
 
     out = subprocess.run(
         ["nm", "-D", "--defined-only", str(shim_library())],

@@ -1,4 +1,4 @@
-"""krex.nvml against a stand-in of pynvml with the real module's names: what a sample holds
+"""krex.core.nvml against a stand-in of pynvml with the real module's names: what a sample holds
 where the driver gives each reading, and what it leaves out where it does not."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from krex.nvml import Nvml
+from krex.core.nvml import Nvml
 
 
 def fake_pynvml(mem_temp: tuple[int, int, int] | None) -> types.ModuleType:

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from helpers import HOLDER, KREX, Daemon, krex_run
 
-from krex.config import from_toml, load
-from krex.metrics import NAMES
+from krex.core.config import from_toml, load
+from krex.daemon.metrics import NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "docs" / "deploy"

@@ -8,7 +8,7 @@ import subprocess
 
 from conftest import Node
 
-from krex.gate import exclusive
+from krex.daemon.gate import exclusive
 
 
 def test_every_path_and_variant_is_counted_once(node: Node) -> None:

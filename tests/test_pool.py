@@ -1,5 +1,5 @@
 """The warm worker pool on the simulated GPU: a command run warm behaves as if it ran alone, in
-a fresh process forked from a fork server (krex/worker.py).
+a fresh process forked from a fork server (krex/pool/worker.py).
 
 Each test has its own daemon with a pool (`krex daemon --pool N`); commands are Python scripts
 run with this interpreter, so they can run warm; `--report` says whether they did.
@@ -28,7 +28,7 @@ from helpers import (
     wait_pool_ready,
 )
 
-from krex.pool import plan
+from krex.pool.plan import plan
 
 
 class Result:
@@ -382,7 +382,7 @@ def test_sixteen_commands_at_once_all_run_warm_from_one_worker(tmp_path: Path) -
         wait_pool_ready(d, 1)
         script = tmp_path / "ctx.py"
         script.write_text(
-            "import os\nfrom krex.simgpu import SimGPU\ng = SimGPU()\ng.launch(1000)\n"
+            "import os\nfrom krex.sim.simgpu import SimGPU\ng = SimGPU()\ng.launch(1000)\n"
             "g.sync()\nprint(os.getpid(), os.getppid())\n"
         )
         reports: list[dict[str, Any]] = [{} for _ in range(16)]
@@ -436,7 +436,7 @@ def test_a_warm_command_maps_the_gates_read_only_and_its_tenants_slots(
     command's own tenant's slot segment (no worker's, no other tenant's)."""
     script = """
         import json
-        from krex.simgpu import SimGPU
+        from krex.sim.simgpu import SimGPU
         g = SimGPU()  # the shim maps its segments at the process's first context
         g.launch(1000)
         g.sync()
@@ -488,7 +488,7 @@ def test_a_preload_that_loads_the_driver_is_dropped_and_the_pool_serves(tmp_path
         wait_pool_ready(d, 1)
         r = krun(d, tmp_path, """
             import sys
-            from krex.simgpu import SimGPU
+            from krex.sim.simgpu import SimGPU
             g = SimGPU()
             g.launch(1000)
             g.sync()
@@ -506,7 +506,7 @@ def test_a_client_without_a_lease_gets_no_fork(pool: Daemon, tmp_path: Path) -> 
     of ours connecting to its socket with any other token is refused, and nothing runs."""
     import socket as socketlib
 
-    from krex import wire
+    from krex.core import wire
 
     st = pool.status()
     assert st is not None
@@ -545,7 +545,9 @@ def test_a_daemon_that_stops_its_workers_does_not_warn_of_it(tmp_path: Path) -> 
     try:
         wait_pool_ready(d, 2)
         assert d.proc is not None
-        workers = [c for c in psutil.Process(d.proc.pid).children() if "krex.worker" in c.cmdline()]
+        workers = [
+            c for c in psutil.Process(d.proc.pid).children() if "krex.pool.worker" in c.cmdline()
+        ]
         assert len(workers) == 2
         workers[0].kill()
         deadline = time.monotonic() + 30

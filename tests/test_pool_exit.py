@@ -165,7 +165,7 @@ def test_krex_run_returns_before_the_framework_teardown(torch_pool: Daemon, tmp_
     command meanwhile is clean."""
     p, rep, wall = run(torch_pool, tmp_path, """
         import atexit, os, torch
-        from krex.simgpu import SimGPU
+        from krex.sim.simgpu import SimGPU
         g = SimGPU()  # it uses the GPU, so the region below would see it if it were not ours
         g.launch(1000)
         g.sync()

@@ -1,8 +1,8 @@
-"""The mean power before a grant (krex/fidelity.py's PowerHistory), from energy samples."""
+"""The mean power before a grant (krex/daemon/fidelity.py's PowerHistory), from energy samples."""
 
 from __future__ import annotations
 
-from krex.fidelity import HISTORY_S, PowerHistory
+from krex.daemon.fidelity import HISTORY_S, PowerHistory
 
 
 def test_mean_power_over_the_window_before_now() -> None:

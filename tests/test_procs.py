@@ -1,4 +1,4 @@
-"""krex/procs.py: process look-ups by pid (the daemon's and the tenant groups')."""
+"""krex/core/procs.py: process look-ups by pid (the daemon's and the tenant groups')."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from krex import procs
+from krex.core import procs
 
 
 def test_running_is_false_for_zombies_gone_and_impossible_pids() -> None:

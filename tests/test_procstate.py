@@ -1,5 +1,5 @@
 """What a cold command inherits from `krex run` besides argv, environment, cwd and stdio, and
-how a warm child takes it on (krex/pool.py, ProcState; issue #48)."""
+how a warm child takes it on (krex/pool/plan.py, ProcState; issue #48)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import textwrap
 
 import pytest
 
-from krex.pool import ProcState
+from krex.pool.plan import ProcState
 
 # Captures its state, applies another (a JSON ProcState on argv[1]) and prints what it has.
 CHILD = textwrap.dedent("""
     import json, os, resource, sys
-    from krex.pool import ProcState
+    from krex.pool.plan import ProcState
     want = ProcState(**json.loads(sys.argv[1]))
     print(json.dumps({"unfit": want.unfit()}), flush=True)
     if want.unfit() is None:

@@ -23,10 +23,10 @@ from helpers import Witness, cycle_gate, until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from krex.gate import exclusive
+from krex.daemon.gate import exclusive
 
 if TYPE_CHECKING:
-    from krex.segments import Segments
+    from krex.daemon.segments import Segments
 
 TENANTS = (1, 2, 3)
 THREADS = 4
@@ -288,8 +288,8 @@ def test_accounting_never_frees_a_slot_it_has_not_read(
     a command's memory peak in its report (a rare CI failure of test_memory_e2e)."""
     from conftest import remove_shm, unique
 
-    from krex.model import Tenant
-    from krex.segments import Segments
+    from krex.daemon.model import Tenant
+    from krex.daemon.segments import Segments
 
     segs = Segments(unique("krex-acct"), 1, 8, root="krex-test-acct")
     tenant = Tenant(id=5, gpu=0, argv=[], group=None, region_timeout_s=60.0, t_admit=0.0)  # type: ignore[arg-type]
@@ -334,8 +334,8 @@ def test_accounting_folds_a_dead_slot_once_and_never_one_being_claimed(
     from conftest import remove_shm, unique
 
     from krex._native import lib
-    from krex.model import Tenant
-    from krex.segments import Segments
+    from krex.daemon.model import Tenant
+    from krex.daemon.segments import Segments
 
     segs = Segments(unique("krex-acct"), 1, 8, root="krex-test-acct")
     tenant = Tenant(id=5, gpu=0, argv=[], group=None, region_timeout_s=60.0, t_admit=0.0)  # type: ignore[arg-type]
@@ -383,8 +383,8 @@ def test_a_process_that_reclaims_a_dead_slot_of_its_tenant_carries_its_counters(
     counts) lost from its tenant's totals; now the new process carries them on."""
     from conftest import remove_shm, unique
 
-    from krex.model import Tenant
-    from krex.segments import Segments
+    from krex.daemon.model import Tenant
+    from krex.daemon.segments import Segments
 
     segs = Segments(unique("krex-reclaim"), 1, 8, root="krex-test-reclaim")
     tenant = Tenant(id=5, gpu=0, argv=[], group=None, region_timeout_s=60.0, t_admit=0.0)  # type: ignore[arg-type]

@@ -19,8 +19,8 @@ from helpers import HOLDER, Daemon, krex_run, until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from krex import wire
-from krex.workers import EXIT_WAIT_S
+from krex.core import wire
+from krex.daemon.workers import EXIT_WAIT_S
 
 OPS = ["hello", "status", "admit", "started", "lease", "finished", "region_begin",
        "region_end", "worker_ready", "done"]  # fmt: skip

@@ -1,4 +1,4 @@
-"""The region scheduler and protocol (krex/regions.py) against a fake node: every transition,
+"""The region scheduler and protocol (krex/daemon/regions.py) against a fake node: every transition,
 in seconds, with no daemon, segment or cgroup."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from typing import Any, cast
 
 import pytest
 
-from krex import wire
-from krex.errors import KrexError
-from krex.fidelity import GIB
-from krex.gate import Hold
-from krex.model import Gpu, Region, Tenant
-from krex.regions import Regions
-from krex.slices import Slice
-from krex.tenants import TenantGroup
+from krex.core import wire
+from krex.core.errors import KrexError
+from krex.core.slices import Slice
+from krex.core.tenants import TenantGroup
+from krex.daemon.fidelity import GIB
+from krex.daemon.gate import Hold
+from krex.daemon.model import Gpu, Region, Tenant
+from krex.daemon.regions import Regions
 
 
 class FakeNode:
@@ -723,7 +723,7 @@ def test_shutdown_lets_a_set_up_finish_then_revokes_every_region() -> None:
 def test_a_capped_clock_sample_is_named_without_a_zero_count() -> None:
     """A short region whose clock sample says power-capped while NVML's violation counters have
     not moved: the warning says the samples said so, not "for 0 ms"."""
-    from krex.fidelity import warnings
+    from krex.daemon.fidelity import warnings
 
     by_sample = warnings({"power_capped_ms": 0.0, "thermal_capped_ms": 0.0}, True, None)
     assert [w["name"] for w in by_sample] == ["gpu_capped"]

@@ -30,9 +30,9 @@ from helpers import (
     krex_run,
 )
 
-from krex.autoregions import AUTO_DIR
-from krex.paths import shim_library
-from krex.trust import TrustError, _private_group, check_env, private_dir, runtime_dir
+from krex.core.paths import shim_library
+from krex.core.trust import TrustError, _private_group, check_env, private_dir, runtime_dir
+from krex.tenant.autoregions import AUTO_DIR
 
 NOBODY = 65534
 # The second uid runs a system interpreter (the test's may live where it cannot go, e.g. /root).
@@ -291,7 +291,7 @@ def test_a_listener_that_does_not_answer_is_no_successor(tmp_path: Path) -> None
     seen in one of three runs of the restart test)."""
     import socket
 
-    from krex.watch import answers
+    from krex.client.watch import answers
 
     path = tmp_path / "dying.sock"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -354,7 +354,7 @@ GPU_USER = textwrap.dedent("""
         sys.exit(0)
     if how == "unlinked":
         os.unlink("/dev/shm/" + os.environ["KREX_SLOTS"].lstrip("/"))
-    from krex.simgpu import SimGPU
+    from krex.sim.simgpu import SimGPU
     g = SimGPU()
     g.launch(1000)
     g.sync()
@@ -431,7 +431,7 @@ def test_a_foreign_process_that_starts_during_the_region_makes_it_unclean(
 ) -> None:
     """Case 4: nothing foreign at the grant; a process outside krex starts GPU work while the
     region runs: the region's end finds it, and the record says so."""
-    from krex.paths import sim_library_dir
+    from krex.core.paths import sim_library_dir
 
     st = quick.status()
     assert st is not None
@@ -482,8 +482,8 @@ def test_the_daemon_s_own_mps_server_is_not_foreign_nor_its_work_unvouched(
     pipe directory, or another binary with ours, is still foreign."""
     from types import SimpleNamespace
 
-    from krex.machinery import NodeMachinery
-    from krex.mps import SERVER, Mps
+    from krex.daemon.machinery import NodeMachinery
+    from krex.daemon.mps import SERVER, Mps
 
     sleep = shutil.which("sleep")
     assert sleep is not None
@@ -540,7 +540,7 @@ def test_nvml_samples_overlapping_the_grant_never_blame_a_drained_sibling() -> N
     without a slot, and one that loaded a driver apart (dlmopen)."""
     from types import SimpleNamespace
 
-    from krex.machinery import NodeMachinery
+    from krex.daemon.machinery import NodeMachinery
 
     procs = [subprocess.Popen(["sleep", "30"]) for _ in range(5)]
     owner_pid, sibling, foreign, slotless, dlmopen = (p.pid for p in procs)
@@ -580,7 +580,7 @@ def test_a_settle_waits_only_where_nvml_saw_a_frozen_sibling_work() -> None:
     second name a sibling's process; not for anyone else's, nor without NVML."""
     from types import SimpleNamespace
 
-    from krex.machinery import NodeMachinery
+    from krex.daemon.machinery import NodeMachinery
 
     seen: set[int] = set()
     sibling = SimpleNamespace(id=2, group=_Group([4242]))
@@ -607,8 +607,8 @@ def test_a_settle_waits_where_the_shim_counted_a_sibling_s_calls_since_a_second_
     tenant's calls, another GPU's, or calls counted before that tick."""
     from types import SimpleNamespace
 
-    from krex import machinery
-    from krex.machinery import NodeMachinery
+    from krex.daemon import machinery
+    from krex.daemon.machinery import NodeMachinery
 
     sib, other = _Slot(4242, 2), _Slot(5151, 3)
     sib.intercepted = other.intercepted = 10

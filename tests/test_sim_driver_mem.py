@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 from sim_workers import SimNode, sim_node
 
-from krex.simgpu import mem_users
+from krex.sim.simgpu import mem_users
 
 GiB = 1 << 30
 MiB = 1 << 20

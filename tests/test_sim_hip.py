@@ -19,7 +19,7 @@ import pytest
 from conftest import ROOT, Node
 from helpers import Witness
 
-from krex.paths import sim_library_dir
+from krex.core.paths import sim_library_dir
 
 HIP_LIB = sim_library_dir() / "libamdhip64.so"
 pytestmark = pytest.mark.skipif(

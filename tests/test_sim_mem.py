@@ -3,7 +3,7 @@ allocation entry points (plain, pitched, managed, stream-ordered, pools, arrays,
 their lookup through cuGetProcAddress.
 
 Each test drives worker processes (Python, ctypes against the built krex/_lib/sim/libcuda.so.1
-through krex.simgpu.SimGPU: sim_workers.py) on a private simulated node (a unique KREX_SIM_SHM,
+through krex.sim.simgpu.SimGPU: sim_workers.py) on a private simulated node (a unique KREX_SIM_SHM,
 removed afterwards). Capacities are tens of GiB, far more than this machine's RAM: untouched
 simulated memory must cost no host RAM.
 """
@@ -164,7 +164,7 @@ def test_zombie_memory_comes_back_at_allocation(node: SimNode) -> None:
 
 
 def test_mem_users(node: SimNode) -> None:
-    from krex.simgpu import mem_users
+    from krex.sim.simgpu import mem_users
 
     a = node.worker(KREX_SIM_MEM_BYTES="20G")
     b = node.worker()

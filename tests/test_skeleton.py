@@ -20,7 +20,7 @@ else:
     import tomli as tomllib
 
 import krex
-from krex import paths
+from krex.core import paths
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = ["run", "daemon", "status", "top", "config", "region", "bench", "info", "demo"]
@@ -84,8 +84,8 @@ def test_info_reports_versions_libraries_and_gpu() -> None:
 def test_import_krex_does_not_import_region() -> None:
     """`import krex` stays light: the markers are imported only when first used."""
     code = (
-        "import sys, krex; a = 'krex.markers' in sys.modules; krex.region; "
-        "print(a, 'krex.markers' in sys.modules)"
+        "import sys, krex; a = 'krex.tenant.markers' in sys.modules; krex.region; "
+        "print(a, 'krex.tenant.markers' in sys.modules)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.strip() == "False True", result.stderr
@@ -167,7 +167,7 @@ def test_markers_need_only_the_standard_library() -> None:
     code = (
         "import sys, krex\n"
         "with krex.region():\n    pass\n"
-        "print(sorted(m for m in ('cffi', 'posix_ipc', 'krex._native', 'krex.shm') "
+        "print(sorted(m for m in ('cffi', 'posix_ipc', 'krex._native', 'krex.core.shm') "
         "if m in sys.modules))"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}

@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import pytest
 
-from krex import slices
-from krex.slices import (
+from krex.core import slices
+from krex.core.slices import (
     Slice,
     SliceError,
     default_slices,

@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 from helpers import blocked_tasks, until
 
-from krex import tenants
-from krex.slices import parse_cpu_list
-from krex.tenants import FreezerKind, TenantGroup, TenantsError, detect_freezer, recover
+from krex.core import tenants
+from krex.core.slices import parse_cpu_list
+from krex.core.tenants import FreezerKind, TenantGroup, TenantsError, detect_freezer, recover
 
 _serial = itertools.count()
 
@@ -481,7 +481,7 @@ def test_add_refuses_the_controller_and_non_processes(env: Env) -> None:
 # A controller that someone moved into the group it is about to freeze.
 SELF_IN_GROUP = r"""
 import os, sys
-from krex import tenants
+from krex.core import tenants
 tenants.V2_MOUNT = sys.argv[3]
 g = tenants.TenantGroup.create(sys.argv[1], sys.argv[2], 1)
 with open(os.path.join(g._freeze_dir, "cgroup.procs"), "w") as f:
@@ -677,7 +677,7 @@ def test_recover_without_hierarchies(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_prune_removes_only_empty_groups_of_unknown_tenants() -> None:
     """Groups a predecessor left (its tenants since finished) go; ours and busy ones stay."""
-    from krex.tenants import prune
+    from krex.core.tenants import prune
 
     kind = detect_freezer("auto")
     if kind is FreezerKind.SIGNAL:

@@ -7,7 +7,7 @@ One daemon for the module, with two warm workers. It runs with PYTHONDONTWRITEBY
 PYTHONUNBUFFERED=1 (as the dev machine's shell has them) and the probes without, so that a
 worker's start-up state shows through where it leaks. Its teardown bound for what a warm
 command leaves running is KREX_PROBE_TEARDOWN_S seconds (default 3; krex's own is 120 s,
-krex/workers.py's TEARDOWN_S, which has no option: the test daemon is started with it set).
+krex/daemon/workers.py's TEARDOWN_S, which has no option: the test daemon is started with it set).
 
 On a real GPU: KREX_PROBE_SOCKET=<its daemon's socket> KREX_PROBE_SIM=0 pytest
 tests/test_warm_native.py (the torch probes then run where torch is installed), or
@@ -44,8 +44,8 @@ from warm_native import (
 )
 from warm_probes import BY_NAME, CATALOGUE
 
-from krex.client import ClientError
-from krex.client import status as daemon_status
+from krex.client.run import ClientError
+from krex.client.run import status as daemon_status
 
 # Where krex differs from a native run by design: the probe's comparison ("krex": cold and
 # warm must agree, natively it differs; "none": recorded, not compared; "expect": each way
@@ -91,7 +91,7 @@ DELIBERATE: dict[str, tuple[str, str]] = {
     ),
     "stack": (
         "none",
-        "a warm command's __main__ runs in a function of the fork server's (krex/worker.py): "
+        "a warm command's __main__ runs in a function of the fork server's (krex/pool/worker.py): "
         "a few frames lie below it, which inspect.stack() lists and which take a few levels "
         "of the recursion limit; tracebacks leave them out",
     ),
@@ -108,7 +108,7 @@ DELIBERATE: dict[str, tuple[str, str]] = {
     ),
     "modules_visible": (
         "none",
-        "the fork server's own imports (krex.worker's: socket, json, runpy, threading, ...) "
+        "the fork server's own imports (krex.pool.worker's: socket, json, runpy, threading, ...) "
         "are in sys.modules; taking them out would split a module with state (logging) between "
         "the preloaded framework and the command",
     ),
@@ -129,9 +129,9 @@ XFAIL_IF: dict[str, bool] = {
 
 TEARDOWN_VAR = "KREX_PROBE_TEARDOWN_S"
 WORKERS = 2
-# The daemon, with krex.workers' TEARDOWN_S set first (it has no option for it).
+# The daemon, with krex.daemon.workers' TEARDOWN_S set first (it has no option for it).
 _BOOT = (
-    "import sys, krex.workers as w; w.TEARDOWN_S = float(sys.argv.pop(1)); "
+    "import sys, krex.daemon.workers as w; w.TEARDOWN_S = float(sys.argv.pop(1)); "
     "from krex.cli import main; main(prog_name='krex')"
 )
 
@@ -145,9 +145,9 @@ def scope(name: str) -> str:
 def teardown_bound() -> float | None:
     """The bound a warm command's leftovers are held to here (None: the daemon has none that
     the harness can set)."""
-    import krex.workers
+    import krex.daemon.workers
 
-    if not hasattr(krex.workers, "TEARDOWN_S"):
+    if not hasattr(krex.daemon.workers, "TEARDOWN_S"):
         return None
     return float(os.environ.get(TEARDOWN_VAR, "3"))
 
@@ -209,9 +209,9 @@ def krex_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Krex, P
         env_bound = os.environ.get(TEARDOWN_VAR)
         bound: float | None = float(env_bound) if env_bound else None
         if bound is None:
-            import krex.workers
+            import krex.daemon.workers
 
-            bound = getattr(krex.workers, "TEARDOWN_S", None)
+            bound = getattr(krex.daemon.workers, "TEARDOWN_S", None)
         yield (
             Krex(
                 command=krex_command(),

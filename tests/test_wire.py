@@ -1,4 +1,4 @@
-"""krex/wire.py: the socket protocol's framing and version (docs/protocol.md), and the two
+"""krex/core/wire.py: the socket protocol's framing and version (docs/protocol.md), and the two
 requests shim/preload/region.c writes by hand."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 from conftest import ROOT
 
-from krex import wire
-from krex.errors import ProtocolError
+from krex.core import wire
+from krex.core.errors import ProtocolError
 
 REQUEST = {"op": "region_begin", "tenant": 7, "pid": 1234}
 
@@ -130,7 +130,7 @@ def test_the_c_markers_requests_are_requests_of_this_version() -> None:
         assert line.endswith(b"\n") and line.count(b"\n") == 1
         msg = wire.decode(line)
         assert msg["op"] == op
-    # Byte for byte what krex.markers sends for the same region (which adds its markers'
+    # Byte for byte what krex.tenant.markers sends for the same region (which adds its markers'
     # `calls` to region_end: the C entry points have no labels, so their records have none).
     assert requests["region_begin"] == wire.encode(REQUEST)
     assert requests["region_end"] == wire.encode({"op": "region_end"})

@@ -1,4 +1,4 @@
-"""krex/worker.py's parts that need no daemon: which exit handlers are the command's own, the
+"""krex/pool/worker.py's parts that need no daemon: which exit handlers are the command's own, the
 order they run in, and the refusal to fork after a preload initialised the GPU driver."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from krex import worker
+from krex.pool import worker
 
 
 def test_exit_handlers_of_frameworks_are_told_from_the_commands() -> None:
@@ -70,7 +70,7 @@ def _warm_up_with(tmp: Path, lib: Path, sim: bool) -> list[str]:
         os.environ.pop("KREX_SIM_SHM", None)
         if {sim!r}:
             os.environ["KREX_SIM_SHM"] = "/krex-test-sim"
-        from krex import worker
+        from krex.pool import worker
         print(worker.warm_up(["json", "not_a_module_at_all"]))
         try:
             print("kept:", worker.warm_up(["loads_driver"]))

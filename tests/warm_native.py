@@ -36,7 +36,7 @@ MODES = ("native", "cold", "warm")
 PYTHON = "{python}"  # in a probe's argv: the interpreter the warm workers run
 _PR_SET_NO_NEW_PRIVS = 38
 
-# Variables krex sets for every command by design (docs/protocol.md, krex/daemon.py's
+# Variables krex sets for every command by design (docs/protocol.md, krex/daemon/daemon.py's
 # tenant_env): compared after filtering, on every side. Library paths are compared with krex's
 # own entries taken out (the caller's entries must arrive, in order).
 KREX_VARIABLES = (

@@ -80,7 +80,7 @@ def _name(what: str, value: object) -> str:
 @dataclass(frozen=True)
 class RegionTimes:
     """One critical region's times in seconds, whether it ended cleanly, and the names of its
-    record's warnings (krex/fidelity.py: power and placement; they leave a region clean).
+    record's warnings (krex/daemon/fidelity.py: power and placement; they leave a region clean).
 
     `wait_s` is the time spent waiting to enter, `drain_s` and `freeze_s` the time spent draining
     and freezing the siblings on entry, and `duration_s` the time inside the region;

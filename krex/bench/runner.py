@@ -43,10 +43,10 @@ from rich.progress import Progress
 from krex.bench import SETTLE_S
 from krex.bench.metrics import Failure, Measurement, ModeRun, RegionTimes, summarize
 from krex.bench.suite import Command, commands
-from krex.client import ClientError, private_daemon, status
-from krex.errors import KrexError
-from krex.nvml import Nvml
-from krex.paths import sim_library_dir
+from krex.client.run import ClientError, private_daemon, status
+from krex.core.errors import KrexError
+from krex.core.nvml import Nvml
+from krex.core.paths import sim_library_dir
 
 MODES = ("exclusive", "shared", "krex", "krex-cold", "krex-settle", "krex-mps", "krex-serial")
 COMMAND_TIMEOUT_S = 600.0

@@ -17,8 +17,8 @@ import statistics
 import sys
 import time
 
-from krex.markers import region
-from krex.simgpu import SimGPU
+from krex.sim.simgpu import SimGPU
+from krex.tenant.markers import region
 
 FLUSH_NS = 100_000  # do_bench clears a 256 MB buffer before each run: about this long on an H200
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from krex.errors import KrexError
+from krex.core.errors import KrexError
 
 PROFILES = ("tiny", "quick", "full")
 

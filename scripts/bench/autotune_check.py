@@ -20,7 +20,7 @@ One candidate command (AUTOTUNE below) autotunes and times, in order, into fresh
    an autotuner's candidate's); kernelbench_more: problems 19 (ReLU), 23
    (softmax), 47 (sum over a dimension) and 63 (conv2d) at their published sizes (inputs of
    1-8 GiB), each under the same timer; events: the same matmul
-   timed by a plain per-trial CUDA-event loop in no named harness (krex/events.py's case;
+   timed by a plain per-trial CUDA-event loop in no named harness (krex/tenant/events.py's case;
    `watched` says whether its events were);
 4. inductor: `torch.compile(mode="max-autotune-no-cudagraphs")` of an fp16 4096^3 matmul;
    winner: what the generated code runs (aten's mm, or the template's block sizes, stages and
@@ -38,8 +38,8 @@ One candidate command (AUTOTUNE below) autotunes and times, in order, into fresh
    an RMS norm's kernel (winner: each new CachingAutotuner's config); multikernel,
    `triton.multi_kernel` of a softmax (winner: each new MultiKernelCall's picked kernel). Each
    Inductor part counts its calls of Inductor's benchmarkers' `benchmark_gpu`, how many ran
-   their kernels inside a region (krex.markers.region_depth(), read only where krex loaded it)
-   and what each returned, in order (`benchmarks`: the race the tuner saw);
+   their kernels inside a region (krex.tenant.markers.region_depth(), read only where krex
+   loaded it) and what each returned, in order (`benchmarks`: the race the tuner saw);
 8. inductor_kb9: KernelBench level 2 problem 9 (Linear 8192 -> 8192, subtract, multiply,
    ReLU on fp32 (1024, 8192) inputs), its first GEMM problem, at its published size, compiled
    with max-autotune as an agent's candidate is: Inductor picks between cuBLAS's addmm and its
@@ -101,9 +101,9 @@ from pathlib import Path
 from typing import Any
 
 from krex.bench.runner import fresh_caches, not_ready, slice_config
-from krex.client import private_daemon
-from krex.slices import SliceError, format_cpu_list, parse_cpu_list
-from krex.tenants import _fully_stopped
+from krex.client.run import private_daemon
+from krex.core.slices import SliceError, format_cpu_list, parse_cpu_list
+from krex.core.tenants import _fully_stopped
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import launch_fit  # a script beside this one
@@ -399,7 +399,8 @@ AUTOTUNE = textwrap.dedent("""
         for _ in range(11):
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
-            watched = watched or "record" in getattr(start, "__dict__", {})  # krex/events.py's
+            # krex/tenant/events.py's
+            watched = watched or "record" in getattr(start, "__dict__", {})
             start.record()
             c0 = time.perf_counter()
             torch.matmul(A, B)  # the GPU is idle at the start event: this launch is timed too
@@ -454,11 +455,11 @@ AUTOTUNE = textwrap.dedent("""
                     inside = [False]
 
                     def probe(*x, **y):  # runs where the benchmark runs the kernel
-                        m = sys.modules.get("krex.markers")
+                        m = sys.modules.get("krex.tenant.markers")
                         inside[0] = inside[0] or (m is not None and m.region_depth() > 0)
                         return _callable(*x, **y)
 
-                    probe.__wrapped__ = _callable  # krex/precompile.py looks through it
+                    probe.__wrapped__ = _callable  # krex/tenant/precompile.py looks through it
                     busy[0], got = True, None
                     try:
                         got = _orig(self_, probe, *a, **k)
@@ -573,14 +574,14 @@ SIBLING = Path(__file__).resolve().parent / "sibling_matmul.py"
 
 class Telemetry:
     """The GPU's SM clock, temperature, energy and capped time, sampled every PERIOD_S in a
-    thread (NVML through krex.nvml), so that each part's timing window can be read against
+    thread (NVML through krex.core.nvml), so that each part's timing window can be read against
     the GPU's state (the power state moves fp16 matmuls by per cents: docs/results/)."""
 
     PERIOD_S = 0.05
     TRACED = ("events",)  # parts whose windows keep every sample (short ones)
 
     def __init__(self, period_s: float = PERIOD_S) -> None:
-        from krex.nvml import Nvml
+        from krex.core.nvml import Nvml
 
         self.period_s = period_s
         self.nvml = Nvml.open()
@@ -979,7 +980,7 @@ def _mps(directory: Path, on: bool) -> Iterator[None]:
     if not on:
         yield
         return
-    from krex.mps import Mps
+    from krex.daemon.mps import Mps
 
     mps = Mps.start(directory)
     UNPROTECTED_ENV.update(mps.env())
@@ -1129,7 +1130,7 @@ def main() -> int:
         action="store_true",
         help="inductor_kb9: wait until Inductor's compile workers are up before compiling (its "
         "choices are then compiled in them, and those the GPU cannot run fail only at their "
-        "benchmark, after a compile in the command itself: krex/precompile.py)",
+        "benchmark, after a compile in the command itself: krex/tenant/precompile.py)",
     )
     ap.add_argument(
         "--kernelbench-timing",

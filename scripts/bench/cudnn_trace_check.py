@@ -1,6 +1,6 @@
 """The cuDNN auto-region wrappers under torch's tracers, on any machine with torch (CPU is
 enough): graph breaks and graphs of torch.compile (dynamo's explain and counters) for a conv
-function and an nn.Conv2d module, natively and with `krex.autoregions.install()`; and whether
+function and an nn.Conv2d module, natively and with `krex.tenant.autoregions.install()`; and whether
 torch.jit.script, torch.fx.symbolic_trace and torch.export still take a module calling
 F.conv2d. Prints one JSON line per mode.
 
@@ -22,7 +22,7 @@ import json, sys
 import torch, torch.nn.functional as F
 if sys.argv[1] == "auto":
     sys.path.insert(0, sys.argv[2])
-    import krex.autoregions as a
+    import krex.tenant.autoregions as a
     a.install(a.DEFAULT_AUTO_REGIONS)
 torch.backends.cudnn.benchmark = True
 x, w, b = torch.randn(2, 4, 8, 8), torch.randn(4, 4, 3, 3), torch.randn(4)

@@ -45,16 +45,16 @@ from typing import Any
 
 import psutil
 
-from krex.shm import Segment, SegmentError
+from krex.core.shm import Segment, SegmentError
 
 KREX = [sys.executable, "-m", "krex.cli"]
-EXIT_KREX = 125  # krex run's own status (krex/client.py)
+EXIT_KREX = 125  # krex run's own status (krex/client/run.py)
 RSS_WARMUP_S = 10.0
 RSS_FLAT_MIB_PER_MIN = 2.0
 TENANT = textwrap.dedent("""
     import os, sys, time
     import krex
-    from krex.simgpu import SimGPU
+    from krex.sim.simgpu import SimGPU
     regions, code = int(sys.argv[1]), int(sys.argv[2])
     print("pid", os.getpid(), flush=True)
     g = SimGPU()

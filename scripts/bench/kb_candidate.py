@@ -25,7 +25,8 @@ spends 7-9 s after its last line in Inductor's exit handlers and the interpreter
 (docs/results/h200-pool/probe/), which is not what is measured, and krex's warm pool already
 spares its commands that. Before it, a region krex's auto-regions still hold for the
 command (they linger a few ms after do_bench returns) is ended as the interpreter's exit would
-end it (krex.markers.flush, registered with atexit; nothing natively, where krex is not loaded).
+end it (krex.tenant.markers.flush, registered with atexit; nothing natively, where krex is not
+loaded).
 """
 
 from __future__ import annotations
@@ -178,7 +179,7 @@ def main(argv: list[str]) -> int:
 
 def leave(code: int) -> None:
     """End the process now (see the module's text)."""
-    markers = sys.modules.get("krex.markers")
+    markers = sys.modules.get("krex.tenant.markers")
     if markers is not None:
         markers.flush()
     sys.stdout.flush()

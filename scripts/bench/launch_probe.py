@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from krex.bench.runner import not_ready, slice_config
-from krex.client import private_daemon
+from krex.client.run import private_daemon
 
 # The siblings are autotune_check's ("bursty": 8192^2 matmuls in bursts of 0.05-0.5 s).
 SIBLING = Path(__file__).resolve().parent / "sibling_matmul.py"

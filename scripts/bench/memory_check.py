@@ -7,8 +7,8 @@ private daemon of its own). Per mode: commands that succeeded and failed (out-of
 counted apart), throughput over successful commands against exclusive, memory-wait p50/p95 from
 the reports, and each candidate's median against its exclusive one.
 
-Modes ending in -mps share the GPU through MPS (krex/mps.py): shared8-mps's commands are clients
-of an MPS daemon started for the mode, krex8-mps's and krex16-mps's daemons run their own
+Modes ending in -mps share the GPU through MPS (krex/daemon/mps.py): shared8-mps's commands are
+clients of an MPS daemon started for the mode, krex8-mps's and krex16-mps's daemons run their own
 (`krex daemon --mps`).
 
 With --gpus 2 (a node of two GPUs, issue #20), every mode runs the mix on each GPU at once, the
@@ -204,7 +204,7 @@ def run_mode(name: str, tmp: Path, gpus: int = 1) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         sock = stack.enter_context(daemon(tmp, slots, arbitrate, mps)) if slots else None
         if mps and not slots:  # native clients of an MPS daemon of the mode's own
-            from krex.mps import Mps
+            from krex.daemon.mps import Mps
 
             server = Mps.start(tmp / f"mps-{name}")
             stack.callback(server.stop)

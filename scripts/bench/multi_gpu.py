@@ -37,7 +37,7 @@ from rich.progress import Progress
 from krex.bench import runner
 from krex.bench.metrics import Measurement, ModeRun, RegionTimes, summarize
 from krex.bench.suite import Command, commands
-from krex.client import private_daemon, status
+from krex.client.run import private_daemon, status
 
 GPUS = (0, 1)
 CONCURRENCY = 8

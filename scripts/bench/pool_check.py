@@ -30,7 +30,7 @@ from typing import Any
 
 from krex.bench import suite
 from krex.bench.runner import run_timed
-from krex.client import private_daemon, status
+from krex.client.run import private_daemon, status
 
 # Eager and compiled candidates of four tasks (kernels from < 0.1 ms to a few ms).
 MIX = [

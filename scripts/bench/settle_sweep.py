@@ -104,7 +104,7 @@ def main() -> int:
     import torch.nn.functional as F
     import triton.testing
 
-    from krex.nvml import Nvml
+    from krex.core.nvml import Nvml
 
     nvml = Nvml.open()
     gen = torch.Generator(device="cuda").manual_seed(0)

@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from krex.paths import shim_library
-from krex.shm import Segment
+from krex.core.paths import shim_library
+from krex.core.shm import Segment
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

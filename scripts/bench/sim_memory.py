@@ -43,9 +43,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts" / "bench")]
 
 import memory_check  # noqa: E402  (scripts/bench: its private daemons)
 
-from krex.config import parse_size  # noqa: E402
-from krex.paths import sim_library_dir  # noqa: E402
-from krex.simnode import remove as remove_sim_node  # noqa: E402
+from krex.core.config import parse_size  # noqa: E402
+from krex.core.paths import sim_library_dir  # noqa: E402
+from krex.sim.simnode import remove as remove_sim_node  # noqa: E402
 
 MIB = 1 << 20
 MODES = {"alone": (1, None), "shared8": (8, None), "krex8": (8, 8), "krex16": (16, 16)}
@@ -63,7 +63,7 @@ COMMAND = textwrap.dedent("""
     import ctypes, json, statistics, sys, time
     from ctypes import byref, c_size_t, c_uint64
     import krex
-    from krex.simgpu import SimGPU
+    from krex.sim.simgpu import SimGPU
     input_mib, ws_mib = int(sys.argv[1]), int(sys.argv[2])
     compile_s, local = float(sys.argv[3]), sys.argv[4]
     g = SimGPU()                                  # a context: the driver's own memory

@@ -22,7 +22,7 @@ from typing import Any
 
 from krex.bench import suite
 from krex.bench.runner import run_timed
-from krex.client import private_daemon, status
+from krex.client.run import private_daemon, status
 
 ROOT = Path(__file__).resolve().parents[2]
 MATMUL = [sys.executable, str(ROOT / "scripts" / "bench" / "bw_candidate.py"), "matmul"]

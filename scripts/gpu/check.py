@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from krex.paths import shim_library
-from krex.shm import Segment
+from krex.core.paths import shim_library
+from krex.core.shm import Segment
 
 HERE = Path(__file__).resolve().parent
 

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from krex.shm import Segment
+from krex.core.shm import Segment
 
 _seg: Segment | None = None
 results: list[dict[str, Any]] = []

@@ -67,7 +67,7 @@ def main() -> int:
             [
                 sys.executable,
                 "-c",
-                "from krex.nvml import Nvml; n = Nvml.open(); "
+                "from krex.core.nvml import Nvml; n = Nvml.open(); "
                 "print(n.sample(0) if n else 'no NVML')",
             ],
             capture_output=True,

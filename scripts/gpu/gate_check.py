@@ -19,8 +19,8 @@ from typing import Any
 import torch
 import triton
 
-from krex.gate import exclusive
-from krex.shm import Segment
+from krex.core.shm import Segment
+from krex.daemon.gate import exclusive
 
 seg = Segment.attach(os.environ["KREX_SHM"])
 here = Path(__file__).resolve().parent

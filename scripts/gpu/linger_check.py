@@ -1,4 +1,4 @@
-"""A timing right after an autotuner's candidates, on a real GPU (krex/markers.py): a
+"""A timing right after an autotuner's candidates, on a real GPU (krex/tenant/markers.py): a
 `@triton.autotune` kernel's first call times its configurations (candidate regions), then
 `do_bench` times the winner at once, within KREX_REGION_LINGER_S. The timing must get a region
 of its own, not a candidate's, so that the daemon's settle rules (which leave candidates out)
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from krex.bench.runner import not_ready
-from krex.client import private_daemon
+from krex.client.run import private_daemon
 
 PROG = """
 import torch, triton, triton.language as tl

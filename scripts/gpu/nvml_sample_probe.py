@@ -1,7 +1,7 @@
 """What NVML's process utilisation samples look like on this GPU (issue #49): how often they
 come, whether one query returns several samples of one process, and how long after a process's
 work stops a sample with work is still timestamped. krex confirms a frozen sibling's drain on a
-real GPU by these samples (krex/machinery.py, `late`): a sample timestamped later than the
+real GPU by these samples (krex/daemon/machinery.py, `late`): a sample timestamped later than the
 grant plus one sampling period plus a margin (NVML_MARGIN_S, an allowance) shows work after the
 grant; this measures the period and how late a sample with work can come. Not yet run on a GPU.
 

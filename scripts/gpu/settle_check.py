@@ -2,7 +2,7 @@
 
 `krex run --settle 0.3` idles a region 0.3 s after the freeze where the frozen siblings worked on
 the GPU lately: NVML's process samples name them, or the shim counted a driver call of theirs
-since the daemon's tick a second or more ago (krex/machinery.py, `SubmitHistory`). Under MPS
+since the daemon's tick a second or more ago (krex/daemon/machinery.py, `SubmitHistory`). Under MPS
 NVML may name the server, not its clients; the shim's counts do not depend on it. For each
 sharing mode: the owner (scripts/gpu/owner.py, 2 regions) beside 3 busy siblings, then beside
 one that worked once and idles; each region's `settle_s` and clean flag, and which pids NVML's
@@ -69,7 +69,7 @@ def phase(sharing: str, out: Path) -> dict[str, Any]:
         time.sleep(3)
         sibs = [_started([*run, "--", sys.executable, str(HERE / "sibling.py")]) for _ in range(3)]
         time.sleep(2)
-        from krex.nvml import Nvml
+        from krex.core.nvml import Nvml
 
         nvml = Nvml.open()
         if nvml is not None:

@@ -1,5 +1,5 @@
 """PyTorch TunableOp under `krex run --auto-regions` on a real GPU: the one warning where its
-tuning is on (krex/tunableop.py), none where it is off or krex is not there, in a warm pool
+tuning is on (krex/tenant/tunableop.py), none where it is off or krex is not there, in a warm pool
 worker and in a process of its own; and the daemon's log of the run (pool workers that stop
 are logged as stopped, not warned about).
 
@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from krex import tunableop
-from krex.client import private_daemon
+from krex.client.run import private_daemon
+from krex.tenant import tunableop
 
 # A GEMM that TunableOp tunes on its first call, when it tunes.
 PROG = (
@@ -72,7 +72,7 @@ def main() -> int:
     on = {"PYTORCH_TUNABLEOP_ENABLED": "1"}
     # name, in a warm worker (else --no-pool; None: natively), environment, argv, warnings wanted.
     # A PYTORCH_ variable that the worker's torch did not start with runs the command cold (with
-    # the variable as its reason, krex/pool.py): the env cases ask for the pool and get none.
+    # the variable as its reason, krex/pool/plan.py): the env cases ask for the pool and get none.
     plan: list[tuple[str, bool | None, dict[str, str], list[str], int]] = [
         ("env-warm", True, on, [], 1),
         ("env-cold", False, on, [], 1),

@@ -29,7 +29,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import test_warm_native as twn  # noqa: E402
 from warm_probes import CATALOGUE  # noqa: E402
 
-from krex.client import ClientError, status  # noqa: E402
+from krex.client.run import ClientError, status  # noqa: E402
 
 
 class Tee(io.TextIOBase):

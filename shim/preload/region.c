@@ -1,7 +1,7 @@
 /*
  * region.c: krex_region_begin()/krex_region_end() for C and C++ benchmarks.
  *
- * The same client as krex/markers.py (docs/protocol.md): the outermost begin of a thread opens
+ * The same client as krex/tenant/markers.py (docs/protocol.md): the outermost begin of a thread opens
  * a connection of its own to the daemon (KREX_SOCKET), sends region_begin and waits for the
  * grant; the matching end sends region_end on it, reads the reply and closes it. Nested calls
  * only count. Outside krex (KREX_SOCKET or KREX_TENANT unset) both return 0 and do nothing.

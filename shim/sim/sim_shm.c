@@ -92,7 +92,7 @@ static CUresult sim_shm_attach(int fd, const char *name)
 {
     int64_t deadline = sim_mono_ns() + SIM_READY_WAIT_NS;
     struct stat st;
-    /* Ours alone, as the daemon's gates segment must be (krex/shm.py, attach): another uid's
+    /* Ours alone, as the daemon's gates segment must be (krex/core/shm.py, attach): another uid's
      * segment, or one anyone may write, would let them share (and steer) our simulated GPUs. */
     if (fstat(fd, &st) != 0) {
         sim_warn("cannot stat shared segment %s: %s", name, strerror(errno));

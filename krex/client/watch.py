@@ -1,0 +1,135 @@
+"""Frozen siblings never outlive their controller (docs/security.md, case 6).
+
+While `krex run`'s command runs, its connection to the daemon stays open. When the daemon dies,
+the connection ends (EOF) at once, and whatever the daemon had frozen (the siblings of the
+region it held, idle pool workers) stays frozen until someone thaws it, and the gate it had
+closed stays closed. Every client therefore watches its connection: at EOF, unless another
+daemon already answers at the socket (a restarted one recovers on its own), it reopens the
+gates the daemon left closed (`liveness.reopen_orphaned`: only when no daemon holds the
+segment's liveness lock) and thaws every group under the daemon's root (`tenants.recover`), its
+own included. Any client that notices first does it; the others find nothing left to do. Should
+the clients die with the daemon, the shim's own look at the liveness lock lets blocked threads
+pass (docs/shim.md, "A dead controller"); what stays frozen then waits for the next daemon.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from krex.core import wire
+from krex.core.errors import ProtocolError
+from krex.core.liveness import Claimed, orphaned, reopen
+from krex.core.tenants import TenantsError, recover
+
+_POLL_S = 0.2
+_ANSWER_S = 2.0  # for a successor's hello
+_CLAIMED_S = 10.0  # for a dying daemon's liveness lock to go (krex/core/liveness.py)
+
+
+class DaemonWatch:
+    """A thread that notices the daemon's connection ending and thaws what it left frozen."""
+
+    def __init__(self, sock: socket.socket, path: Path, root: str) -> None:
+        self.sock = sock
+        self.path = path
+        self.root = root
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="krex-daemon-watch", daemon=True)
+        self.thawed: int | None = None  # set when it acted
+        self.reopened = 0  # gates it found closed and opened
+
+    def start(self) -> DaemonWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Before the client's own last exchange (its EOF afterwards is no death)."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * _POLL_S)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                readable, _, _ = select.select([self.sock], [], [], _POLL_S)
+                if not readable or self._stop.is_set():
+                    continue
+                data = self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                continue
+            except (OSError, ValueError):
+                return  # closed under us: the client is done with it
+            if data:
+                # A reply the client is about to read itself: not ours to consume.
+                self._stop.wait(_POLL_S / 4)
+                continue
+            if not self._stop.is_set():
+                self._daemon_gone()
+            return
+
+    def _daemon_gone(self) -> None:
+        if answers(self.path):
+            return  # a successor: it reopens the gates and thaws on its own
+        # The liveness lock held: our daemon still dying (the kernel closes its files one by
+        # one, our connection's may go first), or stopping (it opens and thaws all itself), or
+        # a successor (it reopened and thawed as it started, and answers soon).
+        claimed_until = time.monotonic() + _CLAIMED_S
+        try:
+            while True:
+                try:
+                    with orphaned(self.root) as seg:
+                        if seg is not None:
+                            self.reopened = reopen(seg)
+                        self.thawed = recover(self.root)
+                    break
+                except Claimed:
+                    if time.monotonic() >= claimed_until:
+                        return  # a live controller keeps it: a successor, nothing of ours
+                    self._stop.wait(_POLL_S / 4)
+                    if os.path.exists(self.path) and answers(self.path):
+                        return
+        except TenantsError as e:
+            print(f"krex run: the krex daemon died, and thawing failed: {e}", file=sys.stderr)
+            return
+        if not os.path.exists(self.path) and not self.thawed and not self.reopened:
+            # A daemon that stops removes its socket, having thawed and opened all itself.
+            self._stopped()
+            return
+        gates = f"reopened {self.reopened} gate(s) and " if self.reopened else ""
+        print(
+            f"krex run: the krex daemon at {self.path} died; {gates}thawed the {self.thawed} "
+            "group(s) it had frozen (the command goes on, unprotected)",
+            file=sys.stderr,
+        )
+
+    def _stopped(self) -> None:
+        print(
+            f"krex run: the krex daemon at {self.path} stopped (the command goes on, unprotected)",
+            file=sys.stderr,
+        )
+
+
+def answers(path: Path) -> bool:
+    """Whether a daemon answers a hello at path. Connecting is not enough: a dying daemon may
+    close our connection before its listening socket (the kernel closes a process's files one
+    by one), and a connection queued on that socket is accepted by nobody."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(_ANSWER_S)
+    with contextlib.closing(s):
+        try:
+            s.connect(str(path))
+            s.sendall(wire.encode({"op": "hello"}))
+            reply = s.makefile("rb").readline(wire.MAX_LINE)
+        except OSError:
+            return False
+    try:
+        return bool(reply) and wire.decode(reply, request=False).get("ok") is True
+    except ProtocolError:
+        return False

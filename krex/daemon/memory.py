@@ -1,0 +1,525 @@
+"""Device memory under krex: who waits for memory, who is served next, whose wait could not
+end well even alone, whose command gives way when nobody can, and who may be admitted
+(docs/memory.md).
+
+The shim makes every call the driver can answer with out-of-memory (allocations, context
+creation, module loading, launches, graphs) wait instead of failing, when the process alone
+could have had the memory (shim/preload, docs/shim.md). This module is the daemon's side:
+- Order: per GPU, the waiters of a region's owner first, then every other waiter in the order
+  its wait began. Only the head of that order is let retry (every tick), so memory freed goes to
+  it; the others wait behind it.
+- Verdicts: a wait the command could not win even with the GPU to itself is denied at once (the
+  driver's error comes back, counted as one it would have had alone, as natively): when what
+  the whole command holds there (all its processes, by the driver's count where known) and
+  what it asks for exceed the GPU, or when nobody else holds any memory there and a retry
+  granted since has failed too.
+- Deadlocks: when nobody who holds memory on the GPU can free it (every holder waits), or
+  nothing was freed for `deadlock_s` while some could, one waiting command is preempted: its
+  processes are killed and `krex run` runs it again from the start, its report saying so. No
+  surviving command ever sees an error it would not have seen alone, so none takes a slower
+  path (a library's low-workspace fallback) that a region would then time. Youngest first (it
+  lost the least work), a command already rerun last.
+- Room for a region: before a region's gate closes, its owner waits (at most `room_wait_s`)
+  until the GPU has room for it free: `room` bytes, or what its processes gave back since
+  their peak if more, since once its siblings are frozen nobody can free for it; meanwhile
+  memory freed is not handed to other waiters.
+- Admission: a GPU with waiters admits nobody; otherwise a command is admitted when the memory
+  it is expected to need (`--mem`, else the peak learned from earlier runs of the same command,
+  else the median of all learned peaks, else an eighth of the GPU less the headroom) fits
+  beside what the GPU's tenants hold or are expected to need, and the driver's free figure
+  (NVML) has room for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from krex.core.shm import MEM_KINDS, SlotView
+from krex.core.trust import TrustError, open_beside
+from krex.daemon.model import AdmitRequest, Gpu, Tenant
+
+log = logging.getLogger("krex.daemon")
+
+GIB = 1 << 30
+_LEARNED_MAX = 10_000  # command keys kept in the learned-peaks file
+_PRIOR_MIN = 3  # learned peaks needed before their median stands for an unknown command
+ALL_WAITING_S = 1.0  # nobody can free: the preemption period (time for a free in flight)
+ALONE_CHECK_S = 0.3  # nobody else holds memory this long, a retry granted: the wait is denied
+STARVE_S = 10.0  # the head waited this long: no other waiter is let retry before it
+# What the driver takes for a context, a module or a launch's local memory, for the verdict
+# (the shim cannot know the size of the driver's own allocations).
+DRIVER_WANT = 512 << 20
+_ROOM_POLL_S = 0.02
+_KIND_ALLOC = MEM_KINDS.index("alloc")
+
+
+def _want(s: SlotView) -> int:
+    """What a waiting slot asks for: its bytes, or DRIVER_WANT for the driver's own memory."""
+    return s.mem_want if s.mem_kind == _KIND_ALLOC else max(s.mem_want, DRIVER_WANT)
+
+
+def argv_key(argv: Sequence[str]) -> str:
+    """The learned-peaks key of a command known by its argv alone (older clients). Never
+    raises: an argument that is not UTF-8 (its bytes as lone surrogates) is hashed as such."""
+    return hashlib.sha256("\0".join(argv).encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def is_key(value: object) -> bool:
+    """Whether a client's command key is well formed (32 lower-case hex digits)."""
+    return (
+        isinstance(value, str) and len(value) == 32 and all(c in "0123456789abcdef" for c in value)
+    )
+
+
+class Pokable(Protocol):
+    """Where a process slot lives: what lets its memory waiter retry, or denies its wait."""
+
+    def mem_grant(self, index: int) -> None: ...
+
+    def mem_deny(self, index: int) -> None: ...
+
+    def mem_seen(self, index: int) -> None: ...
+
+
+Slots = Callable[[], Iterable[tuple[Pokable, SlotView]]]
+
+
+@dataclass
+class Waiter:
+    seg: Pokable
+    slot: SlotView
+    owner: bool  # its tenant holds a region on the GPU
+
+
+@dataclass
+class Verdict:
+    """What the arbiter knows of one wait (a slot's, since mem_since_ns)."""
+
+    since_ns: int
+    alone_since_ns: int = 0  # when nobody else was first seen holding memory (0: others hold)
+    granted_alone: bool = False  # a retry was granted while nobody else held memory
+    denied: bool = False
+
+
+@dataclass
+class GpuMemory:
+    """One GPU's memory as the arbiter last saw it."""
+
+    capacity: int
+    held: int = 0  # bytes the tenants' processes hold (their allocations less frees)
+    used: int = 0  # bytes in use by the driver's count where known (else `held`)
+    waiters: list[Waiter] = field(default_factory=list)
+    progress_ns: int = 0  # last time memory was freed (or nobody waited)
+    preempted_ns: int = 0  # last preemption
+    preemptions: int = 0
+    denials: int = 0
+    room_for: int = 0  # a tenant whose region waits for room before its gate closes (0: none)
+    room_want: int = 0  # the bytes free it waits for
+    others_can_free: bool = True  # some process holding memory here is running, not waiting
+
+    def status(self, now_ns: int) -> dict[str, Any]:
+        oldest = min((w.slot.mem_since_ns for w in self.waiters), default=0)
+        return {
+            "capacity_bytes": self.capacity,
+            "held_bytes": self.held,
+            "waiting": len(self.waiters),
+            "oldest_wait_s": (now_ns - oldest) / 1e9 if oldest else 0.0,
+            "preemptions": self.preemptions,
+            "denials": self.denials,
+            "region_waits_for_room": self.room_for or None,
+        }
+
+
+class Memory:
+    """The node's device memory: arbitration of waiters and memory-aware admission."""
+
+    def __init__(
+        self,
+        gpus: Sequence[Gpu],
+        slots: Slots,
+        capacity: Sequence[int],
+        *,
+        headroom: int,
+        deadlock_s: float,
+        learned: Path | None,
+        owner_of: Callable[[int], Tenant | None],
+        owner_stuck: Callable[[int, float], None] = lambda gpu, waited_s: None,
+        preempt: Callable[[int, str], bool] = lambda tenant, why: False,
+        victims: Callable[[int], list[Tenant]] = lambda gpu: [],
+        room: int = 0,
+        room_wait_s: float = 10.0,
+        device_free: Callable[[int], int | None] = lambda gpu: None,
+        device_users: Callable[[int], dict[int, int] | None] = lambda gpu: None,
+        unknown: int = 0,
+    ) -> None:
+        self.gpus = gpus
+        self.slots = slots  # every process slot that is not free, with its segment
+        self.state = [GpuMemory(capacity=c) for c in capacity]
+        self.headroom = headroom
+        self.deadlock_ns = int(deadlock_s * 1e9)
+        self.learned_path = learned
+        self.learned: dict[str, int] = _load(learned)
+        self.owner_of = owner_of  # the tenant holding a region on a GPU, if any
+        self.owner_stuck = owner_stuck  # that tenant waits for memory its frozen siblings hold
+        self.preempt = preempt  # end a command so that it runs again (True: done)
+        self.victims = victims  # the GPU's commands, youngest first, reruns last
+        self.room = room
+        self.room_wait_s = room_wait_s
+        self.device_free = device_free  # the driver's free bytes (NVML), None where unknown
+        self.device_users = device_users  # the driver's bytes per pid, None where unknown
+        self.verdicts: dict[tuple[int, int], Verdict] = {}  # (slot's pid, index) -> its wait
+        self.unknown = unknown  # what a command never seen needs while few peaks are learned
+
+    # The arbiter.
+    def tick(self, now_ns: int) -> bool:
+        """One look at every process slot: judge new waits, order the waiters, let the head of
+        each GPU retry, break a deadlock. Returns whether anyone waits (the daemon then ticks
+        faster)."""
+        held = [0] * len(self.state)
+        waiters: list[list[Waiter]] = [[] for _ in self.state]
+        freeing = [False] * len(self.state)
+        by_tenant: dict[tuple[int, int], int] = {}  # (gpu, tenant) -> shim bytes
+        pids: dict[int, set[int]] = {}  # tenant -> its live pids
+        for seg, s in self.slots():
+            if not s.alive or not 0 <= s.gpu < len(self.state):
+                continue
+            held[s.gpu] += s.mem_bytes
+            by_tenant[s.gpu, s.tenant] = by_tenant.get((s.gpu, s.tenant), 0) + s.mem_bytes
+            pids.setdefault(s.tenant, set()).add(s.pid)
+            if s.mem_want:
+                owner = self.owner_of(s.gpu)
+                waiters[s.gpu].append(Waiter(seg, s, owner is not None and owner.id == s.tenant))
+            elif s.mem_bytes and not freeing[s.gpu]:
+                freeing[s.gpu] = True
+        self._forget_ended(waiters)
+        anyone = False
+        for i, st in enumerate(self.state):
+            users = self.device_users(i) if waiters[i] or st.waiters else None
+            used = sum(users.values()) if users is not None else None
+            came_back = held[i] < st.held or (used is not None and used < st.used)
+            if came_back or not st.waiters or len(waiters[i]) < len(st.waiters):
+                # Memory came back (by the shims' count or the driver's: a process that held
+                # only its context exited), a waiter was served, or the waiting just began.
+                st.progress_ns = now_ns
+            st.held, st.others_can_free = held[i], freeing[i]
+            st.used = used if used is not None else held[i]
+            st.waiters = sorted(waiters[i], key=lambda w: (not w.owner, w.slot.mem_since_ns))
+            if st.room_for:
+                anyone = True
+            if not st.waiters:
+                continue
+            anyone = True
+            live = [
+                w for w in st.waiters if not self._judge(i, st, w, now_ns, by_tenant, pids, users)
+            ]
+            st.waiters = live
+            if not live:
+                continue
+            free = self.free(i, users)
+            self._grant(st, live, free, now_ns)
+            self._break_deadlock(i, st, now_ns, free, by_tenant, pids, users)
+        return anyone
+
+    def _grant(self, st: GpuMemory, live: list[Waiter], free: int, now_ns: int) -> None:
+        """Let the head retry; and, while the head cannot be served from what is free and has
+        not waited STARVE_S, any other waiter that can (what it would take and give back may
+        be what the head waits for; a retry that fails only waits again). Every waiter passed
+        over is told so: it waits for its turn instead of retrying on its own."""
+        granted: set[int] = set()
+        head = live[0]
+        if not st.room_for or head.owner or free >= st.room_want:
+            # (While a region waits for room, what is freed stays free for it.)
+            granted.add(id(head))
+            left = free - _want(head.slot) if _want(head.slot) <= free else free
+            pack = not (head.owner or st.room_for or _want(head.slot) <= free)
+            if pack and now_ns - head.slot.mem_since_ns < STARVE_S * 1e9:
+                for w in live[1:]:
+                    if _want(w.slot) <= left:
+                        granted.add(id(w))
+                        left -= _want(w.slot)
+        for w in live:
+            if id(w) in granted:
+                w.seg.mem_grant(w.slot.index)
+                self._note_grant(w)
+            else:
+                w.seg.mem_seen(w.slot.index)
+
+    def _forget_ended(self, waiters: list[list[Waiter]]) -> None:
+        current = {(w.slot.pid, w.slot.index): w.slot.mem_since_ns for ws in waiters for w in ws}
+        for key in [k for k, v in self.verdicts.items() if current.get(k) != v.since_ns]:
+            del self.verdicts[key]
+
+    def _others(
+        self,
+        gpu: int,
+        tenant: int,
+        by_tenant: dict[tuple[int, int], int],
+        pids: dict[int, set[int]],
+        users: dict[int, int] | None,
+    ) -> tuple[int, int]:
+        """(what tenant holds on gpu, what everyone else holds there): the driver's per-process
+        figures where known (contexts and modules included), else the shims' counts."""
+        mine_shim = by_tenant.get((gpu, tenant), 0)
+        others_shim = sum(b for (g, t), b in by_tenant.items() if g == gpu and t != tenant)
+        if users is None:
+            return mine_shim, others_shim
+        own = pids.get(tenant, set())
+        mine = sum(b for p, b in users.items() if p in own)
+        others = sum(b for p, b in users.items() if p not in own)
+        return max(mine, mine_shim), max(others, others_shim)
+
+    def _judge(
+        self,
+        gpu: int,
+        st: GpuMemory,
+        w: Waiter,
+        now_ns: int,
+        by_tenant: dict[tuple[int, int], int],
+        pids: dict[int, set[int]],
+        users: dict[int, int] | None,
+    ) -> bool:
+        """Deny w's wait if it could not succeed even with the GPU to its command alone;
+        returns whether it was denied (and is no waiter any more)."""
+        s = w.slot
+        key = (s.pid, s.index)
+        v = self.verdicts.setdefault(key, Verdict(since_ns=s.mem_since_ns))
+        if v.denied:
+            return True
+        mine, others = self._others(gpu, s.tenant, by_tenant, pids, users)
+        want = _want(s)
+        why = ""
+        if st.capacity and mine + want > st.capacity:
+            why = (
+                f"the command holds {mine / GIB:.2f} GiB of the GPU's {st.capacity / GIB:.2f} "
+                f"and asks for {want / GIB:.2f} GiB more"
+            )
+        elif others == 0:
+            v.alone_since_ns = v.alone_since_ns or now_ns
+            if v.granted_alone and now_ns - v.alone_since_ns >= ALONE_CHECK_S * 1e9:
+                why = "nobody else holds memory on the GPU, and a retry failed"
+        else:
+            v.alone_since_ns, v.granted_alone = 0, False
+        if not why:
+            return False
+        v.denied = True
+        st.denials += 1
+        kind = MEM_KINDS[s.mem_kind] if s.mem_kind < len(MEM_KINDS) else "call"
+        log.info(
+            "GPU %d: the %s wait of process %d (tenant %d) could not succeed alone (%s): "
+            "its out-of-memory error goes back, as it would natively",
+            gpu,
+            kind,
+            s.pid,
+            s.tenant,
+            why,
+        )
+        w.seg.mem_deny(s.index)
+        return True
+
+    def _note_grant(self, w: Waiter) -> None:
+        v = self.verdicts.get((w.slot.pid, w.slot.index))
+        if v is not None and v.alone_since_ns:
+            v.granted_alone = True
+
+    def free(self, gpu: int, users: dict[int, int] | None = None) -> int:
+        """The GPU's free bytes: the driver's where known (NVML), else its capacity less what
+        the driver's per-process figures (`users`) or the tenants' processes hold."""
+        known = self.device_free(gpu)
+        if known is not None:
+            return known
+        st = self.state[gpu]
+        used = sum(users.values()) if users is not None else st.held
+        return max(0, st.capacity - used)
+
+    async def make_room(self, gpu: int, owner: int) -> float:
+        """Before tenant `owner`'s region closes the gate of `gpu`: wait, at most room_wait_s,
+        until the room it wants (`room_for`) is free there (nothing to wait for when room is 0
+        or the capacity unknown). Returns the seconds waited."""
+        st = self.state[gpu]
+        if self.room <= 0 or st.capacity <= 0 or st.room_for:
+            return 0.0
+        t0 = time.monotonic()
+        st.room_for, st.room_want = owner, self.room_for(gpu, owner)
+        try:
+            while self.free(gpu) < st.room_want and time.monotonic() - t0 < self.room_wait_s:
+                await asyncio.sleep(_ROOM_POLL_S)
+        finally:
+            st.room_for = st.room_want = 0
+        return time.monotonic() - t0
+
+    def room_for(self, gpu: int, owner: int) -> int:
+        """The free bytes tenant `owner`'s region waits for on `gpu`: `room`, or what its
+        processes there gave back since their peaks if more, within what admission can give."""
+        regrow = sum(
+            max(0, s.mem_peak - s.mem_bytes)
+            for _, s in self.slots()
+            if s.alive and s.tenant == owner and s.gpu == gpu
+        )
+        most = self.state[gpu].capacity - self.headroom
+        return max(self.room, min(regrow, most))
+
+    def _break_deadlock(
+        self,
+        gpu: int,
+        st: GpuMemory,
+        now_ns: int,
+        free: int,
+        by_tenant: dict[tuple[int, int], int],
+        pids: dict[int, set[int]],
+        users: dict[int, int] | None,
+    ) -> None:
+        stuck = now_ns - max(st.progress_ns, st.preempted_ns)
+        head = st.waiters[0]
+        if head.owner:
+            # A region's owner waits, and its frozen siblings cannot free until the region
+            # ends: end it (revoked, with the reason), so that they run and free.
+            if stuck >= ALL_WAITING_S * 1e9:
+                st.preempted_ns = now_ns
+                self.owner_stuck(gpu, (now_ns - head.slot.mem_since_ns) / 1e9)
+            return
+        if self.owner_of(gpu) is not None:
+            return  # a region holds the GPU: its frozen siblings free once it ends
+        period = self.deadlock_ns if st.others_can_free else int(ALL_WAITING_S * 1e9)
+        if stuck < period:
+            return
+        # Preempt, youngest first, as many waiting commands that hold memory as it takes for
+        # what they give back (with what is free) to serve the head: one period, not one
+        # command a period. The head's own command only if no other holds anything.
+        waiting = {w.slot.tenant for w in st.waiters}
+        holds = {t: self._others(gpu, t, by_tenant, pids, users)[0] for t in waiting}
+        short = _want(head.slot) - free
+        chosen: list[int] = []
+        for t in self.victims(gpu):
+            if t.id not in waiting or holds.get(t.id, 0) <= 0 or t.id == head.slot.tenant:
+                continue
+            chosen.append(t.id)
+            short -= holds[t.id]
+            if short <= 0:
+                break
+        if not chosen and holds.get(head.slot.tenant, 0) > 0:
+            chosen = [head.slot.tenant]
+        why = (
+            f"a memory deadlock on GPU {gpu}: {len(st.waiters)} waiting for device memory "
+            f"and none freed for {stuck / 1e9:.1f} s"
+            + ("" if st.others_can_free else " (every process holding memory waits)")
+        )
+        done = [tid for tid in chosen if self.preempt(tid, why)]
+        if done:
+            st.preempted_ns, st.preemptions = now_ns, st.preemptions + len(done)
+
+    def waiting(self, gpu: int) -> bool:
+        return bool(self.state[gpu].waiters)
+
+    def status(self, gpu: int) -> dict[str, Any]:
+        return self.state[gpu].status(time.monotonic_ns())
+
+    # Admission.
+    def expected(self, t: Tenant) -> int:
+        """What t is expected to need: its declared budget, else its learned peak, else the
+        prior (what a command never seen is expected to need)."""
+        return self.need(t.mem_key or argv_key(t.argv), t.mem_declared, t.mem_rerun_need)
+
+    def need(self, key: str, declared: int, rerun: int = 0) -> int:
+        """What a command about to be admitted is expected to need (0: unknown): its declared
+        budget, else its learned peak, else the node's prior; for a rerun at least what its
+        earlier run showed."""
+        return max(declared or self.learned.get(key, 0) or self.prior(), rerun)
+
+    def prior(self) -> int:
+        """What a command never seen is expected to need: the median of the learned peaks,
+        once there are a few; before, `unknown` (by default an eighth of the GPU less the
+        headroom: a fresh node admits eight commands it knows nothing of at once, no more,
+        whatever its slots, and a first wave of them does not oversubscribe the GPU by its number
+        alone)."""
+        if len(self.learned) < _PRIOR_MIN:
+            return self.unknown
+        return int(statistics.median(self.learned.values()))
+
+    def fits(
+        self, g: Gpu, req: AdmitRequest, *, reserved: int = 0, reserved_alone: int = 0
+    ) -> bool:
+        """Whether a command may be admitted to g now, as far as memory goes (`reserved`: the
+        expected needs of commands already promised a slot there; `reserved_alone`: how many of
+        those must run with the GPU's memory to themselves)."""
+        alone = not g.tenants and reserved == 0 and g.reserved == 0
+        if self.waiting(g.index) or reserved_alone or any(x.mem_alone for x in g.tenants):
+            return False  # waiters first; a memory retry has the GPU's memory to itself
+        if req.alone:
+            return alone
+        need = self.need(req.key or argv_key(req.argv), req.mem, req.rerun_need)
+        capacity = self.state[g.index].capacity
+        if need == 0 or capacity == 0 or alone:
+            return True  # unknown, or alone: it gets the GPU whatever it was expected to need
+        expected = {x.id: self.expected(x) for x in g.tenants}
+        held = {x.id: self._held_by(x) for x in g.tenants}
+        busy = reserved + sum(max(expected[i], held[i]) for i in expected)
+        if busy + need > capacity - self.headroom:
+            return False
+        users = self.device_users(g.index)
+        if users is None and self.device_free(g.index) is None:
+            return True
+        free = self.free(g.index, users)
+        # The driver's free memory (contexts and modules counted), less what the tenants are
+        # still expected to grow by and what is promised: a tenant of unknown need counts what
+        # it holds.
+        growth = reserved + sum(max(0, expected[i] - held[i]) for i in expected)
+        return free - growth >= need
+
+    def too_large(self, declared: int, gpu: int) -> bool:
+        """A declared budget the GPU cannot give even to a command alone on it."""
+        capacity = self.state[gpu].capacity
+        return capacity > 0 and declared > capacity
+
+    def _held_by(self, t: Tenant) -> int:
+        shim = sum(s.mem_bytes for _, s in self.slots() if s.tenant == t.id and s.alive)
+        return max(shim, t.device_bytes or 0)
+
+    def learn(self, t: Tenant, peak: int) -> None:
+        """Remember a finished command's peak (the most of its runs) under its key."""
+        if peak <= 0 or self.learned_path is None:
+            return
+        key = t.mem_key or argv_key(t.argv)
+        if peak <= self.learned.get(key, 0):
+            return
+        self.learned[key] = peak
+        if len(self.learned) > _LEARNED_MAX:
+            self.learned = dict(list(self.learned.items())[-_LEARNED_MAX:])
+        tmp = self.learned_path.with_suffix(".tmp")
+        try:
+            # Beside a socket someone may share a directory with: a new file of ours, never
+            # written through a link they planted (krex/core/trust.py, open_beside).
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            fd = open_beside(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(self.learned))
+            os.replace(tmp, self.learned_path)
+        except (OSError, TrustError) as e:
+            log.warning("cannot save the learned peaks to %s: %s", self.learned_path, e)
+
+
+def _load(path: Path | None) -> dict[str, int]:
+    if path is None:
+        return {}
+    try:
+        with os.fdopen(open_beside(path, os.O_RDONLY), encoding="utf-8") as f:
+            doc = json.loads(f.read())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, TrustError) as e:
+        log.warning("not using the learned peaks in %s: %s", path, e)
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {k: v for k, v in doc.items() if isinstance(k, str) and type(v) is int and v > 0}

@@ -1,0 +1,512 @@
+"""The region protocol and its scheduler: the only writer of region state.
+
+docs/architecture.md walks through it. Per GPU there is a FIFO of region requests; a region is
+taken on one GPU at a time, in index order, by the steps close (gate), quiesce and drain,
+freeze, pin; it is granted once it holds all of its tenant's GPUs and ends on all of them at
+once (exit, owner gone, time-out, tenant gone, daemon stopping). Requests of the owner's other
+threads nest into its region at once. A request waits at most (requests ahead of it) x (their
+time-outs): no tenant starves.
+
+What each step does to the node comes in through `Machinery` (krex/daemon/machinery.py, beside the
+node's own), so the protocol is tested against fakes (tests/test_regions.py). Its blocking
+methods run in worker threads, everything else on the daemon's event loop, so region state
+needs no lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from krex.core import wire
+from krex.core.errors import KrexError, ProtocolError
+from krex.core.nvml import throttled
+from krex.daemon import fidelity
+from krex.daemon.fidelity import GIB
+from krex.daemon.gate import Hold
+from krex.daemon.machinery import Machinery
+from krex.daemon.model import Gpu, Region, RegionRequest, Tenant
+from krex.daemon.tasks import spawn
+
+log = logging.getLogger("krex.daemon.regions")
+
+GATE_GRACE_S = 30.0  # blocked threads pass on their own this long after a region's time-out
+
+
+class _Queue:
+    """Region state of one GPU."""
+
+    def __init__(self) -> None:
+        self.requests: deque[RegionRequest] = deque()
+        self.region: Region | None = None  # holds this GPU
+        self.pending: Region | None = None  # being set up on this GPU
+
+
+class Regions:
+    """Schedules and runs the regions of one node's GPUs."""
+
+    def __init__(
+        self,
+        gpus: Sequence[Gpu],
+        machinery: Machinery,
+        on_record: Callable[[Tenant, dict[str, Any]], None] = lambda t, rec: None,
+    ) -> None:
+        self.gpus = gpus
+        self.m = machinery
+        self.on_record = on_record  # each ended region's record (metrics)
+        self._q = [_Queue() for _ in gpus]
+
+    # What others read.
+    def held(self, gpu: int) -> Region | None:
+        """The region holding the GPU (granted, or holding it while it takes its others)."""
+        return self._q[gpu].region
+
+    def setting_up(self, gpu: int) -> Region | None:
+        return self._q[gpu].pending
+
+    def queued(self, gpu: int) -> int:
+        return len(self._q[gpu].requests)
+
+    def busy(self) -> bool:
+        """Whether a region is being set up anywhere (its threads use the segments)."""
+        return any(q.pending is not None for q in self._q)
+
+    def still_frozen(self) -> set[int]:
+        """Tenants listed frozen by a live region. Such a region closed its gate to them and
+        drained them (every context they use) before it listed them, and they cannot submit
+        again until it ends: there is nothing of theirs to quiesce or drain."""
+        return {s.id for r in self._live() for s in r.frozen}
+
+    def cores(self, t: Tenant) -> set[int]:
+        """Where t runs: the region cores of the GPUs its region holds, else the shared cores
+        of its GPUs."""
+        if t.region is not None and t.region.gpus and not t.region.ended:
+            return {c for i in t.region.gpus for c in self.gpus[i].slice.region_cores}
+        return {c for i in t.gpus for c in self.gpus[i].slice.shared_cores}
+
+    # Requests.
+    async def acquire(
+        self,
+        t: Tenant,
+        wait: Callable[[asyncio.Future[Region]], Awaitable[None]],
+        pid: int | None = None,
+        candidate: bool = False,
+    ) -> Region:
+        """t's region, granted on all of t's GPUs; `wait` waits for one GPU's grant and raises
+        when the requester goes away (then everything this request holds is let go). `pid`,
+        the asking process, goes into the record's `pids`; `candidate`: an autotuner's
+        candidate benchmark asks (a region it begins gets no power-capped settle)."""
+        loop = asyncio.get_running_loop()
+        t_request = time.monotonic()
+        mine: Region | None = None  # the region this request is a holder of
+        # Its GPUs in index order: every command takes them in the same order, so no two wait
+        # for each other (a request waits only for GPUs above those it holds).
+        for i in t.gpus:
+            req = RegionRequest(
+                tenant=t, t_request=t_request, granted=loop.create_future(), candidate=candidate
+            )
+            q = self._q[i]
+            q.requests.append(req)
+            self._schedule(i)
+            try:
+                await wait(req.granted)
+                region = req.granted.result()  # ConnectionError when taking this GPU failed
+            except BaseException:
+                if req in q.requests:
+                    q.requests.remove(req)
+                elif not req.granted.done():
+                    req.granted.cancel()  # being set up: _take lets it go again
+                elif mine is None and not req.granted.cancelled():
+                    mine = req.granted.result() if req.granted.exception() is None else None
+                if mine is not None:
+                    self.release(mine, why="owner gone")
+                raise
+            mine = mine or region  # the first GPU's grant made us one of its holders
+        if mine is None or mine.ended:
+            raise ProtocolError("the region ended before it was granted")
+        if pid is not None and pid not in mine.pids:
+            mine.pids.append(pid)
+        return mine
+
+    def release(
+        self, r: Region, why: str, calls: Mapping[str, int] | None = None
+    ) -> dict[str, Any]:
+        """One holder of region r is done (`calls`: its markers, from its region_end); the
+        region ends with its last holder."""
+        for name, n in (calls or {}).items():
+            wire.add_call(r.calls, name, n)  # several holders' names share the same bounds
+        if r.ended:
+            # Already finished (revoked, or the tenant left): report what it was.
+            if r.record is not None and r.calls:
+                r.record["calls"] = dict(r.calls)  # the same dict as in t.regions
+            return r.record or self._record(r, time.monotonic())
+        r.holders -= 1
+        if r.holders > 0:
+            return self._record(r, time.monotonic())
+        return self.finish(r, revoked=False, why=why)
+
+    # Tenants coming and going.
+    def tenant_joined(self, t: Tenant) -> asyncio.Task[None] | None:
+        """t has a new process: where another tenant holds (or is taking) one of t's GPUs, t
+        is listed frozen at once, so that whatever ends that region thaws it, and frozen in a
+        worker thread (the task returned); while the region drains, at its freeze step."""
+        joined = [r for r in self._live(t.gpus) if r.tenant is not t and t not in r.frozen]
+        for r in joined:
+            r.frozen.append(t)
+        now = [r for r in joined if not r.draining]
+        for r in joined:
+            if r.draining:
+                r.deferred.append(t)
+        if not now:
+            return None
+        return asyncio.get_running_loop().create_task(self._freeze_joined(t, now))
+
+    async def _freeze_joined(self, t: Tenant, regions: list[Region]) -> None:
+        ok = await asyncio.get_running_loop().run_in_executor(None, self.m.freeze, t)
+        for r in regions:
+            if r.ended or r not in self._live():
+                # It ended (or let this GPU go) while we froze: its thaw may have come first.
+                if t in r.frozen:
+                    r.frozen.remove(t)
+                self._thaw(t)
+            elif not ok:
+                r.problems.append(f"tenant {t.id} admitted during the region did not freeze")
+
+    def tenant_left(self, t: Tenant) -> None:
+        """t is gone: its requests are dropped, its region ends, no region lists it."""
+        for i in t.gpus:
+            q = self._q[i]
+            for req in [x for x in q.requests if x.tenant is t]:
+                q.requests.remove(req)
+                if not req.granted.done():
+                    req.granted.cancel()
+        if t.region is not None:
+            self.finish(t.region, revoked=False, why="tenant finished")
+        for r in self._live():
+            if t in r.frozen:
+                r.frozen.remove(t)
+
+    async def shutdown(self, bound_s: float) -> None:
+        """Let regions being set up finish (each wait is bounded), then end every region."""
+        deadline = time.monotonic() + bound_s
+        while self.busy() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for q in self._q:
+            if q.region is not None:
+                self.finish(q.region, revoked=True, why="daemon stopping")
+
+    # The protocol.
+    def _schedule(self, gpu: int) -> None:
+        """Start setting up the next region on the GPU, unless one is set up there now."""
+        q = self._q[gpu]
+        while q.pending is None and q.requests:
+            r = q.region
+            if r is not None:
+                # Other threads of the owner nest into its region at once (counted once, on
+                # its first GPU: a thread asks for each of the owner's GPUs in turn).
+                for req in [x for x in q.requests if x.tenant is r.tenant]:
+                    q.requests.remove(req)
+                    if gpu == r.tenant.gpus[0]:
+                        r.holders += 1
+                    req.granted.set_result(r)
+                return
+            req = q.requests.popleft()
+            t = req.tenant
+            if t.region is None or t.region.ended:
+                if gpu != t.gpus[0]:
+                    # Its region ended (revoked, or its holders left) while this request waited.
+                    _fail(req, "the region ended while waiting")
+                    continue
+                t.region = Region(tenant=t, t_request=req.t_request, candidate=req.candidate)
+            # Pending from the start: a tenant that joins while it is set up is frozen into
+            # it (tenant_joined), never left running beside it.
+            q.pending = t.region
+            spawn(self._take(gpu, req, t.region), f"region set-up on GPU {gpu}")
+
+    async def _take(self, gpu: int, req: RegionRequest, r: Region) -> None:
+        """Steps 1-5 on one GPU of region r; then grant, or let the GPU go and fail req."""
+        q, t = self._q[gpu], r.tenant
+        siblings: list[Tenant] = []  # those this GPU's freeze listed in r.frozen
+        try:
+            if t.region is not r:  # it ended (its tenant left) before its set-up began
+                q.pending = None
+                _fail(req, "the region ended while waiting")
+                return
+            try:
+                r.room_s += await self.m.make_room(gpu, t)
+                hold = await self._close_and_drain(gpu, r)
+                await self._freeze(gpu, r, siblings)
+                await self._pin(gpu, r, hold)
+                await self._settle(gpu, r, siblings)
+            except Exception as e:
+                log.exception("opening a region for tenant %d on GPU %d failed", t.id, gpu)
+                self._let_go(gpu, r, siblings)
+                if not r.gpus:
+                    r.ended = True  # nothing held: the region never was
+                    if t.region is r:
+                        t.region = None
+                _fail(req, str(e))
+                return
+            r.clocks[gpu] = self.m.clock(gpu)
+            r.memory[gpu] = self.m.memory_split(gpu, t)
+            q.pending = None
+            if r.ended:
+                # Its holders left (or it was revoked) while this GPU was being taken.
+                self._let_go(gpu, r, siblings)
+                _fail(req, "the region ended while it was taken")
+                return
+            q.region = r
+            if req.granted.cancelled() or t.gone:
+                if gpu == t.gpus[0]:
+                    self.release(r, why="owner gone before its grant")
+                return
+            if len(r.gpus) == len(t.gpus):
+                self._grant(r)
+            req.granted.set_result(r)
+        finally:
+            self._schedule(gpu)  # the next request, or other threads of the owner
+
+    async def _close_and_drain(self, gpu: int, r: Region) -> Hold:
+        """Steps 1-3: close the gate, wait for siblings half-way into the driver, drain them."""
+        t = r.tenant
+        hold = Hold(gpu=gpu, owner=t.id)
+        hold.epoch = self.m.close_gate(gpu, t.id, t.region_timeout_s + GATE_GRACE_S)
+        skip = self.still_frozen()
+        r.draining = True
+        try:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, self.m.quiesce_and_drain, hold, skip)
+        finally:
+            r.draining = False
+        r.problems += hold.problems
+        return hold
+
+    async def _freeze(self, gpu: int, r: Region, siblings: list[Tenant]) -> None:
+        """Step 4: freeze the GPU's other tenants, its idle pool and those that joined while
+        they drained, all in parallel; each is listed in r.frozen before it is frozen, so that
+        whatever ends the region thaws it."""
+        loop = asyncio.get_running_loop()
+        t1 = time.monotonic()
+        g, t = self.gpus[gpu], r.tenant
+        siblings += [s for s in g.tenants if s is not t and s not in r.frozen]
+        pool = g.pool_tenant
+        if pool is not None and pool not in r.frozen and self.m.has_processes(pool):
+            siblings.append(pool)  # idle workers: no thread runs in a region
+        siblings += [s for s in r.deferred if s not in siblings and not s.gone]
+        r.deferred.clear()
+        r.frozen += [s for s in siblings if s not in r.frozen]
+        frozen = await asyncio.gather(
+            *(loop.run_in_executor(None, self.m.freeze, s) for s in siblings)
+        )
+        r.problems += [
+            f"tenant {s.id} did not freeze"
+            for s, ok in zip(siblings, frozen, strict=True)
+            if not ok
+        ]
+        r.problems += await loop.run_in_executor(None, self.m.settle, list(r.frozen))
+        r.freeze_s += time.monotonic() - t1
+
+    async def _pin(self, gpu: int, r: Region, hold: Hold) -> None:
+        """Step 5: the GPU is r's; move the owner onto its region cores; note foreign users."""
+        loop = asyncio.get_running_loop()
+        r.gpus.append(gpu)
+        r.epochs[gpu] = hold.epoch
+        await loop.run_in_executor(None, self.m.pin, r.tenant, self.cores(r.tenant))
+        # Not gated, not drained, not frozen: the region cannot vouch for the GPU.
+        r.problems += await loop.run_in_executor(None, self.m.audit, gpu, r.tenant)
+        r.drain_s += hold.quiesce_s + hold.drain_s
+
+    async def _settle(self, gpu: int, r: Region, siblings: list[Tenant]) -> None:
+        """Step 5b (the tenant's region_settle_s; once one of its regions ran into the power
+        limit, at least its region_capped_settle_s, unless an autotuner's candidate benchmark
+        began this one; 0: none): where the GPU's siblings worked on it in the last second or
+        two, idle before the grant. On the H200 the suite's power-limited conv timed 0.25-0.5 s
+        after 4 s of matmuls read 0.65 % slower than on the rested GPU, after 1 s 0.49 %, after
+        2 or 3 s 0.24-0.29 % (docs/results/h200-capped-settle/); kernels that stay below the
+        limit do not read the heat, so only such a command waits. Candidates are left out: the
+        winners were the exclusive ones without a settle (runs 30-32 of docs/results/
+        h200-autotune/), and with it every Inductor choice cost 2 s, 74 s a command (run 32)."""
+        t = r.tenant
+        settle = t.region_settle_s
+        capped = t.power_capped and not r.candidate and t.region_capped_settle_s > settle
+        if capped:
+            settle = t.region_capped_settle_s
+        if settle <= 0 or not siblings:
+            return
+        loop = asyncio.get_running_loop()
+        waited = await loop.run_in_executor(None, self.m.settle_gpu, gpu, siblings, settle)
+        r.settle_s += waited
+        r.settle_capped = r.settle_capped or (capped and waited > 0)
+
+    def _grant(self, r: Region) -> None:
+        """Step 6: r holds all its GPUs; its time-out starts."""
+        now = time.monotonic()
+        r.t_grant = now
+        r.wait_s = now - r.t_request
+        r.timer = asyncio.get_running_loop().call_later(r.tenant.region_timeout_s, self._revoke, r)
+        if r.problems:
+            log.warning(
+                "region of tenant %d on GPU %s is unclean: %s",
+                r.tenant.id,
+                _names(r.gpus),
+                "; ".join(r.problems),
+            )
+
+    def _let_go(self, gpu: int, r: Region, siblings: list[Tenant]) -> None:
+        """Undo taking the GPU for region r: its siblings, its place in r, its gate."""
+        q = self._q[gpu]
+        if q.pending is r:
+            q.pending = None
+        if q.region is r:
+            q.region = None
+        for s in siblings:
+            if s in r.frozen:
+                r.frozen.remove(s)
+            self._thaw(s)
+        if gpu in r.gpus:
+            r.gpus.remove(gpu)
+        self._pin_back(r.tenant)
+        self.m.open_gate(gpu)
+
+    def revoke(self, r: Region, problem: str) -> None:
+        """End r now, revoked, with the reason among its problems (the memory arbiter's way
+        out when r's owner waits for memory only its frozen siblings can free)."""
+        if not r.ended:
+            r.problems.append(problem)
+            log.warning("region of tenant %d revoked: %s", r.tenant.id, problem)
+            self.finish(r, revoked=True, why=problem)
+
+    def _revoke(self, r: Region) -> None:
+        if not r.ended:
+            log.warning(
+                "region of tenant %d on GPU %s passed its time-out (%.1f s): revoked",
+                r.tenant.id,
+                _names(r.gpus),
+                r.tenant.region_timeout_s,
+            )
+            self.finish(r, revoked=True, why="time-out")
+
+    def finish(self, r: Region, *, revoked: bool, why: str) -> dict[str, Any]:
+        """Exit, on every GPU the region holds: undo the pin, thaw the siblings, open the
+        gates, wake the next requests."""
+        if r.ended:
+            return r.record or self._record(r, time.monotonic())
+        r.ended = True
+        t, t_end = r.tenant, time.monotonic()
+        if r.timer is not None:
+            r.timer.cancel()
+        r.revoked = r.revoked or revoked
+        if revoked and r.granted and why not in r.problems:
+            # Its owner still times: what ran after the gate opened was not protected.
+            r.problems.append(f"revoked before its owner ended it ({why})")
+        for i in r.gpus:
+            if self._q[i].region is r:
+                self._q[i].region = None
+        if t.region is r:
+            t.region = None
+        if r.granted:
+            # Again at the end, siblings still frozen: what started beside the owner meanwhile
+            # (a foreign process, a tenant's process with no shim) makes the region unclean.
+            since = time.time() - (t_end - r.t_grant)
+            for i in r.gpus:
+                for p in self.m.audit(i, t, since):
+                    if p not in r.problems:
+                        r.problems.append(f"{p} (at the region's end)")
+            r.problems.extend(p for p in self.m.memory_problems(t) if p not in r.problems)
+        self._pin_back(t)
+        for s in r.frozen:
+            self._thaw(s)
+        for i in reversed(r.gpus):
+            self.m.open_gate(i)
+        r.record = self._record(r, t_end)
+        if any(w["name"] == "gpu_capped" for w in r.record["warnings"]):
+            t.power_capped = True  # its later regions settle (_settle)
+        t.regions.append(r.record)
+        self.on_record(t, r.record)
+        log.info(
+            "region of tenant %d on GPU %s ended (%s) after %.3f s",
+            t.id,
+            _names(r.gpus),
+            why,
+            r.record["duration_s"],
+        )
+        for i in r.gpus:
+            self._schedule(i)
+        return r.record
+
+    def _record(self, r: Region, t_end: float) -> dict[str, Any]:
+        rec: dict[str, Any] = {
+            "wait_s": r.wait_s,
+            "drain_s": r.drain_s,
+            "freeze_s": r.freeze_s,
+            "settle_s": r.settle_s,
+            # Whose settle it was: the command's own (--settle), or the power-capped rule's.
+            **({"settle_capped": True} if r.settle_capped else {}),
+            **({"candidate": True} if r.candidate else {}),  # an autotuner's candidate began it
+            "duration_s": t_end - r.t_grant if r.granted else 0.0,
+            "clean": r.clean,
+            "revoked": r.revoked,
+            "problems": list(r.problems),
+            # Which of the command's processes held it: a child's (Inductor's subprocess
+            # autotuning) is told from the command's own.
+            "pids": list(r.pids),
+        }
+        if r.calls:  # what held it: each marker's name and how often it began or continued it
+            rec["calls"] = dict(r.calls)
+        if len(r.tenant.gpus) > 1:
+            rec["gpus"] = list(r.gpus)
+        # The SM clock and throttle reasons at each GPU's grant and now: a throttled region is
+        # flagged (docs/architecture.md, "What a region record says"); power and placement
+        # become named warnings (krex/daemon/fidelity.py).
+        samples = [(a, b) for i in r.gpus if (a := r.clocks.get(i)) and (b := self.m.clock(i))]
+        is_throttled = False
+        if samples:
+            reasons = 0
+            for start, end in samples:
+                reasons |= start["throttle_reasons"] | end["throttle_reasons"]
+            is_throttled = throttled(reasons)
+            rec["sm_clock_mhz"] = [samples[0][0]["sm_clock_mhz"], samples[0][1]["sm_clock_mhz"]]
+            rec["throttle_reasons"] = reasons
+            rec["throttled"] = is_throttled
+            rec |= fidelity.power_fields(samples[0][0], samples[0][1], rec["duration_s"])
+        memory = r.memory.get(r.gpus[0]) if r.gpus else None
+        if memory is not None:
+            mine, others = memory
+            rec["memory_gib"] = {"owner": round(mine / GIB, 2), "others": round(others / GIB, 2)}
+        rec["warnings"] = fidelity.warnings(rec, is_throttled, memory) if r.granted else []
+        return rec
+
+    # Helpers.
+    def _live(self, gpus: list[int] | None = None) -> list[Region]:
+        """Regions not ended that hold or are taking a GPU (of `gpus`), each once."""
+        found: list[Region] = []
+        for i in range(len(self._q)) if gpus is None else gpus:
+            for r in (self._q[i].region, self._q[i].pending):
+                if r is not None and not r.ended and r not in found:
+                    found.append(r)
+        return found
+
+    def _thaw(self, t: Tenant) -> None:
+        """Thaw t unless a live region still lists it frozen (it may be a sibling on two GPUs,
+        frozen by the regions of both)."""
+        if t.id not in self.still_frozen():
+            self.m.thaw(t)
+
+    def _pin_back(self, t: Tenant) -> None:
+        if not t.gone:
+            with contextlib.suppress(KrexError):
+                self.m.pin(t, self.cores(t))
+
+
+def _fail(req: RegionRequest, why: str) -> None:
+    if not req.granted.done():
+        req.granted.set_exception(ConnectionError(why))
+
+
+def _names(gpus: list[int]) -> str:
+    return ",".join(map(str, gpus))

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from krex.tenant.markers import RegionError, last_region, region
 
-from krex.core.build import __version__
+from krex.core.version import __version__
 
 __all__ = ["RegionError", "__version__", "last_region", "region"]
 

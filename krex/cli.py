@@ -14,8 +14,9 @@ import click
 
 from krex.bench import SETTLE_S as BENCH_SETTLE_S
 from krex.core import paths
-from krex.core.build import __version__, build_id
+from krex.core.build import build_id
 from krex.core.config import MAX_SECONDS, MAX_SETTLE_S
+from krex.core.version import __version__
 
 
 class Seconds(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2 on

@@ -34,6 +34,7 @@ from helpers import (
     krex_run,
     run_argv,
     running,
+    until,
 )
 
 TRUTH_NS = (100_000, 1_000_000, 10_000_000)  # 0.1, 1 and 10 ms
@@ -351,16 +352,24 @@ def test_slots_queue_and_status(tmp_path: Path) -> None:
     d = Daemon(tmp_path / "krex.sock", "--slots", "1")
     d.start()
     try:
-        first = krex_run(d, "sh", "-c", "echo go; sleep 1", stdout=subprocess.PIPE)
+        # The first holds its slot until told (a fixed second was outlasted on a loaded machine).
+        first = krex_run(
+            d, "sh", "-c", "echo go; read x", stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
         assert first.stdout is not None and first.stdout.readline().strip() == "go"
         second = krex_run(d, "true")
-        time.sleep(0.3)
-        st = d.status()
-        assert st is not None
-        g = st["gpus"][0]
-        assert (g["used"], g["queue"]) == (1, 1)
+
+        def both() -> dict[str, Any] | None:
+            st = d.status()
+            g = st["gpus"][0] if st else {}
+            return st if (g.get("used"), g.get("queue")) == (1, 1) else None
+
+        st = until(both, 30, "one command in the slot, one queued")
         assert st["freezer"] in ("cgroup-v1", "cgroup-v2", "signal")
         assert second.poll() is None  # still waiting for the slot
+        assert first.stdin is not None
+        first.stdin.write("\n")
+        first.stdin.close()
         assert first.wait(timeout=30) == 0 and second.wait(timeout=30) == 0
     finally:
         d.stop()

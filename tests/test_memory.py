@@ -522,21 +522,16 @@ def test_the_admission_pass_that_admits_an_alone_rerun_admits_nobody_else() -> N
     """Issue #47, 6, in the daemon's own admission pass: the GPU empties with an alone rerun at
     the head of its queue and others behind it. The rerun is promised the slot; before, the
     same pass went on to admit the others beside it (it was not a tenant yet)."""
-    from types import SimpleNamespace
-
-    from krex.daemon.daemon import Daemon
+    from krex.daemon.admission import Admission
     from krex.daemon.model import AdmissionTicket
 
     async def scenario() -> list[bool]:
         node = Node()
-        d = SimpleNamespace(memory=node.mem)
-        d._room = lambda g, r: Daemon._room(d, g, r)  # type: ignore[arg-type]
-        d._reserve = lambda g, r, sign=1: Daemon._reserve(d, g, r, sign)  # type: ignore[arg-type]
         loop = asyncio.get_running_loop()
         reqs = [req(["again"], alone=True), req(["a"], GIB), req(["b"], GIB)]
         tickets = [AdmissionTicket(granted=loop.create_future(), req=r) for r in reqs]
         node.gpu.admission.extend(tickets)
-        Daemon._admit_next(d, node.gpu)  # type: ignore[arg-type]
+        Admission([node.gpu], node.mem).admit_next(node.gpu)
         return [t.granted.done() for t in tickets]
 
     assert asyncio.run(scenario()) == [True, False, False]
@@ -584,3 +579,27 @@ def test_eight_commands_never_seen_are_admitted_at_once_on_a_fresh_node() -> Non
     assert mem.fits(gpu, req(["the eighth"]))
     gpu.tenants.append(Node().tenant(8))
     assert not mem.fits(gpu, req(["a ninth"]))  # eight unknowns fill what may be given
+
+
+def test_a_promise_is_taken_back_exactly_when_the_expectation_changed_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """A slot promised while nothing was learned (the command expected to need the prior),
+    handed on after three peaks were learned (the prior now their median): what the promise
+    added to the GPU's promised memory is taken back, not today's expectation. Before, the
+    difference stayed, the GPU never counted as empty again, and a rerun that must run alone
+    queued for good with every slot free (found by the random-mix test)."""
+    from krex.daemon.admission import Admission
+
+    node = Node(tmp_path)
+    node.mem.unknown = 5 * GIB
+    adm = Admission([node.gpu], node.mem)
+    r = req(["new"])
+    adm.reserve(node.gpu, r)
+    assert node.gpu.reserved_mem == 5 * GIB
+    for i, gib in enumerate((1, 2, 3)):
+        node.mem.learn(node.tenant(10 + i, argv=[f"seen{i}"]), gib * GIB)
+    assert node.mem.need(r.key, r.mem, r.rerun_need) == 2 * GIB  # the expectation moved
+    adm.reserve(node.gpu, r, -1)
+    assert (node.gpu.reserved, node.gpu.reserved_mem) == (0, 0)
+    assert adm.room(node.gpu, req(["again"], alone=True))  # the empty GPU takes an alone rerun

@@ -1,8 +1,8 @@
-"""Segments a stopped daemon had to leave, removed by the last user (issue #49).
+"""Segments a stopped daemon had to leave, removed by the last user (docs/security.md).
 
 A daemon that stops while commands run cannot remove their segments' names: new processes of
 those commands attach by name (the shim: KREX_SHM and KREX_SLOTS; the simulated driver:
-KREX_SIM_SHM), and a simulated GPU's processes must all share one node (issue #19). So the
+KREX_SIM_SHM), and a simulated GPU's processes must all share one node (docs/simulator.md). So the
 names stay until the commands end, and the `krex run` whose command ends last (nobody maps a
 segment any more) removes them, unless a daemon answers at the socket again: a successor has
 taken them over and removes them itself. A `krex run` killed before it could is covered by the

@@ -54,7 +54,7 @@ FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, sign
 # arrives as the command ends kills `krex run` before its report.
 HELD = frozenset({signal.SIGINT, *FORWARDED})
 # The signals our caller had us ignore, read before we change any disposition: a command
-# inherits them ignored, cold or warm (issue #48).
+# inherits them ignored, cold or warm (docs/pool.md).
 CALLER_IGNORED = frozenset(ignored_signals())
 _SI_KERNEL = 0x80  # siginfo.si_code of a signal the kernel sent (a terminal's Ctrl-C, hang-up)
 
@@ -288,7 +288,7 @@ def _stdio_fds() -> list[int]:
 _REAPED_S = 2.0  # a warm child that ended: its fork server reaps it and says how within this
 
 
-class WarmRefused(Exception):
+class WarmRefused(KrexError):
     """The fork server did not start the command (it then runs cold, saying why)."""
 
 
@@ -309,7 +309,7 @@ def _run_warm(
 ) -> WarmEnd:
     """Hand the command to its fork server, have the daemon place the child it forks, let it
     go and wait, forwarding each signal sent to us. WarmRefused when no child started it."""
-    # What a cold command would inherit from us (issue #48): the signal mask as it was before
+    # What a cold command would inherit from us (docs/pool.md): the signal mask as it was before
     # we held the command's signals.
     state = dataclasses.replace(
         ProcState.capture(), sigmask=sorted(_mask or ()), sigign=sorted(CALLER_IGNORED)
@@ -540,7 +540,7 @@ REPORT_WAIT_S = 10.0
 _ENDING = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
 
 
-class _ReportAbandoned(OSError):
+class _ReportAbandoned(KrexError, OSError):
     """Nobody took the report in time, or a signal asked krex run to end while it waited."""
 
 
@@ -722,7 +722,7 @@ def _run(opts: RunOptions) -> int:
 
 
 def _complete(report: dict[str, Any], opts: RunOptions, code: int) -> dict[str, Any]:
-    """The report with every key a report has, whatever ended krex run (issue #49): what is
+    """The report with every key a report has, whatever ended krex run (docs/user-guide.md): what is
     unknown is null (an empty list of regions), and `error` says what happened."""
     base: dict[str, Any] = {
         "exit_code": code,

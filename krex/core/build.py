@@ -1,4 +1,4 @@
-"""Which build of krex this is (issue #49): `krex run`, the shim it preloads and the daemon
+"""Which build of krex this is (docs/security.md): `krex run`, the shim it preloads and the daemon
 must be one build, or a command silently runs under the rules of another checkout or version.
 
 A build is the version and a hash over what runs: the package's Python sources and its native
@@ -20,8 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from krex.core.paths import package_dir
-
-__version__ = "0.1.0"  # the package's (pyproject.toml's), re-exported as krex.__version__
+from krex.core.version import __version__
 
 
 @functools.cache

@@ -271,8 +271,8 @@ class Config:
             return self.pool_preload
         # triton's timers: every do_bench command would import them. Not Inductor's compiler
         # (torch._inductor.compile_fx): on torch 2.11 its import initialises the GPU driver, so
-        # the worker dropped it and started again, every time (docs/results/h200-pool/
-        # forkserver/run5/); any module that does is dropped so (krex/pool/worker.py).
+        # the worker dropped it and started again, every time (docs/pool.md); any module that
+        # does is dropped so (krex/pool/worker.py).
         return () if self.sim else ("torch", "triton", "triton.testing")
 
 

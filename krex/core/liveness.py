@@ -1,4 +1,4 @@
-"""The controller's liveness lock on its gates segment (issue #50; docs/shim.md, "A dead
+"""The controller's liveness lock on its gates segment (docs/shim.md, "A dead
 controller"; docs/security.md, case 6).
 
 A daemon holds an open-file-description read lock on the first byte of its gates segment's

@@ -40,7 +40,7 @@ class Nvml:
         (energy since the driver loaded), "power_capped_ns" and "thermal_capped_ns" (time
         the clocks were held down by the power or the thermal limit, since the driver
         loaded), "power_limit_mw", "temp_c", and the HBM's "mem_temp_c" and "mem_clock_mhz"
-        (what else a timing ran under: docs/results/h200-autotune/, runs 14-16)."""
+        (what else a timing ran under: docs/user-guide.md, "Power-limited kernels")."""
         lib = self._lib
         try:
             h = lib.nvmlDeviceGetHandleByIndex(gpu)

@@ -303,7 +303,7 @@ _CONTROL_FILES = ("cgroup.procs", "cgroup.freeze", "freezer.state", "cpuset.cpus
 
 
 def _mkdir(path: str) -> None:
-    """Create the cgroup `path`, or take up an existing one only when it is ours (issue #16):
+    """Create the cgroup `path`, or take up an existing one only when it is ours (docs/security.md):
     a directory (not a symlink) owned by us or root, it and its control files writable by
     nobody else; refused with TenantsError otherwise."""
     try:

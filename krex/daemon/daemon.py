@@ -26,11 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from krex.core import liveness, wire
-from krex.core.build import __version__, identity, mismatch
+from krex.core.build import identity, mismatch
 from krex.core.config import (
-    MAX_BYTES,
-    MAX_SECONDS,
-    MAX_SETTLE_S,
     Config,
     ConfigError,
     sim_mem_bytes,
@@ -48,11 +45,13 @@ from krex.core.procs import parent
 from krex.core.shm import MEM_KINDS, SegmentError, SlotView
 from krex.core.tenants import FreezerKind, TenantGroup, TenantsError, detect_freezer, prune
 from krex.core.trust import TrustError, bind_private, open_beside
+from krex.core.version import __version__
+from krex.daemon.admission import Admission, admit_request
 from krex.daemon.conn import Conn, peer_of
 from krex.daemon.machinery import NodeMachinery
-from krex.daemon.memory import GIB, Memory, argv_key, is_key
+from krex.daemon.memory import GIB, Memory
 from krex.daemon.metrics import Metrics, MetricsError
-from krex.daemon.model import AdmissionTicket, AdmitRequest, Gpu, Region, Tenant
+from krex.daemon.model import AdmitRequest, Gpu, Region, Tenant
 from krex.daemon.mps import Mps
 from krex.daemon.node import node_plan, resolve_vendor
 from krex.daemon.regions import Regions
@@ -167,6 +166,7 @@ class Daemon:
             device_users=self.machinery.device_users,
             unknown=cfg.unknown_bytes(capacity),
         )
+        self.admission = Admission(self.gpus, self.memory)
         self.machinery.room = self._make_room
         self.mps: Mps | None = None
         self._server: asyncio.AbstractServer | None = None
@@ -451,116 +451,11 @@ class Daemon:
         await conn.send({"ok": True, **self.status()})
 
     # Admission.
-    def _pick_gpus(self, wanted: Any, count: Any) -> list[Gpu]:
-        """The GPUs a command asked for (`gpu`: an index or a list of them; `gpus`: how many),
-        in index order; by default the least loaded."""
-        n = len(self.gpus)
-        if count is not None:
-            if not wire.is_int(count) or count < 1:
-                raise ProtocolError(f"gpus must be a positive integer, got {count!r}")
-            if count > n:
-                raise ProtocolError(f"{count} GPUs asked for, but this node has {n}")
-        if wanted is not None:
-            ids = [wanted] if not isinstance(wanted, list) else wanted
-            if not ids or not all(wire.is_int(i) for i in ids):
-                raise ProtocolError(f"gpu must be a GPU index or a list of them, got {wanted!r}")
-            missing = [i for i in ids if not 0 <= i < n]
-            if missing:
-                raise ProtocolError(f"GPU {missing[0]} does not exist (this node has {n})")
-            if len(set(ids)) != len(ids):
-                raise ProtocolError(f"gpu names a GPU twice: {ids}")
-            if count is not None and count != len(ids):
-                raise ProtocolError(f"gpus={count} but gpu names {len(ids)}: {ids}")
-            return [self.gpus[i] for i in sorted(ids)]
-        load = sorted(self.gpus, key=lambda g: (g.load(), g.index))
-        return sorted(load[: count or 1], key=lambda g: g.index)
-
-    def _room(self, g: Gpu, req: AdmitRequest) -> bool:
-        """Whether g has a free slot and, as far as memory goes, room for this command."""
-        free = len(g.tenants) + g.reserved < g.slots
-        return free and self.memory.fits(
-            g, req, reserved=g.reserved_mem, reserved_alone=g.reserved_alone
-        )
-
-    def _reserve(self, g: Gpu, req: AdmitRequest, sign: int = 1) -> None:
-        """Promise (sign 1) or hand on (-1) one of g's slots to the command of req: a command
-        that must have the GPU's memory to itself counts as such from its promise on, so that
-        nothing else is admitted beside it in the same pass."""
-        g.reserved += sign
-        g.reserved_mem += sign * self.memory.need(req.key, req.mem, req.rerun_need)
-        g.reserved_alone += sign * req.alone
-
-    async def _take_slot(self, g: Gpu, req: AdmitRequest, conn: Conn) -> None:
-        """Reserve one of g's slots (g.reserved), after waiting in its queue if all are taken
-        or the memory the command is expected to need is not there (docs/memory.md)."""
-        if not g.admission and self._room(g, req):
-            self._reserve(g, req)
-            return
-        ticket = AdmissionTicket(granted=asyncio.get_running_loop().create_future(), req=req)
-        g.admission.append(ticket)
-        await conn.send({"ok": True, "queued": len(g.admission), "gpu": g.index})
-        try:
-            await conn.until(ticket.granted)  # _admit_next reserves the slot for us
-            ticket.granted.result()  # or says why it could not
-        except BaseException:
-            if ticket in g.admission:
-                g.admission.remove(ticket)
-            elif (
-                ticket.granted.done()
-                and not ticket.granted.cancelled()
-                and ticket.granted.exception() is None
-            ):
-                # We were handed a slot but are leaving: pass it on.
-                self._reserve(g, req, -1)
-                self._admit_next(g)
-            raise
-
-    def _admit_next(self, g: Gpu) -> None:
-        """Hand free slots of g to the commands waiting for one, in order (each reserved at
-        once, so that nobody arriving meanwhile takes it). A request that cannot be looked at
-        (a bug) is answered with an error and leaves the queue; the others go on."""
-        while g.admission:
-            ticket = g.admission[0]
-            try:
-                if not self._room(g, ticket.req):
-                    return
-                g.admission.popleft()
-                if not ticket.granted.done():
-                    self._reserve(g, ticket.req)
-                    ticket.granted.set_result(None)
-            except Exception:
-                log.exception("admission of a queued command on GPU %d failed", g.index)
-                if ticket in g.admission:
-                    g.admission.remove(ticket)
-                if not ticket.granted.done():
-                    ticket.granted.set_exception(ProtocolError("internal error (see the log)"))
-
-    def _admission_request(self, msg: dict[str, Any]) -> AdmitRequest:
-        """What an `admit` asks for, checked."""
-        argv = msg.get("argv")
-        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-            raise ProtocolError("argv must be a non-empty list of strings")
-        for i, arg in enumerate(argv):
-            if why := wire.arg_problem(arg):
-                raise ProtocolError(f"argv[{i}] {why}")
-        if bool(msg.get("sim", False)) != self.cfg.sim:
-            kind = "simulated" if self.cfg.sim else "real"
-            raise ProtocolError(f"this daemon serves {kind} GPUs")
-        timeout = msg.get("region_timeout_s")
-        if timeout is None:
-            timeout = self.cfg.region_timeout_s
-        if not wire.is_number(timeout) or not 0 < timeout <= MAX_SECONDS:
-            raise ProtocolError(
-                f"region_timeout_s must be a positive number of seconds, at most {MAX_SECONDS:g}"
-            )
-        auto = msg.get("auto_regions")
-        if auto is not None and not isinstance(auto, str):
-            raise ProtocolError("auto_regions must be a string")
-        mem = msg.get("mem_bytes", 0)
-        if mem is None:
-            mem = 0
-        if not wire.is_int(mem) or not 0 <= mem <= MAX_BYTES:
-            raise ProtocolError(f"mem_bytes must be an integer 0..{MAX_BYTES} (1 PiB)")
+    async def _op_admit(self, msg: dict[str, Any], conn: Conn) -> None:
+        theirs = msg.get("build")
+        if isinstance(theirs, dict) and (why := mismatch(theirs, self.build, self.socket)):
+            raise ProtocolError(why)  # never a silent join of another build (docs/security.md)
+        req = admit_request(msg, self.cfg, self.admission.rerun_need)
         if not self.segments.linked():
             # Running tenants keep their mapping and carry on; a new one would find no segment
             # and run ungated, so none is let in.
@@ -568,50 +463,7 @@ class Daemon:
                 f"the shared segment {self.segments.gates.name} was removed under the daemon: "
                 "running commands finish, new ones cannot be gated; restart the daemon"
             )
-        alone = msg.get("mem_alone", False)
-        if not isinstance(alone, bool):
-            raise ProtocolError("mem_alone must be true or false")
-        rerun = msg.get("mem_rerun", 0)
-        if not wire.is_int(rerun) or not 0 <= rerun <= MAX_BYTES:
-            raise ProtocolError(f"mem_rerun must be an integer 0..{MAX_BYTES} (bytes)")
-        settles: dict[str, float] = {}
-        for key, field_name, default in (
-            ("settle_s", "settle", self.cfg.region_settle_s),
-            ("capped_settle_s", "capped_settle", self.cfg.region_capped_settle_s),
-        ):
-            value = msg.get(key)
-            if value is None:
-                value = default
-            if not wire.is_number(value) or not 0 <= value <= MAX_SETTLE_S:
-                raise ProtocolError(f"{key} must be a number of seconds, 0..{MAX_SETTLE_S:g}")
-            settles[field_name] = float(value)
-        mem_key = msg.get("mem_key")
-        if mem_key is not None and not is_key(mem_key):
-            raise ProtocolError("mem_key must be 32 lower-case hexadecimal digits")
-        return AdmitRequest(
-            argv,
-            float(timeout),
-            auto,
-            mem,
-            alone,
-            rerun > 0,
-            self._rerun(rerun),
-            key=mem_key or argv_key(argv),
-            **settles,
-        )
-
-    def _rerun(self, need: int) -> int:
-        """What a rerun is expected to need: what its earlier run held and was waiting for
-        when it ended (the client passes it on), at most what admission can give on a GPU."""
-        most = min(g.capacity for g in self.memory.state) - self.memory.headroom
-        return max(0, min(need, most))
-
-    async def _op_admit(self, msg: dict[str, Any], conn: Conn) -> None:
-        theirs = msg.get("build")
-        if isinstance(theirs, dict) and (why := mismatch(theirs, self.build, self.socket)):
-            raise ProtocolError(why)  # never a silent join of another build (issue #49)
-        req = self._admission_request(msg)
-        gpus = self._pick_gpus(msg.get("gpu"), msg.get("gpus"))
+        gpus = self.admission.pick(msg.get("gpu"), msg.get("gpus"))
         for g in gpus:
             if self.memory.too_large(req.mem, g.index):
                 have = self.memory.state[g.index].capacity / GIB
@@ -649,7 +501,7 @@ class Daemon:
         held: list[Gpu] = []
         try:
             for g in gpus:
-                await self._take_slot(g, req, conn)
+                await self.admission.take(g, req, conn)
                 held.append(g)
             try:
                 # An id whose slot-segment name is free (one someone else planted is skipped).
@@ -663,8 +515,8 @@ class Daemon:
                 raise ProtocolError(f"cannot set up the tenant: {e}") from e
         except BaseException:
             for g in held:
-                self._reserve(g, req, -1)
-                self._admit_next(g)
+                self.admission.reserve(g, req, -1)
+                self.admission.admit_next(g)
             raise
         t = Tenant(
             id=tid,
@@ -684,7 +536,7 @@ class Daemon:
         )
         self.tenants[tid] = t
         for x in gpus:
-            self._reserve(x, req, -1)
+            self.admission.reserve(x, req, -1)
             x.tenants.append(t)
             self.metrics.admitted(x.index)
         log.info("admitted tenant %d on GPU %s: %s", tid, _names(t.gpus), " ".join(t.argv)[:200])
@@ -802,7 +654,7 @@ class Daemon:
             g = self.gpus[i]
             g.tenants.remove(t)
             self.metrics.finished(i)
-            self._admit_next(g)
+            self.admission.admit_next(g)
         log.info("tenant %d left GPU %s", t.id, _names(t.gpus))
 
     # Regions.
@@ -918,7 +770,7 @@ class Daemon:
                 anyone = False
             for g in self.gpus:
                 if g.admission:
-                    self._admit_next(g)
+                    self.admission.admit_next(g)
             await asyncio.sleep(_MEMORY_TICK_S[0] if anyone else _MEMORY_TICK_S[1])
 
     # Status.

@@ -1,8 +1,8 @@
 """What a region's record says about the GPU beyond exclusivity: its power and where memory is.
 
 A clean region proves that no other work ran on its GPU; it does not prove that the GPU ran as
-it would have alone. Two effects, measured on the H200 (docs/results/h200-fidelity/), move a
-clean region's timing and are out of krex's hands once the region begins:
+it would have alone. Two effects, measured on the H200 (docs/user-guide.md, "Power-limited
+kernels"), move a clean region's timing and are out of krex's hands once the region begins:
 
 - power history: after heavy work (the siblings', or the command's own) the GPU holds its
   clocks down under its power limit, and a compute-bound kernel measures up to about 12 %

@@ -184,6 +184,9 @@ class Gpu:
     admission: deque[AdmissionTicket] = field(default_factory=deque)
     reserved: int = 0  # admission slots promised to commands being admitted
     reserved_mem: int = 0  # the memory those commands are expected to need
+    # What each promise added to reserved_mem (by the request's id), taken back exactly: the
+    # expectation of a command can change between promise and admission (a peak learned).
+    promised_mem: dict[int, int] = field(default_factory=dict)
     reserved_alone: int = 0  # of those, commands that must have the GPU's memory to themselves
     pool: list[PoolWorker] = field(default_factory=list)
     pool_tenant: Tenant | None = None  # warm commands' leftovers tearing down (frozen in regions)

@@ -327,10 +327,10 @@ class Regions:
         began this one; 0: none): where the GPU's siblings worked on it in the last second or
         two, idle before the grant. On the H200 the suite's power-limited conv timed 0.25-0.5 s
         after 4 s of matmuls read 0.65 % slower than on the rested GPU, after 1 s 0.49 %, after
-        2 or 3 s 0.24-0.29 % (docs/results/h200-capped-settle/); kernels that stay below the
-        limit do not read the heat, so only such a command waits. Candidates are left out: the
-        winners were the exclusive ones without a settle (runs 30-32 of docs/results/
-        h200-autotune/), and with it every Inductor choice cost 2 s, 74 s a command (run 32)."""
+        2 or 3 s 0.24-0.29 % (docs/user-guide.md, "Power-limited kernels"); kernels that stay
+        below the limit do not read the heat, so only such a command waits. Candidates are left
+        out: the winners were the exclusive ones without a settle, and with it every Inductor
+        choice cost 2 s, 74 s a command (docs/results.md)."""
         t = r.tenant
         settle = t.region_settle_s
         capped = t.power_capped and not r.candidate and t.region_capped_settle_s > settle

@@ -1,4 +1,4 @@
-"""The daemon's background tasks, supervised: none dies silently (issue #50).
+"""The daemon's background tasks, supervised: none dies silently (docs/security.md).
 
 A long-lived task (`Supervisor.keep`: the reaper, the memory arbiter) that raises is logged
 with its traceback and started again; one that keeps dying (RESTARTS times within

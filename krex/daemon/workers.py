@@ -275,7 +275,7 @@ class Pool:
         session of its own) are in the pool tenant's group but not yet among the leftovers:
         each ends when the leftover it descends from does; one whose ancestors are all gone
         ends with the last of the leftovers (no later than any command's bound), at once when
-        there is none (issue #48: one lived 717 s past the 120 s promised)."""
+        there is none (the teardown bound of docs/pool.md; one once lived 717 s past it)."""
         for g in self.d.gpus:
             if g.pool_tenant is None:
                 continue

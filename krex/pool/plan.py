@@ -212,7 +212,7 @@ def plan(
 
 
 # The caller's process state a cold command inherits from `krex run` (fork and exec keep it),
-# which a warm child must take on (issue #48): what a program or its harness can observe or
+# which a warm child must take on (docs/pool.md): what a program or its harness can observe or
 # rely on besides argv, environment, cwd and stdio.
 _RLIMITS = tuple(
     name

@@ -12,7 +12,7 @@ first context), and a process of its own that ends when the command has.
 
 Why a fresh process per command rather than one interpreter running command after command:
 on the H200 a compute-bound kernel's later measurements in one process read 12-15 % slower
-than its first (docs/results/h200-fidelity/run2/), and atexit handlers, compile worker pools,
+than its first (docs/pool.md), and atexit handlers, compile worker pools,
 threads and module state all end with the process, as they would natively.
 
 The child reports the command's exit status as soon as the command's own work and its own
@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from krex.core import wire
-from krex.core.errors import ProtocolError
+from krex.core.errors import KrexError, ProtocolError
 from krex.pool.plan import MAX_PASSED_FDS, Invocation, ProcState
 
 JOB_ACCEPT_S = 30.0  # an authorised job waits this long for its client
@@ -64,7 +64,7 @@ _TORCH_DEFAULT_SEED = 67280421310721
 # run after the exit status is reported (docs/pool.md).
 _FRAMEWORK = ("torch", "triton", "multiprocessing", "concurrent", "logging", "asyncio", "jax")
 # Helper processes a framework leaves to its exit handlers; ended at once after the report
-# (Inductor's compile workers took 5.5-8 s to shut down: docs/results/h200-pool/probe/).
+# (Inductor's compile workers took 5.5-8 s to shut down: docs/pool.md).
 _FRAMEWORK_HELPERS = ("torch._inductor.compile_worker",)
 
 
@@ -84,7 +84,7 @@ _CUDA_ERROR_NOT_INITIALIZED = 3
 def driver_initialized() -> bool:
     """Whether the GPU driver is initialised in this process: then a child forked from it
     could not use the GPU. Loaded is not initialised (importing torch loads libcuda on the
-    H200 box and forked children use the GPU fine: docs/results/h200-pool/probe/); the real
+    H200 box and forked children use the GPU fine: docs/pool.md); the real
     driver answers any call before cuInit with CUDA_ERROR_NOT_INITIALIZED. The simulated one
     initialises on any call, so there loaded counts as initialised."""
     path = _driver_loaded()
@@ -107,7 +107,7 @@ def driver_initialized() -> bool:
     return bool(ask(ctypes.byref(count)) != _CUDA_ERROR_NOT_INITIALIZED)
 
 
-class DriverInitialized(RuntimeError):
+class DriverInitialized(KrexError, RuntimeError):
     """A preload module initialised the GPU driver: children forked after it could not use
     the GPU."""
 

@@ -26,10 +26,12 @@ import time
 from ctypes import byref, c_char_p, c_int, c_size_t, c_uint, c_uint64, c_void_p
 from typing import Any
 
+from krex.core.errors import KrexError
+
 CUDA_ERROR_OUT_OF_MEMORY = 2
 
 
-class SimDriverError(RuntimeError):
+class SimDriverError(KrexError, RuntimeError):
     """A driver call failed: `call` is the entry point's name, `result` its CUresult."""
 
     def __init__(self, call: str, result: int, message: str | None = None) -> None:

@@ -1,4 +1,4 @@
-"""cuDNN's benchmark-mode algorithm search in a region (auto-regions, issue #18).
+"""cuDNN's benchmark-mode algorithm search in a region (auto-regions: docs/user-guide.md).
 
 With `torch.backends.cudnn.benchmark = True`, the first convolution of each new configuration
 (shapes, strides, dtypes, parameters, tf32 and determinism settings) times every cuDNN

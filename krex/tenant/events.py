@@ -1,4 +1,4 @@
-"""Plain CUDA-event timing loops in regions (auto-regions, issue #18).
+"""Plain CUDA-event timing loops in regions (auto-regions: docs/user-guide.md).
 
 Many harnesses time with CUDA events and nothing else: `start.record(); fn(); end.record();
 torch.cuda.synchronize(); start.elapsed_time(end)`, once around a loop or once per trial

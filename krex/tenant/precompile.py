@@ -9,7 +9,7 @@ first run (`CachingAutotuner.run` with no launchers calls `precompile()`,
 torch/_inductor/runtime/triton_heuristics.py) compiles every configuration again in the
 command's own process and only then fails, inside `benchmark_gpu`, so inside its region. On the
 H200 box that was 10-15 s per such choice, 41-44 s of one region with the 7 siblings frozen
-(docs/results/h200-autotune/README.md, run 27). Whether the pool is ready first is a race: it
+(docs/results.md, the autotuners' winners). Whether the pool is ready first is a race: it
 was in every unprotected run and in most with `--settle`, never under plain krex there.
 
 So on the releases the fallback wraps (autoregions.INDUCTOR_FALLBACK_TORCH) the wrapped
@@ -23,7 +23,7 @@ call a kernel are left as they are.
 Triton's own `@triton.autotune` does the same on fresh caches: each configuration is JIT-compiled
 by the first call of its timing (`Autotuner._bench` hands `do_bench` a call of the kernel), so
 inside do_bench's region: 3.2-3.8 s for the bench suite's four 8192^3 configurations on the H200
-(run 27). On the releases this was read from (TRITON_RELEASES: triton 3.6's
+(docs/results.md). On the releases this was read from (TRITON_RELEASES: triton 3.6's
 triton/runtime/autotuner.py and jit.py), `_bench` first compiles its configuration with the
 kernel's own `run(..., warmup=True)` (compile, no launch: what `JITFunction.warmup` does), and a
 compile (`JITFunction._do_compile`) first ends the thread's lingering region, so that a

@@ -9,8 +9,8 @@
  *
  * An allocation that fails with CUDA_ERROR_OUT_OF_MEMORY in a process with a slot waits for the
  * controller instead of failing, unless it could not succeed even alone (its bytes plus what
- * this process holds exceed the device's total memory): see krex_mem_wait below and the
- * contract in shim/krex_layout.h (mem_*) and shim/krex_control.h (krex_mem_grant/release).
+ * this process holds exceed the device's total memory): see krex_mem_wait_begin/next/end below
+ * and the contract in shim/krex_layout.h (mem_*) and shim/krex_control.h (krex_mem_grant).
  */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -129,7 +129,7 @@ S = 1_000_000_000  # ns
 
 
 def req(argv: list[str], mem: int = 0, alone: bool = False) -> AdmitRequest:
-    return AdmitRequest(argv=argv, timeout=60.0, auto=None, mem=mem, alone=alone)
+    return AdmitRequest(argv=argv, region_timeout_s=60.0, auto=None, mem=mem, alone=alone)
 
 
 def test_only_the_oldest_waiter_is_let_retry() -> None:

@@ -38,7 +38,7 @@ class FakeNode:
         self.samples: list[dict[str, int]] = []  # clock() answers these in turn, then a plain one
         self.split: tuple[int, int] | None = None
         self.memory_errors: dict[int, list[str]] = {}  # tenant -> its memory problems
-        self.siblings_worked = True  # settle_gpu: NVML saw the siblings work just before
+        self.siblings_worked = True  # settle_idle: NVML saw the siblings work just before
 
     def log(self, *event: Any) -> None:
         with self.lock:
@@ -74,10 +74,10 @@ class FakeNode:
         with self.lock:
             self.frozen.discard(tenant.id)
 
-    def settle(self, frozen: list[Tenant]) -> list[str]:
+    def frozen_holds(self, frozen: list[Tenant]) -> list[str]:
         return []
 
-    def settle_gpu(self, gpu: int, siblings: list[Tenant], settle_s: float) -> float:
+    def settle_idle(self, gpu: int, siblings: list[Tenant], settle_s: float) -> float:
         self.log("settle", gpu, tuple(s.id for s in siblings), settle_s)
         return settle_s if self.siblings_worked else 0.0
 

@@ -576,7 +576,7 @@ def test_nvml_samples_overlapping_the_grant_never_blame_a_drained_sibling() -> N
 
 
 def test_a_settle_waits_only_where_nvml_saw_a_frozen_sibling_work() -> None:
-    """NodeMachinery.settle_gpu: idles settle_s when NVML's process samples of the last
+    """NodeMachinery.settle_idle: idles settle_s when NVML's process samples of the last
     second name a sibling's process; not for anyone else's, nor without NVML."""
     from types import SimpleNamespace
 
@@ -588,15 +588,15 @@ def test_a_settle_waits_only_where_nvml_saw_a_frozen_sibling_work() -> None:
     cfg = SimpleNamespace(sim=False)
     no_slots = SimpleNamespace(live_slots=lambda: [])
     m = NodeMachinery(cfg, [], no_slots, nvml)  # type: ignore[arg-type]
-    assert m.settle_gpu(0, [sibling], 0.2) == 0.0  # type: ignore[list-item]
+    assert m.settle_idle(0, [sibling], 0.2) == 0.0  # type: ignore[list-item]
     seen.add(999)  # someone else's work: not the siblings'
-    assert m.settle_gpu(0, [sibling], 0.2) == 0.0  # type: ignore[list-item]
+    assert m.settle_idle(0, [sibling], 0.2) == 0.0  # type: ignore[list-item]
     seen.add(4242)
     t0 = time.monotonic()
-    waited = m.settle_gpu(0, [sibling], 0.2)  # type: ignore[list-item]
+    waited = m.settle_idle(0, [sibling], 0.2)  # type: ignore[list-item]
     assert 0.2 <= waited <= time.monotonic() - t0
     blind = NodeMachinery(cfg, [], no_slots, None)  # type: ignore[arg-type]
-    assert blind.settle_gpu(0, [sibling], 0.2) == 0.0  # type: ignore[list-item]
+    assert blind.settle_idle(0, [sibling], 0.2) == 0.0  # type: ignore[list-item]
 
 
 def test_a_settle_waits_where_the_shim_counted_a_sibling_s_calls_since_a_second_ago() -> None:
@@ -619,7 +619,7 @@ def test_a_settle_waits_where_the_shim_counted_a_sibling_s_calls_since_a_second_
     m = NodeMachinery(cfg, [], segments, None)  # type: ignore[arg-type]
 
     def settle() -> float:
-        return m.settle_gpu(0, [sibling], 0.05)  # type: ignore[list-item]
+        return m.settle_idle(0, [sibling], 0.05)  # type: ignore[list-item]
 
     assert settle() > 0  # no tick yet: its 10 calls are all newer than the daemon's ticks
     old = time.monotonic() - machinery.SETTLE_LOOKBACK_S - 0.1

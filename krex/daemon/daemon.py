@@ -524,7 +524,7 @@ class Daemon:
             gpus=[x.index for x in gpus],
             argv=req.argv,
             group=group,
-            region_timeout_s=req.timeout,
+            region_timeout_s=req.region_timeout_s,
             region_settle_s=req.settle,
             region_capped_settle_s=req.capped_settle,
             t_admit=time.monotonic(),

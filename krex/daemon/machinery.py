@@ -124,14 +124,14 @@ class Machinery(Protocol):
     def thaw(self, tenant: Tenant) -> None:
         """Undo step 4 for one tenant."""
 
-    def settle(self, frozen: list[Tenant]) -> list[str]:
+    def frozen_holds(self, frozen: list[Tenant]) -> list[str]:
         """After the freeze: make sure no frozen tenant holds something the owner needs (the
         simulated driver's lock); the problems left. Blocking."""
 
     def pin(self, tenant: Tenant, cores: set[int]) -> None:
         """Step 5: move the tenant's threads onto cores. KrexError when it cannot."""
 
-    def settle_gpu(self, gpu: int, siblings: list[Tenant], settle_s: float) -> float:
+    def settle_idle(self, gpu: int, siblings: list[Tenant], settle_s: float) -> float:
         """Step 5b: idle settle_s where the platform saw any of `siblings` work on the GPU in
         the last SETTLE_LOOKBACK_S (or submit to it, in the last one to two seconds); returns
         the seconds idled. Blocking."""
@@ -218,7 +218,7 @@ class NodeMachinery:
         with contextlib.suppress(TenantsError):
             tenant.group.thaw()
 
-    def settle(self, frozen: list[Tenant]) -> list[str]:
+    def frozen_holds(self, frozen: list[Tenant]) -> list[str]:
         """On a simulated node, never leave a sibling frozen inside the simulated driver's
         shared lock (shim/sim/krexsim.h): thaw it a moment and freeze it again."""
         if self.sim_shm is None:
@@ -238,7 +238,7 @@ class NodeMachinery:
     def pin(self, tenant: Tenant, cores: set[int]) -> None:
         tenant.group.pin(cores)
 
-    def settle_gpu(self, gpu: int, siblings: list[Tenant], settle_s: float) -> float:
+    def settle_idle(self, gpu: int, siblings: list[Tenant], settle_s: float) -> float:
         if settle_s <= 0 or not self._worked(gpu, siblings):
             return 0.0
         t0 = time.monotonic()

@@ -154,7 +154,7 @@ class AdmitRequest:
     """What an `admit` asks for, checked."""
 
     argv: list[str]
-    timeout: float  # the command's region time-out
+    region_timeout_s: float  # the command's region time-out
     auto: str | None  # auto-regions
     mem: int  # declared device memory in bytes (krex run --mem), 0: none
     alone: bool = False  # a second memory rerun: admitted only with the GPU's memory to itself

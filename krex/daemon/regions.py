@@ -308,7 +308,7 @@ class Regions:
             for s, ok in zip(siblings, frozen, strict=True)
             if not ok
         ]
-        r.problems += await loop.run_in_executor(None, self.m.settle, list(r.frozen))
+        r.problems += await loop.run_in_executor(None, self.m.frozen_holds, list(r.frozen))
         r.freeze_s += time.monotonic() - t1
 
     async def _pin(self, gpu: int, r: Region, hold: Hold) -> None:
@@ -339,7 +339,7 @@ class Regions:
         if settle <= 0 or not siblings:
             return
         loop = asyncio.get_running_loop()
-        waited = await loop.run_in_executor(None, self.m.settle_gpu, gpu, siblings, settle)
+        waited = await loop.run_in_executor(None, self.m.settle_idle, gpu, siblings, settle)
         r.settle_s += waited
         r.settle_capped = r.settle_capped or (capped and waited > 0)
 
@@ -348,7 +348,9 @@ class Regions:
         now = time.monotonic()
         r.t_grant = now
         r.wait_s = now - r.t_request
-        r.timer = asyncio.get_running_loop().call_later(r.tenant.region_timeout_s, self._revoke, r)
+        r.timer = asyncio.get_running_loop().call_later(
+            r.tenant.region_timeout_s, self._time_out, r
+        )
         if r.problems:
             log.warning(
                 "region of tenant %d on GPU %s is unclean: %s",
@@ -381,7 +383,7 @@ class Regions:
             log.warning("region of tenant %d revoked: %s", r.tenant.id, problem)
             self.finish(r, revoked=True, why=problem)
 
-    def _revoke(self, r: Region) -> None:
+    def _time_out(self, r: Region) -> None:
         if not r.ended:
             log.warning(
                 "region of tenant %d on GPU %s passed its time-out (%.1f s): revoked",

@@ -33,7 +33,7 @@ from krex.daemon.machinery import Machinery
 from krex.daemon.model import Gpu, Region, RegionRequest, Tenant
 from krex.daemon.tasks import spawn
 
-log = logging.getLogger("krex.daemon.regions")
+log = logging.getLogger("krex.regions")
 
 GATE_GRACE_S = 30.0  # blocked threads pass on their own this long after a region's time-out
 

@@ -69,10 +69,9 @@ class Admission:
         nothing else is admitted beside it in the same pass."""
         g.reserved += sign
         if sign > 0:
-            need = g.promised_mem[id(req)] = self.memory.need(req.key, req.mem, req.rerun_need)
+            g.promised_mem[id(req)] = self.memory.need(req.key, req.mem, req.rerun_need)
         else:
-            need = g.promised_mem.pop(id(req), 0)
-        g.reserved_mem += sign * need
+            g.promised_mem.pop(id(req), None)
         g.reserved_alone += sign * req.alone
 
     async def take(self, g: Gpu, req: AdmitRequest, conn: Conn) -> None:

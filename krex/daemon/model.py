@@ -183,9 +183,8 @@ class Gpu:
     tenants: list[Tenant] = field(default_factory=list)
     admission: deque[AdmissionTicket] = field(default_factory=deque)
     reserved: int = 0  # admission slots promised to commands being admitted
-    reserved_mem: int = 0  # the memory those commands are expected to need
-    # What each promise added to reserved_mem (by the request's id), taken back exactly: the
-    # expectation of a command can change between promise and admission (a peak learned).
+    # What each of those commands was expected to need when promised (by its request's id),
+    # taken back exactly: an expectation can change before admission (a peak learned).
     promised_mem: dict[int, int] = field(default_factory=dict)
     reserved_alone: int = 0  # of those, commands that must have the GPU's memory to themselves
     pool: list[PoolWorker] = field(default_factory=list)
@@ -194,6 +193,11 @@ class Gpu:
     pool_failures: int = 0  # workers in a row that died before they were ready
     warm_runs: int = 0
     cold_runs: int = 0
+
+    @property
+    def reserved_mem(self) -> int:
+        """The memory the commands promised a slot are expected to need."""
+        return sum(self.promised_mem.values())
 
     def load(self) -> int:
         """Commands on it, promised to it, or waiting for it."""

@@ -155,12 +155,14 @@ def test_daemon_sigkill_at_each_step_then_restart(tmp_path: Path, step: str) -> 
     d.start()
     procs: list[subprocess.Popen[str]] = []
     try:
-        running = krex_run(d, "sh", "-c", "echo ready; sleep 4; exit 6", stdout=subprocess.PIPE)
+        # Long enough that a loaded machine still sees the queue before it ends (at 4 s a
+        # loaded CI machine admitted the queued client first).
+        running = krex_run(d, "sh", "-c", "echo ready; sleep 10; exit 6", stdout=subprocess.PIPE)
         procs.append(running)
         assert running.stdout is not None and running.stdout.readline().strip() == "ready"
         waiting = None
         if step == "queued":
-            procs.append(krex_run(d, "sleep", "6"))
+            procs.append(krex_run(d, "sleep", "12"))
             _until(d, lambda g: g["used"] == 2)
             waiting = subprocess.Popen([*run_argv(d), "--", "true"], stderr=subprocess.PIPE,
                                        text=True)  # fmt: skip

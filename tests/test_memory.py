@@ -69,8 +69,9 @@ def slot(
 
 
 class Node:
-    """One GPU, its tenants' slots (editable), and a Memory over them. Tenants are preempted
-    youngest (highest id) first, reruns last; `preempted` lists (tenant, why)."""
+    """One GPU, its tenants' slots (editable), and a Memory over them: the arbiter's node
+    (MemoryNode). Tenants are preempted youngest (highest id) first, reruns last; `preempted`
+    lists (tenant, why), `stuck` the region owners that waited for memory too long."""
 
     def __init__(
         self,
@@ -82,35 +83,53 @@ class Node:
         room: float = 0,
         users: dict[int, int] | None = None,
         free: int | None = None,
+        cap: int = CAP,
+        headroom: int = GIB,
+        unknown: int = 0,
     ) -> None:
         self.seg = FakeSeg()
         self.view: list[SlotView] = []
         self.gpu = Gpu(index=0, slots=8, slice=Slice(0, frozenset({0}), frozenset({1})))
+        self.gpus = [self.gpu]
         self.owner = owner
+        self.reruns = reruns or set()
         self.preempted: list[tuple[int, str]] = []
+        self.stuck: list[tuple[int, float]] = []
         self.users = users  # the driver's bytes per pid (None: unknown)
+        self.free = free
         self.mem = Memory(
-            [self.gpu],
-            lambda: [(cast(Pokable, self.seg), s) for s in self.view],
-            [CAP],
-            headroom=GIB,
+            self,
+            [cap],
+            headroom=headroom,
             deadlock_s=deadlock_s,
             learned=tmp / "peaks.json" if tmp else None,
-            owner_of=lambda g: self.tenant(owner) if owner else None,
-            preempt=self._preempt,
-            victims=lambda g: sorted(
-                (self.tenant(tid) for tid in {s.tenant for s in self.view} if tid != owner),
-                key=lambda x: (x.id in (reruns or set()), -x.id),
-            ),
             room=int(room * GIB),
             room_wait_s=5.0,
-            device_users=lambda g: self.users,
-            device_free=lambda g: free,
+            unknown=unknown,
         )
 
-    def _preempt(self, tid: int, why: str) -> bool:
+    def slots(self) -> list[tuple[Pokable, SlotView]]:
+        return [(cast(Pokable, self.seg), s) for s in self.view]
+
+    def region_owner(self, gpu: int) -> Tenant | None:
+        return self.tenant(self.owner) if self.owner else None
+
+    def owner_stuck(self, gpu: int, waited_s: float) -> None:
+        self.stuck.append((gpu, waited_s))
+
+    def victims(self, gpu: int) -> list[Tenant]:
+        ids = {s.tenant for s in self.view if s.tenant != self.owner}
+        return sorted(map(self.tenant, ids), key=lambda x: (x.id in self.reruns, -x.id))
+
+    def preempt(self, tid: int, why: str) -> bool:
         self.preempted.append((tid, why))
         return True
+
+    def device_free(self, gpu: int) -> int | None:
+        return self.free
+
+    def device_users(self, gpu: int) -> dict[int, int] | None:
+        return self.users
 
     def tenant(self, tid: int, argv: list[str] | None = None, declared: float = 0) -> Tenant:
         t = Tenant(
@@ -183,13 +202,11 @@ def test_a_deadlock_preempts_the_youngest_waiting_command_that_holds_memory_once
 
 
 def test_a_region_owner_stuck_behind_frozen_holders_ends_its_region() -> None:
-    stuck: list[tuple[int, float]] = []
     node = Node(owner=7)
-    node.mem.owner_stuck = lambda gpu, waited: stuck.append((gpu, waited))
     node.view = [slot(0, 7, held=1, want=4, since=9 * S), slot(1, 2, held=8)]  # 2 is frozen
     node.mem.tick(10 * S)
     node.mem.tick(11 * S + 1)
-    assert stuck == [(0, 2.000000001)] and node.preempted == [] and node.seg.denied == []
+    assert node.stuck == [(0, 2.000000001)] and node.preempted == [] and node.seg.denied == []
 
 
 def test_memory_coming_back_is_progress() -> None:
@@ -569,11 +586,9 @@ def test_eight_commands_never_seen_are_admitted_at_once_on_a_fresh_node() -> Non
     cfg = from_toml("[gpus]\nslots = 8\n")
     unknown = cfg.unknown_bytes(cap)
     assert 8 * unknown + cfg.headroom_bytes() <= cap
-    gpu = Gpu(index=0, slots=8, slice=Slice(0, frozenset({0}), frozenset({1})))
-    view = [slot(i, i + 1, held=0.6) for i in range(7)]
-    mem = Memory([gpu], lambda: [(cast(Pokable, FakeSeg()), s) for s in view], [cap],
-                 headroom=cfg.headroom_bytes(), unknown=unknown, deadlock_s=30.0, learned=None,
-                 owner_of=lambda g: None)  # fmt: skip
+    node = Node(cap=cap, headroom=cfg.headroom_bytes(), unknown=unknown, deadlock_s=30.0)
+    node.view = [slot(i, i + 1, held=0.6) for i in range(7)]
+    gpu, mem = node.gpu, node.mem
     for tid in range(1, 8):
         gpu.tenants.append(Node().tenant(tid))
     assert mem.fits(gpu, req(["the eighth"]))

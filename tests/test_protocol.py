@@ -161,7 +161,7 @@ def test_slots_of_dead_processes_are_reused(node: Node) -> None:
             timeout=30,
         )
         assert p.returncode == 0 and "krex[" not in p.stderr, p.stderr
-    assert node.seg.overflow == 0
+    assert node.seg.overflow.total == 0
 
 
 def test_gate_deadline_lets_blocked_threads_pass(node: Node) -> None:

@@ -86,8 +86,8 @@ class FakeNode:
             raise KrexError("cannot pin")
         self.log("pin", tenant.id, frozenset(cores))
 
-    async def make_room(self, gpu: int, owner: Tenant) -> float:
-        self.log("room", owner.id)
+    async def make_room(self, gpu: int, owner: int) -> float:
+        self.log("room", owner)
         return 0.0
 
     def has_processes(self, tenant: Tenant) -> bool:
@@ -125,7 +125,7 @@ def make(n_gpus: int = 1) -> tuple[Regions, FakeNode, list[Gpu]]:
         for i in range(n_gpus)
     ]
     node = FakeNode()
-    return Regions(gpus, node), node, gpus
+    return Regions(gpus, node, room=node), node, gpus
 
 
 def tenant(gpus: list[Gpu], tid: int, on: list[int] | None = None, timeout: float = 30.0) -> Tenant:

@@ -11,7 +11,7 @@ import contextlib
 import mmap
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import posix_ipc
 
@@ -135,7 +135,8 @@ class Segment:
         self._buf: Any = ffi.from_buffer("char[]", mm, require_writable=True)
         rc = int(lib.krex_seg_check(self._buf, len(mm)))
         if rc != lib.KREX_OK:
-            self._release()
+            del self._buf
+            mm.close()
             raise SegmentError(f"{name}: {ffi.string(lib.krex_strerror(rc)).decode()}")
         self._seg: Any = ffi.cast("struct krex_segment *", self._buf)
         self.n_gpus = int(self._seg.header.n_gpus)
@@ -192,15 +193,12 @@ class Segment:
             shm.close_fd()
         return cls(name, mm)
 
-    def _release(self) -> None:
-        del self._buf
-        self._mm.close()
-
     def close(self) -> None:
         """Unmap (the segment itself stays until unlinked)."""
         if not self._mm.closed:
             self._seg = None
-            self._release()
+            del self._buf  # the buffer's export first: a mapping with one cannot close
+            self._mm.close()
 
     def unlink(self) -> None:
         """Remove the segment's name; mappings stay valid until closed."""
@@ -213,11 +211,6 @@ class Segment:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _gpu(self, gpu: int) -> int:
-        if not 0 <= gpu < self.n_gpus:
-            raise ValueError(f"GPU {gpu} is not in this segment (it has {self.n_gpus})")
-        return gpu
-
     # Gate (the region protocol's step 1 and exit: docs/architecture.md).
     def gate_close(self, gpu: int, owner: int, deadline_s: float | None = None) -> int:
         """Close `gpu`'s gate to every tenant but `owner`; returns the region's epoch.
@@ -228,21 +221,23 @@ class Segment:
         if owner <= 0:
             raise ValueError(f"a tenant id is a positive integer, got {owner}")
         deadline = 0 if deadline_s is None else now_ns() + _ns(deadline_s)
-        return int(lib.krex_gate_close(self._seg, self._gpu(gpu), owner, deadline))
+        return int(lib.krex_gate_close(self._seg, _check_gpu(gpu, self.n_gpus), owner, deadline))
 
     def gate_open(self, gpu: int) -> None:
         """Open `gpu`'s gate and wake every thread blocked on it."""
-        lib.krex_gate_open(self._seg, self._gpu(gpu))
+        lib.krex_gate_open(self._seg, _check_gpu(gpu, self.n_gpus))
 
     def gate_owner(self, gpu: int) -> int:
         """The tenant the gate is closed for (0: open)."""
-        return int(lib.krex_gate_word(self._seg, self._gpu(gpu))) & 0xFFFFFFFF
+        return int(lib.krex_gate_word(self._seg, _check_gpu(gpu, self.n_gpus))) & 0xFFFFFFFF
 
     # Region protocol steps 2 and 3.
     def quiesce(self, gpu: int, owner: int, timeout_s: float) -> None:
         """Wait until no sibling of `owner` on `gpu` is half-way into the driver."""
         busy = ffi.new("uint32_t *")
-        rc = int(lib.krex_quiesce(self._seg, self._gpu(gpu), owner, _ns(timeout_s), busy))
+        rc = int(
+            lib.krex_quiesce(self._seg, _check_gpu(gpu, self.n_gpus), owner, _ns(timeout_s), busy)
+        )
         if rc == lib.KREX_E_TIMEOUT:
             raise WaitTimeout("quiesce", int(busy[0]))
         if rc != lib.KREX_OK:
@@ -252,7 +247,9 @@ class Segment:
         """Ask every sibling of `owner` on `gpu` to drain; what to wait for (its .asked: how
         many were asked)."""
         tickets = Tickets(gpu, owner, ffi.new("uint32_t[]", self.n_slots))
-        n = int(lib.krex_drain_request(self._seg, self._gpu(gpu), owner, tickets.slots))
+        n = int(
+            lib.krex_drain_request(self._seg, _check_gpu(gpu, self.n_gpus), owner, tickets.slots)
+        )
         if n < 0:
             raise KrexError(ffi.string(lib.krex_strerror(n)).decode())
         tickets.asked = n
@@ -261,7 +258,7 @@ class Segment:
     def drain_await(self, tickets: Tickets, timeout_s: float) -> None:
         """Wait until every sibling asked (tickets) has drained since it was asked."""
         pending = ffi.new("uint32_t *")
-        gpu, owner = self._gpu(tickets.gpu), tickets.owner
+        gpu, owner = _check_gpu(tickets.gpu, self.n_gpus), tickets.owner
         rc = int(
             lib.krex_drain_await(self._seg, gpu, owner, tickets.slots, _ns(timeout_s), pending)
         )
@@ -281,8 +278,7 @@ class Segment:
     # Slots.
     def slot(self, index: int) -> SlotView:
         """Slot `index`, read field by field with atomic loads."""
-        if not 0 <= index < self.n_slots:
-            raise IndexError(f"slot {index} out of range 0..{self.n_slots - 1}")
+        _check_slot(index, self.n_slots)
         v = ffi.new("struct krex_slot_view *")
         lib.krex_slot_read(self._seg, index, v)
         return _view(index, v)
@@ -302,24 +298,20 @@ class Segment:
 
     def mem_grant(self, index: int) -> None:
         """Let slot `index`'s memory waiter retry its allocation."""
-        self._check_index(index)
+        _check_slot(index, self.n_slots)
         lib.krex_mem_grant(self._seg, index)
 
     def mem_deny(self, index: int) -> None:
         """End slot `index`'s memory waits with the driver's out-of-memory error, counted as
         errors the command would have had alone."""
-        self._check_index(index)
+        _check_slot(index, self.n_slots)
         lib.krex_mem_deny(self._seg, index)
 
     def mem_seen(self, index: int) -> None:
         """Tell slot `index`'s memory waiter that the controller passed over it (not its
         turn): it waits on instead of retrying on its own."""
-        self._check_index(index)
+        _check_slot(index, self.n_slots)
         lib.krex_mem_seen(self._seg, index)
-
-    def _check_index(self, index: int) -> None:
-        if not 0 <= index < self.n_slots:
-            raise IndexError(f"slot {index} out of range 0..{self.n_slots - 1}")
 
     def slots_of(self, pid: int) -> list[SlotView]:
         """The slots a process (by pid) holds or held."""
@@ -332,8 +324,7 @@ class Segment:
     def reap_slot(self, index: int) -> SlotView | None:
         """Free slot `index` if its process is dead, and return it as it was (its counters are
         final); None if it was not freed (free, alive, or being claimed)."""
-        if not 0 <= index < self.n_slots:
-            raise IndexError(f"slot {index} out of range 0..{self.n_slots - 1}")
+        _check_slot(index, self.n_slots)
         v = ffi.new("struct krex_slot_view *")
         if int(lib.krex_slot_reap(self._seg, index, v)) != 1:
             return None
@@ -349,14 +340,28 @@ class Segment:
         return int(lib.krex_seg_controller(self._seg))
 
     @property
-    def overflow_pids(self) -> list[int]:
-        """Pids of the first processes that found no free slot (layout 1.3)."""
-        return [int(p) for p in self._seg.header.overflow_pids if p]
+    def overflow(self) -> Overflow:
+        """Processes that found no free slot: gated but invisible to the drain."""
+        h = self._seg.header
+        return Overflow(int(h.overflow), [int(p) for p in h.overflow_pids if p])
 
-    @property
-    def overflow(self) -> int:
-        """Processes that found no free slot (gated but invisible to the drain)."""
-        return int(self._seg.header.overflow)
+
+class Overflow(NamedTuple):
+    """Processes that found no free slot: how many, and the first ones' pids (layout 1.3)."""
+
+    total: int
+    pids: list[int]
+
+
+def _check_slot(index: int, n_slots: int) -> None:
+    if not 0 <= index < n_slots:
+        raise IndexError(f"slot {index} out of range 0..{n_slots - 1}")
+
+
+def _check_gpu(gpu: int, n_gpus: int) -> int:
+    if not 0 <= gpu < n_gpus:
+        raise ValueError(f"GPU {gpu} is not in this segment (it has {n_gpus})")
+    return gpu
 
 
 def _view(index: int, v: Any) -> SlotView:

@@ -92,5 +92,5 @@ def exclusive(
 def _overflowing(seg: Segment) -> int:
     """Processes of seg that found no slot and may still run: those recorded by pid count while
     they run; any beyond the record count for as long as the segment lives."""
-    recorded = seg.overflow_pids
-    return max(0, seg.overflow - len(recorded)) + sum(running(p) for p in recorded)
+    count, recorded = seg.overflow
+    return max(0, count - len(recorded)) + sum(running(p) for p in recorded)

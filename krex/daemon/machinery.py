@@ -10,7 +10,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from krex.core.config import Config
@@ -104,10 +104,6 @@ class Machinery(Protocol):
     """The effects of the protocol's steps on the node. Methods marked blocking run in a
     worker thread; each wait in them is bounded."""
 
-    async def make_room(self, gpu: int, owner: Tenant) -> float:
-        """Step 0: wait, bounded, until the GPU has room in its memory for the owner (its
-        frozen siblings could not free any for it); returns the seconds waited."""
-
     def close_gate(self, gpu: int, owner: int, deadline_s: float) -> int:
         """Step 1: close the gate to everyone but owner; returns the new epoch."""
 
@@ -171,8 +167,6 @@ class NodeMachinery:
         self.segments = segments
         self.nvml = nvml
         self.sim_shm = simnode.segment_name(segments.gates.name) if cfg.sim else None
-        # The memory arbiter's room step (krex/daemon/memory.py); set by the daemon once it has one.
-        self.room: Callable[[int, int], Awaitable[float]] | None = None
         # Whether a pid is a helper of krex's own on the GPU (its MPS server, krex/daemon/mps.py):
         # not foreign, and its work is the tenants' (set by the daemon when it starts MPS).
         self.helper: Callable[[int], bool] = lambda pid: False
@@ -189,9 +183,6 @@ class NodeMachinery:
             s = self.nvml.sample(g.index)
             if s is not None and "energy_mj" in s:
                 self.power.note(g.index, time.monotonic(), s["energy_mj"])
-
-    async def make_room(self, gpu: int, owner: Tenant) -> float:
-        return 0.0 if self.room is None else await self.room(gpu, owner.id)
 
     def close_gate(self, gpu: int, owner: int, deadline_s: float) -> int:
         return self.segments.gates.gate_close(gpu, owner, deadline_s=deadline_s)
@@ -252,7 +243,7 @@ class NodeMachinery:
         long ago (without NVML, and under MPS, where NVML names the server)."""
         if self.nvml is not None:
             active = self.nvml.active(gpu, time.time() - SETTLE_LOOKBACK_S)
-            if active & {p for s in siblings for p in self._pids(s)}:
+            if active & {p for s in siblings for p in _pids(s)}:
                 return True
         ids = {s.id for s in siblings}
         mine = [s for _, s in self.segments.live_slots() if s.tenant in ids and _on(s, gpu)]
@@ -303,7 +294,7 @@ class NodeMachinery:
         seen = self.nvml.work_samples(gpu, since)
         if not seen:
             return []
-        mine = set(self._pids(owner))
+        mine = set(_pids(owner))
         gated = {s.pid: s.tenant for s in slots if not s.ungated and s.tenant != owner.id}
         problems = []
         if others := [p for p in unvouched(set(seen), mine, set(gated)) if self._stranger(p)]:
@@ -323,11 +314,11 @@ class NodeMachinery:
         """The processes of the GPU's other tenants (its idle pool's included), each with its
         tenant's id: those a region's drain and freeze answer for."""
         g = self.gpus[gpu]
-        mine = set(self._pids(owner))
+        mine = set(_pids(owner))
         out: dict[int, int] = {}
         for t in [*g.tenants, *([g.pool_tenant] if g.pool_tenant else [])]:
             if t is not owner and t.id != owner.id:
-                out.update((p, t.id) for p in self._pids(t))
+                out.update((p, t.id) for p in _pids(t))
         for s in slots:
             if s.tenant != owner.id and _on(s, gpu):
                 out.setdefault(s.pid, s.tenant)
@@ -367,7 +358,7 @@ class NodeMachinery:
         g = self.gpus[gpu]
         ours = {os.getpid(), *(w.proc.pid for w in g.pool)}
         for t in [*g.tenants, *([g.pool_tenant] if g.pool_tenant else [])]:
-            ours.update(self._pids(t))
+            ours.update(_pids(t))
         return {p for p in users - ours if self._stranger(p)}
 
     def _stranger(self, pid: int) -> bool:
@@ -381,18 +372,10 @@ class NodeMachinery:
         g = self.gpus[gpu]
         out: dict[int, list[int]] = {}
         for t in [*g.tenants, *([g.pool_tenant] if g.pool_tenant else [])]:
-            bare = sorted(
-                p for p in self._pids(t) if p in users and p not in slotted and running(p)
-            )
+            bare = sorted(p for p in _pids(t) if p in users and p not in slotted and running(p))
             if bare:
                 out[t.id] = bare
         return out
-
-    @staticmethod
-    def _pids(t: Tenant) -> list[int]:
-        with contextlib.suppress(TenantsError):
-            return t.group.pids()
-        return []
 
     def clock(self, gpu: int) -> dict[str, int] | None:
         s = self.nvml.sample(gpu) if self.nvml is not None else None
@@ -426,7 +409,7 @@ class NodeMachinery:
     def memory_split(self, gpu: int, owner: Tenant) -> tuple[int, int] | None:
         # NVML's per-process figure where there is one (contexts and what the shim does not
         # see included); else what the shims counted (the simulated GPU).
-        mine = set(self._pids(owner))
+        mine = set(_pids(owner))
         used = self.nvml.process_memory(gpu) if self.nvml is not None else None
         if used is not None:
             # krex's own helper (the MPS server) is no one's neighbour: its bytes are neither.
@@ -440,3 +423,10 @@ class NodeMachinery:
                 else:
                     others += s.mem_bytes
         return own, others
+
+
+def _pids(t: Tenant) -> list[int]:
+    """t's processes (none once its group is gone)."""
+    with contextlib.suppress(TenantsError):
+        return t.group.pids()
+    return []

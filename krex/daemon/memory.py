@@ -40,7 +40,7 @@ import logging
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -92,7 +92,33 @@ class Pokable(Protocol):
     def mem_seen(self, index: int) -> None: ...
 
 
-Slots = Callable[[], Iterable[tuple[Pokable, SlotView]]]
+class MemoryNode(Protocol):
+    """What the arbiter reads of the node it runs on, and what it may do there
+    (krex.daemon.node.Node is one; tests/test_memory.py has a fake)."""
+
+    @property
+    def gpus(self) -> Sequence[Gpu]: ...
+
+    def slots(self) -> Iterable[tuple[Pokable, SlotView]]:
+        """Every process slot that is not free, with the segment it lives in."""
+
+    def region_owner(self, gpu: int) -> Tenant | None:
+        """The tenant whose region holds (or is taking) the GPU."""
+
+    def owner_stuck(self, gpu: int, waited_s: float) -> None:
+        """That tenant waits for memory its frozen siblings hold: its region must end."""
+
+    def victims(self, gpu: int) -> list[Tenant]:
+        """The GPU's commands that may be preempted, in the order they would be."""
+
+    def preempt(self, tid: int, why: str) -> bool:
+        """End a command so that it runs again from the start (True: done)."""
+
+    def device_free(self, gpu: int) -> int | None:
+        """The driver's free bytes (NVML); None where unknown."""
+
+    def device_users(self, gpu: int) -> dict[int, int] | None:
+        """The driver's bytes per pid; None where unknown."""
 
 
 @dataclass
@@ -146,38 +172,25 @@ class Memory:
 
     def __init__(
         self,
-        gpus: Sequence[Gpu],
-        slots: Slots,
+        node: MemoryNode,
         capacity: Sequence[int],
         *,
         headroom: int,
         deadlock_s: float,
         learned: Path | None,
-        owner_of: Callable[[int], Tenant | None],
-        owner_stuck: Callable[[int, float], None] = lambda gpu, waited_s: None,
-        preempt: Callable[[int, str], bool] = lambda tenant, why: False,
-        victims: Callable[[int], list[Tenant]] = lambda gpu: [],
         room: int = 0,
         room_wait_s: float = 10.0,
-        device_free: Callable[[int], int | None] = lambda gpu: None,
-        device_users: Callable[[int], dict[int, int] | None] = lambda gpu: None,
         unknown: int = 0,
     ) -> None:
-        self.gpus = gpus
-        self.slots = slots  # every process slot that is not free, with its segment
+        self.node = node
+        self.gpus = node.gpus
         self.state = [GpuMemory(capacity=c) for c in capacity]
         self.headroom = headroom
         self.deadlock_ns = int(deadlock_s * 1e9)
         self.learned_path = learned
         self.learned: dict[str, int] = _load(learned)
-        self.owner_of = owner_of  # the tenant holding a region on a GPU, if any
-        self.owner_stuck = owner_stuck  # that tenant waits for memory its frozen siblings hold
-        self.preempt = preempt  # end a command so that it runs again (True: done)
-        self.victims = victims  # the GPU's commands, youngest first, reruns last
         self.room = room
         self.room_wait_s = room_wait_s
-        self.device_free = device_free  # the driver's free bytes (NVML), None where unknown
-        self.device_users = device_users  # the driver's bytes per pid, None where unknown
         self.verdicts: dict[tuple[int, int], Verdict] = {}  # (slot's pid, index) -> its wait
         self.unknown = unknown  # what a command never seen needs while few peaks are learned
 
@@ -191,21 +204,21 @@ class Memory:
         freeing = [False] * len(self.state)
         by_tenant: dict[tuple[int, int], int] = {}  # (gpu, tenant) -> shim bytes
         pids: dict[int, set[int]] = {}  # tenant -> its live pids
-        for seg, s in self.slots():
+        for seg, s in self.node.slots():
             if not s.alive or not 0 <= s.gpu < len(self.state):
                 continue
             held[s.gpu] += s.mem_bytes
             by_tenant[s.gpu, s.tenant] = by_tenant.get((s.gpu, s.tenant), 0) + s.mem_bytes
             pids.setdefault(s.tenant, set()).add(s.pid)
             if s.mem_want:
-                owner = self.owner_of(s.gpu)
+                owner = self.node.region_owner(s.gpu)
                 waiters[s.gpu].append(Waiter(seg, s, owner is not None and owner.id == s.tenant))
             elif s.mem_bytes and not freeing[s.gpu]:
                 freeing[s.gpu] = True
         self._forget_ended(waiters)
         anyone = False
         for i, st in enumerate(self.state):
-            users = self.device_users(i) if waiters[i] or st.waiters else None
+            users = self.node.device_users(i) if waiters[i] or st.waiters else None
             used = sum(users.values()) if users is not None else None
             came_back = held[i] < st.held or (used is not None and used < st.used)
             if came_back or not st.waiters or len(waiters[i]) < len(st.waiters):
@@ -335,7 +348,7 @@ class Memory:
     def free(self, gpu: int, users: dict[int, int] | None = None) -> int:
         """The GPU's free bytes: the driver's where known (NVML), else its capacity less what
         the driver's per-process figures (`users`) or the tenants' processes hold."""
-        known = self.device_free(gpu)
+        known = self.node.device_free(gpu)
         if known is not None:
             return known
         st = self.state[gpu]
@@ -363,7 +376,7 @@ class Memory:
         processes there gave back since their peaks if more, within what admission can give."""
         regrow = sum(
             max(0, s.mem_peak - s.mem_bytes)
-            for _, s in self.slots()
+            for _, s in self.node.slots()
             if s.alive and s.tenant == owner and s.gpu == gpu
         )
         most = self.state[gpu].capacity - self.headroom
@@ -386,9 +399,9 @@ class Memory:
             # ends: end it (revoked, with the reason), so that they run and free.
             if stuck >= ALL_WAITING_S * 1e9:
                 st.preempted_ns = now_ns
-                self.owner_stuck(gpu, (now_ns - head.slot.mem_since_ns) / 1e9)
+                self.node.owner_stuck(gpu, (now_ns - head.slot.mem_since_ns) / 1e9)
             return
-        if self.owner_of(gpu) is not None:
+        if self.node.region_owner(gpu) is not None:
             return  # a region holds the GPU: its frozen siblings free once it ends
         period = self.deadlock_ns if st.others_can_free else int(ALL_WAITING_S * 1e9)
         if stuck < period:
@@ -400,7 +413,7 @@ class Memory:
         holds = {t: self._others(gpu, t, by_tenant, pids, users)[0] for t in waiting}
         short = _want(head.slot) - free
         chosen: list[int] = []
-        for t in self.victims(gpu):
+        for t in self.node.victims(gpu):
             if t.id not in waiting or holds.get(t.id, 0) <= 0 or t.id == head.slot.tenant:
                 continue
             chosen.append(t.id)
@@ -414,7 +427,7 @@ class Memory:
             f"and none freed for {stuck / 1e9:.1f} s"
             + ("" if st.others_can_free else " (every process holding memory waits)")
         )
-        done = [tid for tid in chosen if self.preempt(tid, why)]
+        done = [tid for tid in chosen if self.node.preempt(tid, why)]
         if done:
             st.preempted_ns, st.preemptions = now_ns, st.preemptions + len(done)
 
@@ -466,8 +479,8 @@ class Memory:
         busy = reserved + sum(max(expected[i], held[i]) for i in expected)
         if busy + need > capacity - self.headroom:
             return False
-        users = self.device_users(g.index)
-        if users is None and self.device_free(g.index) is None:
+        users = self.node.device_users(g.index)
+        if users is None and self.node.device_free(g.index) is None:
             return True
         free = self.free(g.index, users)
         # The driver's free memory (contexts and modules counted), less what the tenants are
@@ -482,7 +495,7 @@ class Memory:
         return capacity > 0 and declared > capacity
 
     def _held_by(self, t: Tenant) -> int:
-        shim = sum(s.mem_bytes for _, s in self.slots() if s.tenant == t.id and s.alive)
+        shim = sum(s.mem_bytes for _, s in self.node.slots() if s.tenant == t.id and s.alive)
         return max(shim, t.device_bytes or 0)
 
     def learn(self, t: Tenant, peak: int) -> None:

@@ -1,16 +1,399 @@
-"""What this node has: its GPUs (how many, whose) and each GPU's CPU slice."""
+"""What this node has: its GPUs (how many, whose), each GPU's CPU slice, and `Node`, the
+node's state and parts (tenants, segments, machinery, regions, memory, admission, pool) with
+the small interface they are handed (MemoryNode, PoolHost). The daemon serves connections
+over a Node (krex/daemon/daemon.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
+import importlib.util
+import logging
 import os
 import shutil
+import signal
 import subprocess
+import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-from krex.core.config import Config, ConfigError
+from krex.core.build import identity
+from krex.core.config import Config, ConfigError, sim_mem_bytes
+from krex.core.errors import KrexError, ProtocolError
+from krex.core.nvml import Nvml
+from krex.core.paths import (
+    hip_audit_library,
+    hip_shim_library,
+    shim_library,
+    sim_hip_available,
+    sim_library_dir,
+)
+from krex.core.shm import MEM_KINDS, SegmentError
 from krex.core.slices import Slice, SliceError, default_slices, validate_slices
+from krex.core.tenants import FreezerKind, TenantGroup, TenantsError, detect_freezer, prune
+from krex.daemon.admission import Admission
+from krex.daemon.machinery import NodeMachinery
+from krex.daemon.memory import Memory, Pokable
+from krex.daemon.metrics import Metrics
+from krex.daemon.model import AdmitRequest, Gpu, Tenant
+from krex.daemon.mps import Mps
+from krex.daemon.regions import Regions
+from krex.daemon.segments import Segments
+from krex.daemon.workers import Pool
+from krex.sim.simnode import segment_name as sim_segment
+
+log = logging.getLogger("krex.daemon")
+
+SIM_MEM = 143771 << 20  # the simulated GPU's default memory (shim/sim/sim.h: an H200's)
+_TENANT_SLOTS = 64  # process slots in a tenant's own segment
+
+
+class Node:
+    """One node's state and parts, and what the parts ask of it: the memory arbiter's
+    MemoryNode (who holds a region, who may be preempted, what the driver says) and the pool's
+    PoolHost (settings, segments, a tenant's environment). Built before the daemon serves;
+    every method runs on the daemon's event loop."""
+
+    def __init__(self, cfg: Config, socket: Path, root: str) -> None:
+        self.cfg, self.socket, self.root = cfg, socket, root
+        self.build = identity()  # what it started as (a rebuilt checkout is another build)
+        n, slices = node_plan(cfg)
+        try:
+            self.freezer: FreezerKind = detect_freezer(cfg.freezer)
+        except TenantsError as e:
+            raise ConfigError(f"{cfg.source}: freezer.backend: {e}") from e
+        self.vendor = resolve_vendor(cfg)
+        if self.vendor == "amd" and cfg.sim and not sim_hip_available():
+            raise ConfigError("the simulated HIP runtime (libamdhip64.so) is not built: make build")
+        self.gpus = [Gpu(index=i, slots=cfg.slots, slice=slices[i]) for i in range(n)]
+        self.tenants: dict[int, Tenant] = {}
+        self.segments = Segments(cfg.segment_name(), n, cfg.slots, root)
+        try:
+            self.nvml = None if cfg.sim or self.vendor == "amd" else Nvml.open()
+            self.metrics = Metrics(n)
+            self.machinery = NodeMachinery(cfg, self.gpus, self.segments, self.nvml)
+            self.memory = self._memory()
+            self.regions = Regions(
+                self.gpus,
+                self.machinery,
+                room=self.memory,
+                on_record=lambda t, rec: self.metrics.region(t.gpu, rec),
+            )
+            self.admission = Admission(self.gpus, self.memory)
+            # Top-level names only: finding a submodule's spec would import its package here.
+            self.preload = [
+                m for m in cfg.preload() if importlib.util.find_spec(m.split(".")[0]) is not None
+            ]
+            self.pool = Pool(self)
+        except BaseException:
+            # A start refused (a bad setting, no NVML): nothing of ours stays; what a dead
+            # predecessor left stays for the next.
+            self.segments.abandon()
+            raise
+        self.mps: Mps | None = None  # started as the daemon begins to serve
+        self.stop = asyncio.Event()  # set: the daemon is stopping
+
+    def _memory(self) -> Memory:
+        cfg = self.cfg
+        capacity = min(map(self.capacity, range(len(self.gpus))), default=0)
+        if cfg.memory_room_gib is not None and 0 < capacity < cfg.room_bytes(capacity):
+            # A room no GPU can free: every region beside siblings would wait room_wait_s.
+            raise ConfigError(
+                f"{cfg.source}: memory.room_gib = {cfg.memory_room_gib:g} is more than the "
+                f"GPU's memory ({capacity / (1 << 30):.1f} GiB)"
+            )
+        return Memory(
+            self,
+            [self.capacity(g.index) for g in self.gpus],
+            headroom=cfg.headroom_bytes(),
+            deadlock_s=cfg.memory_deadlock_s,
+            learned=self.socket.parent / f"{self.socket.name}.peaks.json",
+            room=cfg.room_bytes(self.capacity(0)) if self.gpus else 0,
+            room_wait_s=cfg.memory_room_wait_s,
+            unknown=cfg.unknown_bytes(capacity),
+        )
+
+    def capacity(self, gpu: int) -> int:
+        """GPU memory in bytes: NVML's total; on the simulated GPU, KREX_SIM_MEM_BYTES (what
+        the simulated driver reads) or its default; 0 where unknown."""
+        if self.cfg.sim:
+            text = os.environ.get("KREX_SIM_MEM_BYTES", "")
+            return sim_mem_bytes(text) if text else SIM_MEM
+        info = self.nvml.memory(gpu) if self.nvml is not None else None
+        return info[0] if info else 0
+
+    def stopping(self) -> bool:
+        return self.stop.is_set()
+
+    # What the memory arbiter asks (MemoryNode).
+    def slots(self) -> Iterable[tuple[Pokable, Any]]:
+        return self.segments.live_slots()
+
+    def region_owner(self, gpu: int) -> Tenant | None:
+        r = self.regions.held(gpu) or self.regions.setting_up(gpu)
+        return r.tenant if r is not None else None
+
+    def owner_stuck(self, gpu: int, waited_s: float) -> None:
+        r = self.regions.held(gpu)
+        if r is not None and r.granted:
+            self.regions.revoke(
+                r, f"the owner waited {waited_s:.1f} s for device memory its frozen siblings hold"
+            )
+
+    def victims(self, gpu: int) -> list[Tenant]:
+        """The commands on a GPU the memory arbiter may preempt, in the order it would: the
+        youngest first (it lost the least work), a command already rerun last; never one that
+        has the GPU's memory to itself, nor one whose region holds the GPU."""
+        owner = self.region_owner(gpu)
+        ts = [
+            t
+            for t in self.tenants.values()
+            if gpu in t.gpus and not t.gone and not t.mem_alone and t is not owner
+        ]
+        return sorted(ts, key=lambda t: (t.mem_rerun, -t.t_admit))
+
+    def preempt(self, tid: int, why: str) -> bool:
+        """End command `tid` to break a memory deadlock (krex/daemon/memory.py): its processes are
+        killed, its report says why, and `krex run` runs it again from the start."""
+        t = self.tenants.get(tid)
+        if t is None or t.gone or t.preempted:
+            return False
+        pids = t.group.pids()
+        if not pids:
+            return False
+        t.preempted = why
+        mine = [s for _, s in self.segments.live_slots() if s.alive and s.tenant == tid]
+        held = max(sum(s.mem_bytes for s in mine), t.device_bytes or 0)
+        t.preempted_need = held + max((s.mem_want for s in mine), default=0)
+        log.warning(
+            "tenant %d preempted (it runs again from the start): %s; killing %s",
+            tid,
+            why,
+            pids,
+        )
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return True
+
+    def device_free(self, gpu: int) -> int | None:
+        """The driver's free bytes (NVML: contexts and library workspaces included)."""
+        info = self.nvml.memory(gpu) if self.nvml is not None else None
+        return info[0] - info[1] if info else None
+
+    def device_users(self, gpu: int) -> dict[int, int] | None:
+        return self.machinery.device_users(gpu)
+
+    # Tenants.
+    def tenant_env(self, t: Tenant, auto: str | None) -> dict[str, str]:
+        """The environment a tenant's command (or a pool worker) starts with (protocol.md)."""
+        visible = ",".join(map(str, t.gpus))
+        env = {
+            "KREX_SOCKET": str(self.socket),
+            "KREX_TENANT": str(t.id),
+            "KREX_GPU": visible,
+            "KREX_SHM": self.segments.gates.name,
+        }
+        if t.id in self.segments.tenants:
+            env["KREX_SLOTS"] = self.segments.name_of(t.id)
+        if self.vendor == "amd":
+            # HIP: bindings routed by the audit module to the wrappers of libkrex-hip.so, which
+            # exports no HIP name (docs/hip.md). Its GPUs only, as HIP devices 0, 1, ...
+            env["LD_AUDIT"] = str(hip_audit_library())
+            env["LD_PRELOAD"] = str(hip_shim_library())
+            env["HIP_VISIBLE_DEVICES"] = visible
+        else:
+            env["LD_PRELOAD"] = str(shim_library())
+        # Its GPUs only, as devices 0, 1, ... (the simulated drivers read this too: the
+        # simulated HIP runs on the simulated CUDA).
+        env["CUDA_VISIBLE_DEVICES"] = visible
+        env["KREX_MEM_WAIT_S"] = f"{self.cfg.memory_wait_s:g}"
+        if self.cfg.sim:
+            env["LD_LIBRARY_PATH"] = str(sim_library_dir())
+            if os.environ.get("KREX_SIM_MEM_BYTES"):
+                env["KREX_SIM_MEM_BYTES"] = os.environ["KREX_SIM_MEM_BYTES"]
+            env["KREX_SIM_SHM"] = sim_segment(self.segments.gates.name)
+            env["KREX_SIM_GPUS"] = str(len(self.gpus))
+        else:
+            # PCI bus order: the same GPU numbering as NVML (CUDA's default is fastest first).
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+            env.update(self.mps.env() if self.mps is not None else {})
+        if auto:
+            from krex.tenant.autoregions import env_for
+
+            try:
+                # base={}: the client puts its own PYTHONPATH after ours.
+                env.update(env_for([n for n in auto.split(",") if n], base={}))
+            except ValueError as e:
+                raise ProtocolError(f"auto_regions: {e}") from e
+        return env
+
+    def add_tenant(self, gpus: list[Gpu], req: AdmitRequest) -> Tenant:
+        """A tenant, with its group and slot segment, for a command that holds a slot on each
+        of gpus. ProtocolError when they cannot be made (the slots stay the caller's)."""
+        try:
+            # An id whose slot-segment name is free (one someone else planted is skipped).
+            tid, _ = self.segments.new_tenant(_TENANT_SLOTS)
+        except (SegmentError, OSError) as e:
+            raise ProtocolError(f"cannot set up the tenant: {e}") from e
+        try:
+            group = TenantGroup.create(self.freezer, self.root, tid)
+        except KrexError as e:
+            self.segments.discard(tid)
+            raise ProtocolError(f"cannot set up the tenant: {e}") from e
+        t = Tenant(
+            id=tid,
+            gpu=gpus[0].index,
+            gpus=[x.index for x in gpus],
+            argv=req.argv,
+            group=group,
+            region_timeout_s=req.region_timeout_s,
+            region_settle_s=req.settle,
+            region_capped_settle_s=req.capped_settle,
+            t_admit=time.monotonic(),
+            mem_declared=req.mem,
+            mem_alone=req.alone,
+            mem_rerun=req.rerun,
+            mem_rerun_need=req.rerun_need,
+            mem_key=req.key,
+        )
+        self.tenants[tid] = t
+        for x in gpus:
+            self.admission.reserve(x, req, -1)
+            x.tenants.append(t)
+            self.metrics.admitted(x.index)
+        log.info("admitted tenant %d on GPU %s: %s", tid, names(t.gpus), " ".join(t.argv)[:200])
+        return t
+
+    async def started(self, t: Tenant, pid: int) -> None:
+        """Process pid is t's (its command, or the worker running it): into t's group, onto
+        its cores, and frozen into any region another tenant holds on t's GPUs."""
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, t.group.add, pid)
+            await loop.run_in_executor(None, t.group.pin, self.regions.cores(t))
+        except TenantsError as e:
+            raise ProtocolError(f"cannot place process {pid}: {e}") from e
+        t.pids.append(pid)
+        joined = self.regions.tenant_joined(t)
+        if joined is not None:
+            await joined
+
+    def release(self, t: Tenant) -> None:
+        """t's command is over (or its client gone): its region ends, its slots go to the
+        next in line."""
+        if t.gone:
+            return
+        t.gone = True
+        self.regions.tenant_left(t)
+        if t.worker is not None:
+            # Its child may still be tearing down: into the pool tenant before ours goes.
+            self.pool.adopt(t, killed=t.child_lost)
+        self.account()
+        self.segments.retire(t.id)  # goes once its last process has exited
+        self.account()
+        t.group.destroy()
+        del self.tenants[t.id]
+        for i in t.gpus:
+            g = self.gpus[i]
+            g.tenants.remove(t)
+            self.metrics.finished(i)
+            self.admission.admit_next(g)
+        log.info("tenant %d left GPU %s", t.id, names(t.gpus))
+
+    def account(self) -> None:
+        self.segments.account(self.tenants, draining=self.regions.busy())
+
+    def report(self, t: Tenant) -> dict[str, Any]:
+        """What `finished` is answered with (docs/protocol.md)."""
+        self.account()
+        total = self.segments.totals(t)
+        self.memory.learn(t, max(total.mem_peak, total.device_peak or 0))
+        report: dict[str, Any] = {
+            "tenant": t.id,
+            "gpu": t.gpu,
+            "intercepted": total.intercepted,
+            "blocked": total.blocked,
+            "regions": list(t.regions),
+            "freezer": self.freezer.value,
+            "memory": _memory_report(total),
+        }
+        if t.preempted:
+            report["preempted"] = {"why": t.preempted, "need_bytes": t.preempted_need}
+        return report
+
+    # The reaper's once-a-second look.
+    def sample_device(self) -> None:
+        """Each tenant's device bytes as the driver counts them (NVML's per-process figure, or
+        the simulated driver's: its live processes' sum), and the largest seen: beside the
+        shim's own count in status and reports, so a path the shim missed, or the driver's own
+        memory (contexts, modules), shows as a gap between the two; learned peaks and
+        admission use the larger."""
+        live = self.segments.live_by_tenant()
+        for g in self.gpus:
+            used = self.machinery.device_users(g.index)
+            if used is None:
+                continue
+            for t in g.tenants:
+                n = sum(used.get(s.pid, 0) for s in live.get(t.id, []))
+                t.device_bytes = n
+                t.device_peak = max(t.device_peak or 0, n)
+                if self.nvml is not None:
+                    t.nvml_bytes = n
+                    t.nvml_peak = max(t.nvml_peak or 0, n)
+
+    def prune(self) -> None:
+        """Remove the groups of tenants that outlived a predecessor daemon, once empty."""
+        keep = {t.id for t in self.tenants.values()}
+        keep |= {g.pool_tenant.id for g in self.gpus if g.pool_tenant is not None}
+        keep |= {g.zygotes.tenant for g in self.gpus if g.zygotes is not None}
+        with contextlib.suppress(TenantsError):
+            prune(self.root, keep)
+
+    async def close(self) -> None:
+        """At shutdown: regions ended, the pool stopped, every gate open, every group gone
+        (the segments stay mapped until the daemon's connections are over)."""
+        cfg = self.cfg
+        # A region being set up has threads quiescing and draining on the segments' mappings:
+        # it finishes first (each of its waits is bounded), then every region ends.
+        bound = cfg.quiesce_timeout_s + cfg.drain_timeout_s + cfg.freeze_timeout_s + 5.0
+        await self.regions.shutdown(bound)
+        await self.pool.stop()
+        for g in self.gpus:
+            self.segments.gates.gate_open(g.index)
+        for t in list(self.tenants.values()):
+            t.group.destroy()
+        if self.mps is not None:
+            self.mps.stop()
+        if self.nvml is not None:
+            self.nvml.close()
+
+
+def _memory_report(t: Tenant) -> dict[str, Any]:
+    """A report's `memory` (docs/memory.md): peak, waits (per kind of call), and
+    out-of-memory errors the command saw, split into those it would have had alone and those
+    only sharing caused; NVML's peak and the driver's (NVML's, or the simulated driver's;
+    sampled once a second, so at most the real one) as the cross-check."""
+    return {
+        "peak_bytes": t.mem_peak,
+        "nvml_peak_bytes": t.nvml_peak,
+        "device_peak_bytes": t.device_peak,
+        "declared_bytes": t.mem_declared or None,
+        "wait_s": t.mem_wait_ns / 1e9,
+        "waits": t.mem_waits,
+        "waits_by_kind": {
+            kind: n for kind, n in zip(MEM_KINDS, t.mem_kind_waits, strict=False) if n
+        },
+        "oom_alone": t.mem_oom_alone,
+        "oom_shared": t.mem_oom_shared,
+    }
+
+
+def names(gpus: list[int]) -> str:
+    """GPU indices as logs write them (0,1)."""
+    return ",".join(map(str, gpus))
 
 
 def node_plan(cfg: Config) -> tuple[int, list[Slice]]:

@@ -21,7 +21,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from krex.core import wire
 from krex.core.errors import KrexError, ProtocolError
@@ -47,6 +47,14 @@ class _Queue:
         self.pending: Region | None = None  # being set up on this GPU
 
 
+class Room(Protocol):
+    """Step 0 (krex/daemon/memory.py, Memory is one): before the gates close, wait, bounded,
+    until the GPU has room in its memory for the owner (its frozen siblings could not free any
+    for it); returns the seconds waited."""
+
+    async def make_room(self, gpu: int, owner: int) -> float: ...
+
+
 class Regions:
     """Schedules and runs the regions of one node's GPUs."""
 
@@ -54,10 +62,12 @@ class Regions:
         self,
         gpus: Sequence[Gpu],
         machinery: Machinery,
+        room: Room | None = None,
         on_record: Callable[[Tenant, dict[str, Any]], None] = lambda t, rec: None,
     ) -> None:
         self.gpus = gpus
         self.m = machinery
+        self.room = room
         self.on_record = on_record  # each ended region's record (metrics)
         self._q = [_Queue() for _ in gpus]
 
@@ -144,10 +154,10 @@ class Regions:
             # Already finished (revoked, or the tenant left): report what it was.
             if r.record is not None and r.calls:
                 r.record["calls"] = dict(r.calls)  # the same dict as in t.regions
-            return r.record or self._record(r, time.monotonic())
+            return r.record or _record(r, time.monotonic(), self.m)
         r.holders -= 1
         if r.holders > 0:
-            return self._record(r, time.monotonic())
+            return _record(r, time.monotonic(), self.m)
         return self.finish(r, revoked=False, why=why)
 
     # Tenants coming and going.
@@ -238,11 +248,11 @@ class Regions:
                 _fail(req, "the region ended while waiting")
                 return
             try:
-                r.room_s += await self.m.make_room(gpu, t)
-                hold = await self._close_and_drain(gpu, r)
+                r.room_s += await _make_room(self.room, gpu, t)
+                hold = await _close_and_drain(self.m, gpu, r, skip=self.still_frozen())
                 await self._freeze(gpu, r, siblings)
                 await self._pin(gpu, r, hold)
-                await self._settle(gpu, r, siblings)
+                await _settle(self.m, gpu, r, siblings)
             except Exception as e:
                 log.exception("opening a region for tenant %d on GPU %d failed", t.id, gpu)
                 self._let_go(gpu, r, siblings)
@@ -270,21 +280,6 @@ class Regions:
             req.granted.set_result(r)
         finally:
             self._schedule(gpu)  # the next request, or other threads of the owner
-
-    async def _close_and_drain(self, gpu: int, r: Region) -> Hold:
-        """Steps 1-3: close the gate, wait for siblings half-way into the driver, drain them."""
-        t = r.tenant
-        hold = Hold(gpu=gpu, owner=t.id)
-        hold.epoch = self.m.close_gate(gpu, t.id, t.region_timeout_s + GATE_GRACE_S)
-        skip = self.still_frozen()
-        r.draining = True
-        try:
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, self.m.quiesce_and_drain, hold, skip)
-        finally:
-            r.draining = False
-        r.problems += hold.problems
-        return hold
 
     async def _freeze(self, gpu: int, r: Region, siblings: list[Tenant]) -> None:
         """Step 4: freeze the GPU's other tenants, its idle pool and those that joined while
@@ -320,28 +315,6 @@ class Regions:
         # Not gated, not drained, not frozen: the region cannot vouch for the GPU.
         r.problems += await loop.run_in_executor(None, self.m.audit, gpu, r.tenant)
         r.drain_s += hold.quiesce_s + hold.drain_s
-
-    async def _settle(self, gpu: int, r: Region, siblings: list[Tenant]) -> None:
-        """Step 5b (the tenant's region_settle_s; once one of its regions ran into the power
-        limit, at least its region_capped_settle_s, unless an autotuner's candidate benchmark
-        began this one; 0: none): where the GPU's siblings worked on it in the last second or
-        two, idle before the grant. On the H200 the suite's power-limited conv timed 0.25-0.5 s
-        after 4 s of matmuls read 0.65 % slower than on the rested GPU, after 1 s 0.49 %, after
-        2 or 3 s 0.24-0.29 % (docs/user-guide.md, "Power-limited kernels"); kernels that stay
-        below the limit do not read the heat, so only such a command waits. Candidates are left
-        out: the winners were the exclusive ones without a settle, and with it every Inductor
-        choice cost 2 s, 74 s a command (docs/results.md)."""
-        t = r.tenant
-        settle = t.region_settle_s
-        capped = t.power_capped and not r.candidate and t.region_capped_settle_s > settle
-        if capped:
-            settle = t.region_capped_settle_s
-        if settle <= 0 or not siblings:
-            return
-        loop = asyncio.get_running_loop()
-        waited = await loop.run_in_executor(None, self.m.settle_idle, gpu, siblings, settle)
-        r.settle_s += waited
-        r.settle_capped = r.settle_capped or (capped and waited > 0)
 
     def _grant(self, r: Region) -> None:
         """Step 6: r holds all its GPUs; its time-out starts."""
@@ -397,7 +370,7 @@ class Regions:
         """Exit, on every GPU the region holds: undo the pin, thaw the siblings, open the
         gates, wake the next requests."""
         if r.ended:
-            return r.record or self._record(r, time.monotonic())
+            return r.record or _record(r, time.monotonic(), self.m)
         r.ended = True
         t, t_end = r.tenant, time.monotonic()
         if r.timer is not None:
@@ -425,7 +398,7 @@ class Regions:
             self._thaw(s)
         for i in reversed(r.gpus):
             self.m.open_gate(i)
-        r.record = self._record(r, t_end)
+        r.record = _record(r, t_end, self.m)
         if any(w["name"] == "gpu_capped" for w in r.record["warnings"]):
             t.power_capped = True  # its later regions settle (_settle)
         t.regions.append(r.record)
@@ -440,48 +413,6 @@ class Regions:
         for i in r.gpus:
             self._schedule(i)
         return r.record
-
-    def _record(self, r: Region, t_end: float) -> dict[str, Any]:
-        rec: dict[str, Any] = {
-            "wait_s": r.wait_s,
-            "drain_s": r.drain_s,
-            "freeze_s": r.freeze_s,
-            "settle_s": r.settle_s,
-            # Whose settle it was: the command's own (--settle), or the power-capped rule's.
-            **({"settle_capped": True} if r.settle_capped else {}),
-            **({"candidate": True} if r.candidate else {}),  # an autotuner's candidate began it
-            "duration_s": t_end - r.t_grant if r.granted else 0.0,
-            "clean": r.clean,
-            "revoked": r.revoked,
-            "problems": list(r.problems),
-            # Which of the command's processes held it: a child's (Inductor's subprocess
-            # autotuning) is told from the command's own.
-            "pids": list(r.pids),
-        }
-        if r.calls:  # what held it: each marker's name and how often it began or continued it
-            rec["calls"] = dict(r.calls)
-        if len(r.tenant.gpus) > 1:
-            rec["gpus"] = list(r.gpus)
-        # The SM clock and throttle reasons at each GPU's grant and now: a throttled region is
-        # flagged (docs/architecture.md, "What a region record says"); power and placement
-        # become named warnings (krex/daemon/fidelity.py).
-        samples = [(a, b) for i in r.gpus if (a := r.clocks.get(i)) and (b := self.m.clock(i))]
-        is_throttled = False
-        if samples:
-            reasons = 0
-            for start, end in samples:
-                reasons |= start["throttle_reasons"] | end["throttle_reasons"]
-            is_throttled = throttled(reasons)
-            rec["sm_clock_mhz"] = [samples[0][0]["sm_clock_mhz"], samples[0][1]["sm_clock_mhz"]]
-            rec["throttle_reasons"] = reasons
-            rec["throttled"] = is_throttled
-            rec |= fidelity.power_fields(samples[0][0], samples[0][1], rec["duration_s"])
-        memory = r.memory.get(r.gpus[0]) if r.gpus else None
-        if memory is not None:
-            mine, others = memory
-            rec["memory_gib"] = {"owner": round(mine / GIB, 2), "others": round(others / GIB, 2)}
-        rec["warnings"] = fidelity.warnings(rec, is_throttled, memory) if r.granted else []
-        return rec
 
     # Helpers.
     def _live(self, gpus: list[int] | None = None) -> list[Region]:
@@ -512,3 +443,101 @@ def _fail(req: RegionRequest, why: str) -> None:
 
 def _names(gpus: list[int]) -> str:
     return ",".join(map(str, gpus))
+
+
+async def _make_room(room: Room | None, gpu: int, t: Tenant) -> float:
+    """Step 0 (Room): the seconds waited, logged when they count."""
+    if room is None:
+        return 0.0
+    waited = await room.make_room(gpu, t.id)
+    if waited > 0.1:
+        log.info(
+            "region of tenant %d on GPU %d waited %.1f s for room in device memory",
+            t.id,
+            gpu,
+            waited,
+        )
+    return waited
+
+
+async def _close_and_drain(m: Machinery, gpu: int, r: Region, skip: set[int]) -> Hold:
+    """Steps 1-3: close the gate, wait for siblings half-way into the driver, drain them."""
+    t = r.tenant
+    hold = Hold(gpu=gpu, owner=t.id)
+    hold.epoch = m.close_gate(gpu, t.id, t.region_timeout_s + GATE_GRACE_S)
+    r.draining = True
+    try:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, m.quiesce_and_drain, hold, skip)
+    finally:
+        r.draining = False
+    r.problems += hold.problems
+    return hold
+
+
+async def _settle(m: Machinery, gpu: int, r: Region, siblings: list[Tenant]) -> None:
+    """Step 5b (the tenant's region_settle_s; once one of its regions ran into the power
+    limit, at least its region_capped_settle_s, unless an autotuner's candidate benchmark
+    began this one; 0: none): where the GPU's siblings worked on it in the last second or
+    two, idle before the grant. On the H200 the suite's power-limited conv timed 0.25-0.5 s
+    after 4 s of matmuls read 0.65 % slower than on the rested GPU, after 1 s 0.49 %, after
+    2 or 3 s 0.24-0.29 % (docs/user-guide.md, "Power-limited kernels"); kernels that stay
+    below the limit do not read the heat, so only such a command waits. Candidates are left
+    out: the winners were the exclusive ones without a settle, and with it every Inductor
+    choice cost 2 s, 74 s a command (docs/results.md)."""
+    t = r.tenant
+    settle = t.region_settle_s
+    capped = t.power_capped and not r.candidate and t.region_capped_settle_s > settle
+    if capped:
+        settle = t.region_capped_settle_s
+    if settle <= 0 or not siblings:
+        return
+    loop = asyncio.get_running_loop()
+    waited = await loop.run_in_executor(None, m.settle_idle, gpu, siblings, settle)
+    r.settle_s += waited
+    r.settle_capped = r.settle_capped or (capped and waited > 0)
+
+
+def _record(r: Region, t_end: float, m: Machinery) -> dict[str, Any]:
+    """What region r was, for its tenant's report (docs/architecture.md, "What a region
+    record says")."""
+    rec: dict[str, Any] = {
+        "wait_s": r.wait_s,
+        "drain_s": r.drain_s,
+        "freeze_s": r.freeze_s,
+        "settle_s": r.settle_s,
+        # Whose settle it was: the command's own (--settle), or the power-capped rule's.
+        **({"settle_capped": True} if r.settle_capped else {}),
+        **({"candidate": True} if r.candidate else {}),  # an autotuner's candidate began it
+        "duration_s": t_end - r.t_grant if r.granted else 0.0,
+        "clean": r.clean,
+        "revoked": r.revoked,
+        "problems": list(r.problems),
+        # Which of the command's processes held it: a child's (Inductor's subprocess
+        # autotuning) is told from the command's own.
+        "pids": list(r.pids),
+    }
+    if r.calls:  # what held it: each marker's name and how often it began or continued it
+        rec["calls"] = dict(r.calls)
+    if len(r.tenant.gpus) > 1:
+        rec["gpus"] = list(r.gpus)
+    # The SM clock and throttle reasons at each GPU's grant and now: a throttled region is
+    # flagged (docs/architecture.md, "What a region record says"); power and placement
+    # become named warnings (krex/daemon/fidelity.py).
+    samples = [(a, b) for i in r.gpus if (a := r.clocks.get(i)) and (b := m.clock(i))]
+    is_throttled = False
+    if samples:
+        reasons = 0
+        for start, end in samples:
+            reasons |= start["throttle_reasons"] | end["throttle_reasons"]
+        is_throttled = throttled(reasons)
+        rec["sm_clock_mhz"] = [samples[0][0]["sm_clock_mhz"], samples[0][1]["sm_clock_mhz"]]
+        rec["throttle_reasons"] = reasons
+        rec["throttled"] = is_throttled
+        rec |= fidelity.power_fields(samples[0][0], samples[0][1], rec["duration_s"])
+    memory = r.memory.get(r.gpus[0]) if r.gpus else None
+    if memory is not None:
+        mine, others = memory
+        rec["memory_gib"] = {"owner": round(mine / GIB, 2), "others": round(others / GIB, 2)}
+    rec["warnings"] = fidelity.warnings(rec, is_throttled, memory) if r.granted else []
+    return rec

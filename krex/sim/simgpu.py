@@ -58,8 +58,9 @@ def _check(call: str, rc: int) -> None:
         raise SimDriverError(call, rc)
 
 
-class SimGPU:
-    """The driver API through ctypes (each attribute is a dlsym on libcuda's handle)."""
+class SimDriver:
+    """The driver API through ctypes (each attribute is a dlsym on libcuda's handle): a
+    context, its memory, contexts of its own and code (modules, libraries)."""
 
     def __init__(self) -> None:
         self.cu = ctypes.CDLL("libcuda.so.1")
@@ -91,46 +92,10 @@ class SimGPU:
         """Driver entry point `name`: SimOutOfMemory or SimDriverError when it fails."""
         _check(name, int(getattr(self.cu, name)(*args)))
 
-    def launch(self, ns: int) -> None:
-        self.launch_fn(self.fn, ns)
-
-    def launch_fn(self, fn: int | c_void_p | None, ns: int) -> None:
-        """cuLaunchKernel of function `fn` (or of a CUkernel, as the driver allows) for ns, in
-        this GPU's stream. SimOutOfMemory when its local memory does not fit in the context."""
-        arg = c_uint64(ns)
-        params = (c_void_p * 1)(ctypes.cast(ctypes.pointer(arg), c_void_p))
-        f = fn if isinstance(fn, c_void_p) else c_void_p(fn)
-        self._call("cuLaunchKernel", f, 1, 1, 1, 1, 1, 1, 0, self.stream, params, None)
-
     def event(self) -> c_void_p:
         ev = c_void_p()
         self._call("cuEventCreate", byref(ev), 0)
         return ev
-
-    def measure(self, ns: int, reps: int, flush_ns: int = 0) -> list[float]:
-        """Event-timed runs of an ns-long kernel. flush_ns > 0 queues a kernel of that length
-        before each start event, as do_bench's L2 flush does: the host's launch gap then hides
-        behind GPU work, as it does on a real GPU."""
-        start, end = self.event(), self.event()
-        out = []
-        for _ in range(reps):
-            if flush_ns:
-                self.launch(flush_ns)
-            self._call("cuEventRecord", start, self.stream)
-            self.launch(ns)
-            self._call("cuEventRecord", end, self.stream)
-            self._call("cuEventSynchronize", end)
-            ms = ctypes.c_float()
-            self._call("cuEventElapsedTime", byref(ms), start, end)
-            out.append(ms.value)
-        return out
-
-    def hammer(self, ns: int, seconds: float) -> None:
-        stop = time.monotonic() + seconds
-        while time.monotonic() < stop:
-            self.launch(ns)
-            self.launch(ns)
-            self._call("cuStreamSynchronize", self.stream)
 
     def sync(self) -> None:
         self._call("cuStreamSynchronize", self.stream)
@@ -162,27 +127,6 @@ class SimGPU:
         total = c_size_t()
         self._call("cuDeviceTotalMem_v2", byref(total), c_int(self.device))
         return int(total.value)
-
-    def workspace_op(self, ns: int, workspace_bytes: int, slow_factor: float = 4.0) -> bool:
-        """One operation of a library that wants a workspace, as cuDNN's and cuBLAS's do: it
-        allocates workspace_bytes (cuMemAlloc_v2) and runs its ns kernel; when the allocation
-        fails for memory it runs without one, a kernel slow_factor times as long. The workspace
-        is freed once the kernel is queued. Returns whether it took the fallback."""
-        if workspace_bytes <= 0:
-            self.launch(ns)
-            return False
-        try:
-            workspace = self.alloc(workspace_bytes)
-        except SimOutOfMemory:
-            self.launch(round(ns * slow_factor))
-            return True
-        try:
-            self.launch(ns)
-        finally:
-            self.free(workspace)
-        return False
-
-    # ---- What the driver allocates for itself (see docs/simulator.md, "Device memory"). ----
 
     def create_context(self, flags: int = 0) -> int:
         """cuCtxCreate_v2 on this GPU's device: a new context (it takes KREX_SIM_CTX_BYTES).
@@ -258,6 +202,68 @@ class SimGPU:
     def library_unload(self, library: int) -> None:
         """cuLibraryUnload: gives back the library's memory."""
         self._call("cuLibraryUnload", c_void_p(library))
+
+
+class SimGPU(SimDriver):
+    """The simulated GPU as tests and the demo use it: launches, timed runs, a library's
+    workspace fallback, graphs."""
+
+    def launch(self, ns: int) -> None:
+        self.launch_fn(self.fn, ns)
+
+    def launch_fn(self, fn: int | c_void_p | None, ns: int) -> None:
+        """cuLaunchKernel of function `fn` (or of a CUkernel, as the driver allows) for ns, in
+        this GPU's stream. SimOutOfMemory when its local memory does not fit in the context."""
+        arg = c_uint64(ns)
+        params = (c_void_p * 1)(ctypes.cast(ctypes.pointer(arg), c_void_p))
+        f = fn if isinstance(fn, c_void_p) else c_void_p(fn)
+        self._call("cuLaunchKernel", f, 1, 1, 1, 1, 1, 1, 0, self.stream, params, None)
+
+    def measure(self, ns: int, reps: int, flush_ns: int = 0) -> list[float]:
+        """Event-timed runs of an ns-long kernel. flush_ns > 0 queues a kernel of that length
+        before each start event, as do_bench's L2 flush does: the host's launch gap then hides
+        behind GPU work, as it does on a real GPU."""
+        start, end = self.event(), self.event()
+        out = []
+        for _ in range(reps):
+            if flush_ns:
+                self.launch(flush_ns)
+            self._call("cuEventRecord", start, self.stream)
+            self.launch(ns)
+            self._call("cuEventRecord", end, self.stream)
+            self._call("cuEventSynchronize", end)
+            ms = ctypes.c_float()
+            self._call("cuEventElapsedTime", byref(ms), start, end)
+            out.append(ms.value)
+        return out
+
+    def hammer(self, ns: int, seconds: float) -> None:
+        stop = time.monotonic() + seconds
+        while time.monotonic() < stop:
+            self.launch(ns)
+            self.launch(ns)
+            self._call("cuStreamSynchronize", self.stream)
+
+    def workspace_op(self, ns: int, workspace_bytes: int, slow_factor: float = 4.0) -> bool:
+        """One operation of a library that wants a workspace, as cuDNN's and cuBLAS's do: it
+        allocates workspace_bytes (cuMemAlloc_v2) and runs its ns kernel; when the allocation
+        fails for memory it runs without one, a kernel slow_factor times as long. The workspace
+        is freed once the kernel is queued. Returns whether it took the fallback."""
+        if workspace_bytes <= 0:
+            self.launch(ns)
+            return False
+        try:
+            workspace = self.alloc(workspace_bytes)
+        except SimOutOfMemory:
+            self.launch(round(ns * slow_factor))
+            return True
+        try:
+            self.launch(ns)
+        finally:
+            self.free(workspace)
+        return False
+
+    # ---- What the driver allocates for itself (see docs/simulator.md, "Device memory"). ----
 
     def graph_create(self) -> int:
         """cuGraphCreate: an empty graph (it takes no device memory)."""

@@ -1,6 +1,6 @@
 """The real-GPU suite's definition (its commands run only where there is a GPU: the H200 run in
-docs/results/h200/). Here: every listed candidate exists, the profiles are what docs/bench.md
-says, and where PyTorch is missing `--profile quick` is one clear error."""
+docs/results/archive/h200/). Here: every listed candidate exists, the profiles are what
+docs/bench.md says, and where PyTorch is missing `--profile quick` is one clear error."""
 
 from __future__ import annotations
 

@@ -201,6 +201,24 @@ def test_steps_run_in_protocol_order_and_exit_undoes_them() -> None:
     run(main())
 
 
+def test_a_record_tells_its_own_entry_and_exit_from_its_queueing() -> None:
+    """entry_s: the region's own set-up (room to grant); wait_s also holds the time it queued
+    behind another region; exit_s: its end (audits, pin back, thaw, gates open)."""
+
+    async def main() -> None:
+        regions, node, gpus = make()
+        first, second = tenant(gpus, 1), tenant(gpus, 2)
+        held = await regions.acquire(first, plain_wait)
+        queued = asyncio.ensure_future(regions.acquire(second, plain_wait))
+        await asyncio.sleep(0.2)  # the second request queues behind the first region
+        regions.release(held, why="region_end")
+        rec = regions.release(await queued, why="region_end")
+        assert rec["wait_s"] >= 0.2 and 0 < rec["entry_s"] < 0.2 <= rec["wait_s"], rec
+        assert rec["exit_s"] >= 0 and rec["room_s"] >= 0
+
+    run(main())
+
+
 def test_a_region_settles_after_the_freeze_only_when_asked_and_siblings_worked() -> None:
     """region_settle_s: after the pin, before the grant, the node idles where the siblings
     worked just before; the record says how long. Never asked with no sibling frozen, nor

@@ -86,7 +86,9 @@ class Region:
     epochs: dict[int, int] = field(default_factory=dict)
     t_grant: float = 0.0  # 0 until every GPU is held
     wait_s: float = 0.0
+    t_setup: float = 0.0  # when its set-up began (its first GPU's room step)
     room_s: float = 0.0  # waited for room in device memory before closing the gates
+    exit_s: float = 0.0  # its end: audits, pin back, thaw, gates open (measured)
     drain_s: float = 0.0  # measured: quiesce and drain, over its GPUs
     freeze_s: float = 0.0  # measured
     settle_s: float = 0.0  # waited after the freeze for the GPU to settle (region_settle_s)

@@ -247,6 +247,7 @@ class Regions:
                 q.pending = None
                 _fail(req, "the region ended while waiting")
                 return
+            r.t_setup = r.t_setup or time.monotonic()
             try:
                 r.room_s += await _make_room(self.room, gpu, t)
                 hold = await _close_and_drain(self.m, gpu, r, skip=self.still_frozen())
@@ -398,6 +399,7 @@ class Regions:
             self._thaw(s)
         for i in reversed(r.gpus):
             self.m.open_gate(i)
+        r.exit_s = time.monotonic() - t_end
         r.record = _record(r, t_end, self.m)
         if any(w["name"] == "gpu_capped" for w in r.record["warnings"]):
             t.power_capped = True  # its later regions settle (_settle)
@@ -503,6 +505,10 @@ def _record(r: Region, t_end: float, m: Machinery) -> dict[str, Any]:
     record says")."""
     rec: dict[str, Any] = {
         "wait_s": r.wait_s,
+        # Of that wait, its own set-up on every GPU (room, gate, drain, freeze, pin, settle):
+        # the rest queued behind other regions.
+        "entry_s": r.t_grant - r.t_setup if r.granted and r.t_setup else 0.0,
+        "room_s": r.room_s,
         "drain_s": r.drain_s,
         "freeze_s": r.freeze_s,
         "settle_s": r.settle_s,
@@ -510,6 +516,7 @@ def _record(r: Region, t_end: float, m: Machinery) -> dict[str, Any]:
         **({"settle_capped": True} if r.settle_capped else {}),
         **({"candidate": True} if r.candidate else {}),  # an autotuner's candidate began it
         "duration_s": t_end - r.t_grant if r.granted else 0.0,
+        "exit_s": r.exit_s,
         "clean": r.clean,
         "revoked": r.revoked,
         "problems": list(r.problems),

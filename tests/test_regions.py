@@ -206,7 +206,7 @@ def test_a_record_tells_its_own_entry_and_exit_from_its_queueing() -> None:
     behind another region; exit_s: its end (audits, pin back, thaw, gates open)."""
 
     async def main() -> None:
-        regions, node, gpus = make()
+        regions, _, gpus = make()
         first, second = tenant(gpus, 1), tenant(gpus, 2)
         held = await regions.acquire(first, plain_wait)
         queued = asyncio.ensure_future(regions.acquire(second, plain_wait))

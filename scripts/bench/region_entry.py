@@ -1,0 +1,166 @@
+"""Region overhead by sibling kind: where a region's entry and exit time go (docs/bench.md).
+
+For each kind of sibling (scripts/bench/region_sibling.py: idle, launching, compiling), a
+private daemon of SIBLINGS + 1 slots, SIBLINGS siblings of that kind through `krex run`, and
+once they all run, an owner that takes REGIONS short regions one after another. Per kind, from
+the owner's `krex run --report` (docs/architecture.md, "What a region record says"): p50, p95
+and max of `entry_s` (its own set-up: room to grant), `wait_s` (request to grant), `drain_s`,
+`freeze_s`, `settle_s`, `exit_s`, and how many regions were clean.
+
+    python3 scripts/bench/region_entry.py --json OUT.json [--sim] [--kinds idle,launching,compiling]
+        [--siblings 7] [--regions 30]
+
+`--sim`: on the simulated GPU (no GPU needed; behaviour, not figures: the simulated driver and
+a 2-core machine say nothing of a real GPU's costs). Otherwise on the GPU, with torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+sys.path.insert(0, str(ROOT))
+
+import memory_check  # noqa: E402
+
+from krex.core.paths import sim_library_dir  # noqa: E402
+from krex.sim.simnode import remove as remove_sim_node  # noqa: E402
+
+SIBLING = ROOT / "scripts" / "bench" / "region_sibling.py"
+KINDS = ("idle", "launching", "compiling")
+FIELDS = ("entry_s", "wait_s", "room_s", "drain_s", "freeze_s", "settle_s", "exit_s")
+READY_S = 240.0  # a sibling's start (torch import, a first compile) on a loaded machine
+
+
+@contextlib.contextmanager
+def node(sim: bool) -> Iterator[dict[str, str]]:
+    """The environment the daemon and its commands run with (a private simulated node)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KREX_")}
+    env.pop("LD_PRELOAD", None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    if not sim:
+        yield env
+        return
+    shm = f"/krex-entry-{uuid.uuid4().hex[:8]}"
+    env["KREX_SIM_SHM"] = shm
+    try:
+        yield env
+    finally:
+        remove_sim_node(shm)
+
+
+def _start(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def _stop(p: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGKILL)
+    p.wait(timeout=60)
+
+
+def run_kind(kind: str, sim: bool, siblings: int, regions: int, tmp: Path) -> dict[str, Any]:
+    """One kind: its siblings running, the owner's regions, their records summarised."""
+    where = "sim" if sim else "gpu"
+    with node(sim) as env, memory_check.daemon(tmp, siblings + 1, sim=sim, env=env) as sock:
+        run = [sys.executable, "-m", "krex.cli", "run", *(["--sim"] if sim else []), "--socket",
+               str(sock)]  # fmt: skip
+        procs = [_start([*run, "--", sys.executable, str(SIBLING), kind, where], env)
+                 for _ in range(siblings)]  # fmt: skip
+        try:
+            deadline = time.monotonic() + READY_S
+            for p in procs:
+                assert p.stdout is not None
+                line = p.stdout.readline().strip()  # blocks until ready (or its end)
+                if line != "ready" or time.monotonic() > deadline:
+                    raise RuntimeError(f"a {kind} sibling did not start (said {line!r})")
+            report = tmp / f"owner-{kind}.json"
+            t0 = time.monotonic()
+            owner = subprocess.run(
+                [*run, "--report", str(report), "--", sys.executable, str(SIBLING), "owner",
+                 where, str(regions)],
+                env=env, capture_output=True, text=True, timeout=600,
+            )  # fmt: skip
+            wall = time.monotonic() - t0
+        finally:
+            for p in procs:
+                _stop(p)
+    out: dict[str, Any] = {"kind": kind, "siblings": siblings, "rc": owner.returncode}
+    out["owner_wall_s"] = wall
+    if owner.returncode != 0 or not report.exists():
+        return out | {"stderr_tail": owner.stderr[-800:]}
+    records = json.loads(report.read_text())["regions"]
+    return out | summarise(records)
+
+
+def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per field p50, p95, max (ms); regions and how many were clean."""
+    out: dict[str, Any] = {
+        "regions": len(records),
+        "clean": sum(bool(r.get("clean")) for r in records),
+        "problems": sorted({p for r in records for p in r.get("problems", [])})[:10],
+    }
+    for f in FIELDS:
+        xs = sorted(1000 * float(r.get(f, 0.0)) for r in records)
+        out[f] = {"p50_ms": _q(xs, 0.5), "p95_ms": _q(xs, 0.95), "max_ms": xs[-1] if xs else None}
+    return out
+
+
+def _q(xs: list[float], q: float) -> float | None:
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
+
+
+def table(kinds: list[dict[str, Any]]) -> str:
+    head = f"{'kind':<10} {'clean':>7} " + " ".join(f"{f[:-2] + ' p50/p95':>17}" for f in FIELDS)
+    lines = [head]
+    for k in kinds:
+        if "regions" not in k:
+            lines.append(f"{k['kind']:<10} failed (rc {k['rc']})")
+            continue
+        cells = " ".join(f"{k[f]['p50_ms']:>8.1f}/{k[f]['p95_ms']:<8.1f}" for f in FIELDS)
+        lines.append(f"{k['kind']:<10} {k['clean']:>3}/{k['regions']:<3} {cells}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path, required=True)
+    ap.add_argument("--sim", action="store_true", help="the simulated GPU (behaviour only)")
+    ap.add_argument("--kinds", default=",".join(KINDS))
+    ap.add_argument("--siblings", type=int, default=7)
+    ap.add_argument("--regions", type=int, default=30)
+    args = ap.parse_args()
+    kinds = [k for k in args.kinds.split(",") if k]
+    if bad := [k for k in kinds if k not in KINDS]:
+        ap.error(f"unknown kind(s) {', '.join(bad)} (known: {', '.join(KINDS)})")
+    if args.sim:
+        os.environ["LD_LIBRARY_PATH"] = str(sim_library_dir())
+    results = []
+    with tempfile.TemporaryDirectory(prefix="krex-entry-") as d:
+        memory_check.LOGS = args.json.parent
+        for kind in kinds:
+            results.append(run_kind(kind, args.sim, args.siblings, args.regions, Path(d)))
+            doc = {"sim": args.sim, "siblings": args.siblings, "kinds": results}
+            args.json.write_text(json.dumps(doc, indent=1))  # after each kind: nothing lost
+    print(("SIMULATED GPU (behaviour only)\n" if args.sim else "") + table(results))
+    return 0 if all(k["rc"] == 0 for k in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""A sibling of one kind, or the owner, for scripts/bench/region_entry.py (region overhead by
+sibling kind). On the simulated GPU (`sim`) through krex.sim.simgpu, else with torch on the GPU.
+
+    region_sibling.py KIND sim|gpu [REGIONS]
+
+Kinds:
+- idle: a context and nothing else (a command between its steps);
+- launching: kernels back to back (1 ms simulated; a 4096^2 fp32 matmul on the GPU), synced
+  every two;
+- compiling: a context, and a pool of WORKERS processes burning CPU that hold no GPU context,
+  with as many threads in the main process (torch.compile's Inductor workers and threads, in
+  shape); on the GPU, torch.compile of a fresh function over and over, Inductor's subprocess
+  pool of WORKERS compiling it;
+- owner: REGIONS regions, each a short kernel and a sync in `krex.region()`, 50 ms apart
+  (the owner's own record of each is the region record in its `krex run --report`).
+
+A sibling prints "ready" once it is running its kind; the owner prints one JSON line at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+WORKERS = 8
+
+
+def _burn(stop_at: float) -> None:
+    x = 0
+    while time.monotonic() < stop_at:
+        x = (x * 1103515245 + 12345) % (1 << 31)
+
+
+def _sim(kind: str, regions: int) -> None:
+    from krex.sim.simgpu import SimGPU
+
+    g = SimGPU()
+    if kind == "owner":
+
+        def work() -> None:
+            g.launch(200_000)
+            g.sync()
+
+        _owner(regions, work)
+    print("ready", flush=True)
+    if kind == "launching":
+        g.hammer(1_000_000, 3600)
+    elif kind == "compiling":
+        _compile_shape(3600)
+    time.sleep(3600)
+
+
+def _compile_shape(seconds: float) -> None:
+    """WORKERS processes and WORKERS threads burning CPU, none touching the GPU."""
+    stop_at = time.monotonic() + seconds
+    ctx = multiprocessing.get_context("spawn")  # no inherited context, as Inductor's pool
+    procs = [ctx.Process(target=_burn, args=(stop_at,), daemon=True) for _ in range(WORKERS)]
+    for p in procs:
+        p.start()
+    for _ in range(WORKERS):
+        threading.Thread(target=_burn, args=(stop_at,), daemon=True).start()
+    for p in procs:
+        p.join()
+
+
+def _gpu(kind: str, regions: int) -> None:
+    import torch
+
+    a = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+    if kind == "owner":
+        small = torch.randn(256, 256, device="cuda")
+        _owner(regions, lambda: (small @ small).sum().item())
+    print("ready", flush=True)
+    if kind == "launching":
+        while True:
+            a @ a
+            (a @ a).sum().item()
+    elif kind == "compiling":
+        os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(WORKERS)
+        n = 0
+        while True:  # a new graph each time: Inductor compiles it again
+            n += 1
+            f = torch.compile(lambda x, n=n: torch.relu(x * n + 1.0).sum(dim=0), dynamic=False)
+            f(torch.randn(64 + n % 512, 128, device="cuda"))
+            torch._dynamo.reset()
+    time.sleep(3600)
+
+
+def _owner(regions: int, work: Callable[[], object]) -> None:
+    import krex
+
+    t0 = time.monotonic()
+    for _ in range(regions):
+        with krex.region():
+            work()
+        time.sleep(0.05)
+    print(json.dumps({"regions": regions, "wall_s": time.monotonic() - t0}), flush=True)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    kind, where = sys.argv[1], sys.argv[2]
+    n = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    (_sim if where == "sim" else _gpu)(kind, n)

@@ -1,0 +1,33 @@
+"""scripts/bench/region_entry.py on the simulated GPU: behaviour only (every kind runs, every
+region is recorded with the fields it summarises, clean); its figures are the H200's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_region_overhead_by_sibling_kind_on_the_simulated_gpu(tmp_path: Path) -> None:
+    out = tmp_path / "entry.json"
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench" / "region_entry.py"), "--sim",
+         "--json", str(out), "--siblings", "2", "--regions", "4"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "SIMULATED GPU" in p.stdout
+    doc = json.loads(out.read_text())
+    assert doc["sim"] is True and [k["kind"] for k in doc["kinds"]] == [
+        "idle", "launching", "compiling"
+    ]  # fmt: skip
+    for k in doc["kinds"]:
+        assert k["regions"] == 4 and k["clean"] == 4, k
+        assert 0 <= k["entry_s"]["p50_ms"] <= k["wait_s"]["p95_ms"] + 1e-6, k
+        assert k["freeze_s"]["max_ms"] is not None and k["exit_s"]["max_ms"] is not None

@@ -50,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from krex.core import wire
+from krex.core import messages, wire
 from krex.core.errors import KrexError, ProtocolError
 from krex.pool.plan import MAX_PASSED_FDS, Invocation, ProcState
 
@@ -186,8 +186,8 @@ class Zygote:
     children: dict[int, Child] = field(default_factory=dict)
     buf: bytes = b""
 
-    def tell(self, msg: dict[str, Any]) -> None:
-        self.ctl.sendall(wire.encode(msg))
+    def tell(self, msg: messages.Message) -> None:
+        self.ctl.sendall(wire.encode(msg.to_wire()))
 
     def serve(self, wake: int) -> Job | None:
         """Serve until the daemon lets us go (None), or, in a forked child, its job."""
@@ -222,14 +222,14 @@ class Zygote:
         while b"\n" in self.buf:
             line, self.buf = self.buf.split(b"\n", 1)
             msg = wire.decode(line, request=False)
-            if msg.get("op") == "exit":
+            try:
+                told = messages.parse(msg, messages.Exit, messages.Job)
+            except ProtocolError:
+                continue  # nothing a worker acts on
+            if isinstance(told, messages.Exit):
                 return False
-            if msg.get("op") == "job" and isinstance(msg.get("token"), str):
-                client = msg.get("client")
-                self.tokens[msg["token"]] = (
-                    now + JOB_ACCEPT_S,
-                    client if wire.is_int(client) else 0,
-                )
+            if isinstance(told, messages.Job):
+                self.tokens[told.token] = (now + JOB_ACCEPT_S, told.client)
         return True
 
     def accept(self) -> Job | None:
@@ -360,7 +360,7 @@ class Zygote:
             code = code if code >= 0 else 128 - code
             if not child.done:
                 self._finish(child, {"status": code})
-            self.tell({"op": "exited", "pid": pid, "status": code})
+            self.tell(messages.Exited(pid, code))
 
     def relay(self) -> None:
         """Signals sent to us: a child's go to its krex run; anyone else's act as they would
@@ -828,14 +828,7 @@ def main(argv: list[str] | None = None) -> int:
     # A child's signals to its parent are its krex run's (Zygote.relay): taken with their sender.
     signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)
     z = Zygote(listener, ctl)
-    z.tell(
-        {
-            "op": "worker_ready",
-            "worker": args.worker,
-            "secret": os.environ.get("KREX_WORKER_SECRET", ""),
-            "pid": me,
-        }
-    )
+    z.tell(messages.WorkerReady(args.worker, os.environ.get("KREX_WORKER_SECRET", ""), me))
     try:
         job = z.serve(wake_r)
     except OSError as e:

@@ -321,28 +321,16 @@ def _run_warm(
         with reports:
             reports.bind(os.path.join(d, "report"))
             reports.listen(4)
-            return _warm(lease, inv, argv, env, conn, state, reports)
-
-
-def _warm(
-    lease: dict[str, Any],
-    inv: Invocation,
-    argv: list[str],
-    env: dict[str, str],
-    conn: Connection,
-    state: ProcState,
-    reports: socket.socket,
-) -> WarmEnd:
-    sock, pid = _hand_over(lease, inv, argv, env, state, reports)
-    try:
-        conn.send(messages.Started(pid, warm=True).to_wire())
-        conn.recv(conn.step_s)
-    except (ClientError, OSError) as e:
-        with contextlib.suppress(OSError):
-            wire.send_frame(sock, {"go": False})
-        sock.close()
-        raise WarmRefused(f"the daemon could not take the warm command in: {e}") from e
-    return _let_go(sock, reports, pid)
+            sock, pid = _hand_over(lease, inv, argv, env, state, reports)
+            try:
+                conn.send(messages.Started(pid, warm=True).to_wire())
+                conn.recv(conn.step_s)
+            except (ClientError, OSError) as e:
+                with contextlib.suppress(OSError):
+                    wire.send_frame(sock, {"go": False})
+                sock.close()
+                raise WarmRefused(f"the daemon could not take the warm command in: {e}") from e
+            return _let_go(sock, reports, pid)
 
 
 def _hand_over(
@@ -805,12 +793,13 @@ def _run_once(opts: RunOptions, key: str = "") -> tuple[int, dict[str, Any]]:
         no_pool=opts.no_pool,
         worker_locale=pool.get("locale"),
     )
+    attempt = _Attempt(opts, conn, reply, t0)
     if how.warm and how.invocation is not None:
-        done = _try_warm(opts, conn, reply, t0, how.invocation, env, how.reason)
+        done = _try_warm(attempt, how.invocation, env, how.reason)
         if isinstance(done, tuple):
             return done
         how.reason = done
-    return _run_cold(opts, conn, reply, t0, env, how.reason)
+    return _run_cold(attempt, env, how.reason)
 
 
 def _admitted(path: Path, opts: RunOptions, key: str) -> tuple[Connection, dict[str, Any]]:
@@ -875,17 +864,23 @@ def _command_env(
     return env
 
 
+@dataclass
+class _Attempt:
+    """One attempt at the command, admitted: its options, its connection to the daemon, the
+    admission's reply and when the attempt began."""
+
+    opts: RunOptions
+    conn: Connection
+    reply: dict[str, Any]
+    t0: float
+
+
 def _try_warm(
-    opts: RunOptions,
-    conn: Connection,
-    reply: dict[str, Any],
-    t0: float,
-    inv: Invocation,
-    env: dict[str, str],
-    reason: str,
+    attempt: _Attempt, inv: Invocation, env: dict[str, str], reason: str
 ) -> tuple[int, dict[str, Any]] | str:
     """The command run by a warm worker (the exit status and the report), or why it runs
     cold after all (`reason`: why the plan chose warm)."""
+    opts, conn = attempt.opts, attempt.conn
     try:
         conn.send(messages.Lease().to_wire())
         lease = conn.recv()
@@ -897,23 +892,15 @@ def _try_warm(
     try:
         end = _run_warm(lease, inv, opts.argv, env, conn)
         lost = not end.reported  # the daemon ends what it left at once
-        return _finish(
-            opts, conn, reply, t0, end.status, lost, end.cold or reason, warm=not end.cold
-        )
+        return _finish(attempt, end.status, lost, end.cold or reason, warm=not end.cold)
     except WarmRefused as e:
         return str(e)
 
 
-def _run_cold(
-    opts: RunOptions,
-    conn: Connection,
-    reply: dict[str, Any],
-    t0: float,
-    env: dict[str, str],
-    reason: str,
-) -> tuple[int, dict[str, Any]]:
+def _run_cold(attempt: _Attempt, env: dict[str, str], reason: str) -> tuple[int, dict[str, Any]]:
     """The command forked and exec'd by us (held until the daemon placed it): the exit
     status and the report."""
+    opts, conn = attempt.opts, attempt.conn
     assert _mask is not None
     pid, go, err = _spawn_held(opts.argv, env, _mask)
     # Signals that came before the fork never reached the command: forward them. The child
@@ -933,7 +920,7 @@ def _run_cold(
     if why:
         print(f"krex run: cannot start {opts.argv[0]}: {why}", file=sys.stderr)
     code = _supervise(pid)
-    return _finish(opts, conn, reply, t0, code, False, reason, warm=False)
+    return _finish(attempt, code, False, reason, warm=False)
 
 
 def _not_taken_in(pid: int, e: Exception) -> int:
@@ -956,18 +943,11 @@ def _not_taken_in(pid: int, e: Exception) -> int:
 
 
 def _finish(
-    opts: RunOptions,
-    conn: Connection,
-    reply: dict[str, Any],
-    t0: float,
-    code: int | None,
-    worker_lost: bool,
-    reason: str,
-    *,
-    warm: bool,
+    attempt: _Attempt, code: int | None, worker_lost: bool, reason: str, *, warm: bool
 ) -> tuple[int, dict[str, Any]]:
     """Tell the daemon the command is over; the exit status and the report."""
-    wall = time.monotonic() - t0
+    opts, conn, reply = attempt.opts, attempt.conn, attempt.reply
+    wall = time.monotonic() - attempt.t0
     report: dict[str, Any] = {
         "exit_code": code,
         "gpu": reply["gpu"],

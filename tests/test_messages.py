@@ -5,6 +5,8 @@ module of krex writes a request as a dict literal of its own."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -190,3 +192,11 @@ def test_no_request_is_a_dict_literal_outside_its_definition() -> None:
     ]
     assert not stray, f"a request written by hand (build a krex.core.messages class): {stray}"
     assert _op_dicts(home)  # the check finds one where there is one
+
+
+def test_a_users_process_gets_none_of_the_configurations_imports() -> None:
+    """The markers and the fork server import this module inside a user's process: only the
+    daemon, reading an admit, needs krex.core.config (and difflib, datetime, ...)."""
+    code = "import sys, krex.core.messages; print('krex.core.config' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from krex.core import wire
-from krex.core.config import MAX_BYTES, MAX_SECONDS, MAX_SETTLE_S
 from krex.core.errors import ProtocolError
 
 OMIT = {"omit": True}  # a field's metadata: left off the wire while at its default
@@ -136,6 +135,10 @@ class Admit(Message):
 
     @classmethod
     def from_wire(cls, msg: dict[str, Any]) -> Admit:
+        # Here, not at the top: the markers and the fork server import this module inside a
+        # user's process, which should get none of the configuration's imports.
+        from krex.core.config import MAX_BYTES, MAX_SECONDS
+
         argv = msg.get("argv")
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
             raise ProtocolError("argv must be a non-empty list of strings")
@@ -183,6 +186,8 @@ class Admit(Message):
 
 
 def _settle(msg: dict[str, Any], key: str) -> float | None:
+    from krex.core.config import MAX_SETTLE_S  # as in Admit.from_wire
+
     value = msg.get(key)
     if value is not None and (not wire.is_number(value) or not 0 <= value <= MAX_SETTLE_S):
         raise ProtocolError(f"{key} must be a number of seconds, 0..{MAX_SETTLE_S:g}")

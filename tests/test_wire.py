@@ -1,5 +1,5 @@
 """krex/core/wire.py: the socket protocol's framing and version (docs/protocol.md), and the two
-requests shim/preload/region.c writes by hand."""
+requests shim/preload/region.c writes by hand (against krex/core/messages.py's)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from collections.abc import Iterator
 import pytest
 from conftest import ROOT
 
-from krex.core import wire
+from krex.core import messages, wire
 from krex.core.errors import ProtocolError
 
-REQUEST = {"op": "region_begin", "tenant": 7, "pid": 1234}
+BEGIN = messages.RegionBegin(tenant=7, pid=1234)
+REQUEST = BEGIN.to_wire()
 
 
 def test_a_request_round_trips_with_the_version() -> None:
@@ -118,7 +119,7 @@ def _c_requests() -> dict[str, bytes]:
         if '\\"op\\":' not in literal:
             continue
         text = literal.encode().decode("unicode_escape")  # \" and \n, as C reads them
-        text = text.replace("%lu", str(REQUEST["tenant"])).replace("%d", str(REQUEST["pid"]))
+        text = text.replace("%lu", str(BEGIN.tenant)).replace("%d", str(BEGIN.pid))
         out[json.loads(text)["op"]] = text.encode()
     return out
 
@@ -132,5 +133,9 @@ def test_the_c_markers_requests_are_requests_of_this_version() -> None:
         assert msg["op"] == op
     # Byte for byte what krex.tenant.markers sends for the same region (which adds its markers'
     # `calls` to region_end: the C entry points have no labels, so their records have none).
-    assert requests["region_begin"] == wire.encode(REQUEST)
-    assert requests["region_end"] == wire.encode({"op": "region_end"})
+    assert requests["region_begin"] == wire.encode(BEGIN.to_wire())
+    assert requests["region_end"] == wire.encode(messages.RegionEnd().to_wire())
+    # And the daemon reads them as those messages.
+    begin, end = (wire.decode(requests[op]) for op in ("region_begin", "region_end"))
+    assert messages.parse(begin, messages.RegionBegin) == BEGIN
+    assert messages.parse(end, messages.RegionEnd) == messages.RegionEnd()

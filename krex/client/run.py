@@ -34,7 +34,7 @@ from typing import Any
 
 from krex.client.leftovers import reclaim
 from krex.client.watch import DaemonWatch, answers
-from krex.core import wire
+from krex.core import messages, wire
 from krex.core.build import describe, identity, mismatch, older
 from krex.core.config import default_socket, load
 from krex.core.errors import KrexError, ProtocolError
@@ -321,18 +321,28 @@ def _run_warm(
         with reports:
             reports.bind(os.path.join(d, "report"))
             reports.listen(4)
-            return _warm(lease, inv, argv, env, conn, state, reports)
+            sock, pid = _hand_over(lease, inv, argv, env, state, reports)
+            try:
+                conn.send(messages.Started(pid, warm=True).to_wire())
+                conn.recv(conn.step_s)
+            except (ClientError, OSError) as e:
+                with contextlib.suppress(OSError):
+                    wire.send_frame(sock, {"go": False})
+                sock.close()
+                raise WarmRefused(f"the daemon could not take the warm command in: {e}") from e
+            return _let_go(sock, reports, pid)
 
 
-def _warm(
+def _hand_over(
     lease: dict[str, Any],
     inv: Invocation,
     argv: list[str],
     env: dict[str, str],
-    conn: Connection,
     state: ProcState,
     reports: socket.socket,
-) -> WarmEnd:
+) -> tuple[socket.socket, int]:
+    """The command to its fork server: the connection to it and the pid of the child it
+    forked (held until its go). WarmRefused when it forked none."""
     try:
         sock = _connect(Path(lease["socket"]), 30)
     except OSError as e:
@@ -360,14 +370,11 @@ def _warm(
         raise WarmRefused(
             f"a warm worker cannot run it: {why}" if why else "the warm worker refused it"
         )
-    try:
-        conn.send({"op": "started", "pid": pid, "warm": True})
-        conn.recv(conn.step_s)
-    except (ClientError, OSError) as e:
-        with contextlib.suppress(OSError):
-            wire.send_frame(sock, {"go": False})
-        sock.close()
-        raise WarmRefused(f"the daemon could not take the warm command in: {e}") from e
+    return sock, pid
+
+
+def _let_go(sock: socket.socket, reports: socket.socket, pid: int) -> WarmEnd:
+    """Let the warm child `pid` go and wait for its end, forwarding each signal sent to us."""
     try:
         child = os.pidfd_open(pid)  # its exit too, not only its reports
     except OSError:
@@ -761,51 +768,7 @@ def _run_once(opts: RunOptions, key: str = "") -> tuple[int, dict[str, Any]]:
     t0 = time.monotonic()
     try:
         path = socket_for(opts.sim, opts.socket)
-        conn = connect(path, sim=opts.sim, start=True)
-        conn.send(
-            {
-                "op": "admit",
-                "build": identity(),  # the daemon refuses another build (krex/core/build.py)
-                "argv": opts.argv,
-                "gpu": opts.gpu,
-                **({"gpus": opts.gpus} if opts.gpus is not None else {}),
-                "sim": opts.sim,
-                "auto_regions": opts.auto_regions,
-                "region_timeout_s": opts.region_timeout_s,
-                **({"settle_s": opts.settle_s} if opts.settle_s is not None else {}),
-                **(
-                    {"capped_settle_s": opts.capped_settle_s}
-                    if opts.capped_settle_s is not None
-                    else {}
-                ),
-                **({"mem_bytes": opts.mem_bytes} if opts.mem_bytes else {}),
-                **({"mem_alone": True} if opts.mem_alone else {}),
-                **({"mem_rerun": opts.mem_rerun} if opts.mem_rerun else {}),
-                **({"mem_key": key} if key else {}),
-            }
-        )
-        deadline = time.monotonic() + opts.queue_timeout_s
-        reply = conn.recv()
-        while "queued" in reply:
-            left = deadline - time.monotonic()
-            try:
-                if left <= 0:
-                    raise TimeoutError
-                reply = conn.recv(timeout_s=left)
-            except (TimeoutError, ClientError) as e:
-                if time.monotonic() < deadline:
-                    raise  # the daemon went quiet before our time was up: its own error
-                raise ClientError(
-                    f"no slot became free within --queue-timeout {opts.queue_timeout_s:g} s"
-                ) from e
-        theirs = reply.get("build")
-        why = mismatch(identity(), theirs if isinstance(theirs, dict) else older(reply), path)
-        if why:  # a daemon that did not check (older): it admitted us, we go
-            conn.close()
-            raise ClientError(why)
-        step = reply.get("step_s")
-        if wire.is_number(step) and 0 < step < 3600:
-            conn.step_s = float(step)
+        conn, reply = _admitted(path, opts, key)
         _hold_signals()
     except (KrexError, OSError) as e:  # ConfigError too: one line, exit 125 (user guide)
         print(f"krex run: {e}", file=sys.stderr)
@@ -813,7 +776,6 @@ def _run_once(opts: RunOptions, key: str = "") -> tuple[int, dict[str, Any]]:
     except KeyboardInterrupt:  # Ctrl-C before the command started: nothing of it to report
         print("krex run: interrupted before the command started", file=sys.stderr)
         return 128 + signal.SIGINT, {"error": "interrupted before the command started"}
-    env = dict(os.environ)
     try:
         # Only what a krex daemon sets, and libraries only we or root can change.
         extra = check_env(reply.get("env") or {}, path)
@@ -821,15 +783,7 @@ def _run_once(opts: RunOptions, key: str = "") -> tuple[int, dict[str, Any]]:
         print(f"krex run: {e}", file=sys.stderr)
         conn.close()
         return EXIT_KREX, {"error": str(e)}
-    if extra.get("KREX_SHM"):
-        # Should the daemon die while the command runs, what it froze is thawed.
-        conn.watch = DaemonWatch(conn.sock, path, extra["KREX_SHM"].lstrip("/")).start()
-    for key in ("LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", "PYTHONPATH"):
-        if key in extra and env.get(key):
-            extra[key] = f"{extra[key]}:{env[key]}"
-    env.update(extra)
-    if opts.auto_regions:
-        env[AUTO_LOG_VAR] = str(_auto_log(reply))
+    env = _command_env(opts, conn, reply, path, extra)
     pool = reply.get("pool") or {}
     how = plan(
         opts.argv,
@@ -839,23 +793,114 @@ def _run_once(opts: RunOptions, key: str = "") -> tuple[int, dict[str, Any]]:
         no_pool=opts.no_pool,
         worker_locale=pool.get("locale"),
     )
+    attempt = _Attempt(opts, conn, reply, t0)
     if how.warm and how.invocation is not None:
+        done = _try_warm(attempt, how.invocation, env, how.reason)
+        if isinstance(done, tuple):
+            return done
+        how.reason = done
+    return _run_cold(attempt, env, how.reason)
+
+
+def _admitted(path: Path, opts: RunOptions, key: str) -> tuple[Connection, dict[str, Any]]:
+    """The command admitted by the daemon at path (after waiting in its queue, at most
+    --queue-timeout): the connection and the admission's reply."""
+    conn = connect(path, sim=opts.sim, start=True)
+    admit = messages.Admit(
+        build=identity(),  # the daemon refuses another build (krex/core/build.py)
+        argv=opts.argv,
+        gpu=opts.gpu,
+        gpus=opts.gpus,
+        sim=opts.sim,
+        auto_regions=opts.auto_regions,
+        region_timeout_s=opts.region_timeout_s,
+        settle_s=opts.settle_s,
+        capped_settle_s=opts.capped_settle_s,
+        mem_bytes=opts.mem_bytes,
+        mem_alone=opts.mem_alone,
+        mem_rerun=opts.mem_rerun,
+        mem_key=key or None,
+    )
+    conn.send(admit.to_wire())
+    deadline = time.monotonic() + opts.queue_timeout_s
+    reply = conn.recv()
+    while "queued" in reply:
+        left = deadline - time.monotonic()
         try:
-            conn.send({"op": "lease"})
-            lease = conn.recv()
-        except (ClientError, OSError) as e:
-            print(f"krex run: {e}", file=sys.stderr)
-            return EXIT_KREX, {"error": str(e)}
-        if "socket" in lease:
-            try:
-                end = _run_warm(lease, how.invocation, opts.argv, env, conn)
-                reason = end.cold or how.reason
-                lost = not end.reported  # the daemon ends what it left at once
-                return _finish(opts, conn, reply, t0, end.status, lost, reason, warm=not end.cold)
-            except WarmRefused as e:
-                how.reason = str(e)
-        else:
-            how.reason = str(lease.get("cold", "no warm worker"))
+            if left <= 0:
+                raise TimeoutError
+            reply = conn.recv(timeout_s=left)
+        except (TimeoutError, ClientError) as e:
+            if time.monotonic() < deadline:
+                raise  # the daemon went quiet before our time was up: its own error
+            raise ClientError(
+                f"no slot became free within --queue-timeout {opts.queue_timeout_s:g} s"
+            ) from e
+    theirs = reply.get("build")
+    why = mismatch(identity(), theirs if isinstance(theirs, dict) else older(reply), path)
+    if why:  # a daemon that did not check (older): it admitted us, we go
+        conn.close()
+        raise ClientError(why)
+    step = reply.get("step_s")
+    if wire.is_number(step) and 0 < step < 3600:
+        conn.step_s = float(step)
+    return conn, reply
+
+
+def _command_env(
+    opts: RunOptions, conn: Connection, reply: dict[str, Any], path: Path, extra: dict[str, str]
+) -> dict[str, str]:
+    """The command's environment: ours with the daemon's variables `extra` (checked)."""
+    env = dict(os.environ)
+    if extra.get("KREX_SHM"):
+        # Should the daemon die while the command runs, what it froze is thawed.
+        conn.watch = DaemonWatch(conn.sock, path, extra["KREX_SHM"].lstrip("/")).start()
+    for key in ("LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", "PYTHONPATH"):
+        if key in extra and env.get(key):
+            extra[key] = f"{extra[key]}:{env[key]}"
+    env.update(extra)
+    if opts.auto_regions:
+        env[AUTO_LOG_VAR] = str(_auto_log(reply))
+    return env
+
+
+@dataclass
+class _Attempt:
+    """One attempt at the command, admitted: its options, its connection to the daemon, the
+    admission's reply and when the attempt began."""
+
+    opts: RunOptions
+    conn: Connection
+    reply: dict[str, Any]
+    t0: float
+
+
+def _try_warm(
+    attempt: _Attempt, inv: Invocation, env: dict[str, str], reason: str
+) -> tuple[int, dict[str, Any]] | str:
+    """The command run by a warm worker (the exit status and the report), or why it runs
+    cold after all (`reason`: why the plan chose warm)."""
+    opts, conn = attempt.opts, attempt.conn
+    try:
+        conn.send(messages.Lease().to_wire())
+        lease = conn.recv()
+    except (ClientError, OSError) as e:
+        print(f"krex run: {e}", file=sys.stderr)
+        return EXIT_KREX, {"error": str(e)}
+    if "socket" not in lease:
+        return str(lease.get("cold", "no warm worker"))
+    try:
+        end = _run_warm(lease, inv, opts.argv, env, conn)
+        lost = not end.reported  # the daemon ends what it left at once
+        return _finish(attempt, end.status, lost, end.cold or reason, warm=not end.cold)
+    except WarmRefused as e:
+        return str(e)
+
+
+def _run_cold(attempt: _Attempt, env: dict[str, str], reason: str) -> tuple[int, dict[str, Any]]:
+    """The command forked and exec'd by us (held until the daemon placed it): the exit
+    status and the report."""
+    opts, conn = attempt.opts, attempt.conn
     assert _mask is not None
     pid, go, err = _spawn_held(opts.argv, env, _mask)
     # Signals that came before the fork never reached the command: forward them. The child
@@ -863,7 +908,7 @@ def _run_once(opts: RunOptions, key: str = "") -> tuple[int, dict[str, Any]]:
     for n in _take_pending():
         os.kill(pid, n)
     try:
-        conn.send({"op": "started", "pid": pid})
+        conn.send(messages.Started(pid).to_wire())
         conn.recv(conn.step_s)
     except (ClientError, OSError) as e:
         return _not_taken_in(pid, e), {"error": f"the daemon could not take the command in: {e}"}
@@ -875,7 +920,7 @@ def _run_once(opts: RunOptions, key: str = "") -> tuple[int, dict[str, Any]]:
     if why:
         print(f"krex run: cannot start {opts.argv[0]}: {why}", file=sys.stderr)
     code = _supervise(pid)
-    return _finish(opts, conn, reply, t0, code, False, how.reason, warm=False)
+    return _finish(attempt, code, False, reason, warm=False)
 
 
 def _not_taken_in(pid: int, e: Exception) -> int:
@@ -898,18 +943,11 @@ def _not_taken_in(pid: int, e: Exception) -> int:
 
 
 def _finish(
-    opts: RunOptions,
-    conn: Connection,
-    reply: dict[str, Any],
-    t0: float,
-    code: int | None,
-    worker_lost: bool,
-    reason: str,
-    *,
-    warm: bool,
+    attempt: _Attempt, code: int | None, worker_lost: bool, reason: str, *, warm: bool
 ) -> tuple[int, dict[str, Any]]:
     """Tell the daemon the command is over; the exit status and the report."""
-    wall = time.monotonic() - t0
+    opts, conn, reply = attempt.opts, attempt.conn, attempt.reply
+    wall = time.monotonic() - attempt.t0
     report: dict[str, Any] = {
         "exit_code": code,
         "gpu": reply["gpu"],
@@ -923,7 +961,7 @@ def _finish(
     if conn.watch is not None:
         conn.watch.stop()  # the daemon closes this connection after its reply
     try:
-        conn.send({"op": "finished", "exit_code": code, "worker_lost": worker_lost})
+        conn.send(messages.Finished(code, worker_lost).to_wire())
         done = conn.recv(conn.step_s)
         report.update(done["report"])
         rc = done.get("worker_status")
@@ -979,7 +1017,7 @@ def _await_pool(sock: Path, deadline: float) -> None:
         try:
             conn = Connection(sock)
             try:
-                conn.send({"op": "status"})
+                conn.send(messages.Status().to_wire())
                 gpus = conn.recv()["gpus"]
             finally:
                 conn.close()
@@ -997,7 +1035,7 @@ def daemon_identity(sock: Path) -> str:
     try:
         conn = Connection(sock, timeout_s=2.0)
         try:
-            conn.send({"op": "hello"})
+            conn.send(messages.Hello().to_wire())
             reply = conn.recv(2.0)
         finally:
             conn.close()
@@ -1011,7 +1049,7 @@ def status(sim: bool, explicit_socket: str | None) -> dict[str, Any]:
     """The daemon's status (ClientError when none answers)."""
     conn = connect(socket_for(sim, explicit_socket), sim=sim, start=False)
     try:
-        conn.send({"op": "status"})
+        conn.send(messages.Status().to_wire())
         return conn.recv()
     finally:
         conn.close()

@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from krex.core import wire
+from krex.core import messages, wire
 from krex.core.errors import ProtocolError
 from krex.core.liveness import Claimed, orphaned, reopen
 from krex.core.tenants import TenantsError, recover
@@ -125,7 +125,7 @@ def answers(path: Path) -> bool:
     with contextlib.closing(s):
         try:
             s.connect(str(path))
-            s.sendall(wire.encode({"op": "hello"}))
+            s.sendall(wire.encode(messages.Hello().to_wire()))
             reply = s.makefile("rb").readline(wire.MAX_LINE)
         except OSError:
             return False

@@ -6,8 +6,7 @@ its argv, at most `MAX_REQUEST`), every request carrying `"v": VERSION`. An argu
 not UTF-8 travels as Python's os.fsdecode makes it (each undecodable byte a lone surrogate
 U+DC80..U+DCFF, JSON-escaped) and is the same bytes again where it is run. The
 client and a pool worker speak length-prefixed JSON with file descriptors (`send_frame`,
-`recv_frame`). shim/preload/region.c writes its two requests by hand; tests/test_wire.py checks
-them against `encode`.
+`recv_frame`). Each request's fields are defined once, in krex/core/messages.py.
 """
 
 from __future__ import annotations

@@ -13,13 +13,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
 
-from krex.core import wire
-from krex.core.config import MAX_BYTES, MAX_SECONDS, MAX_SETTLE_S, Config
+from krex.core import messages
+from krex.core.config import Config
 from krex.core.errors import ProtocolError
 from krex.daemon.conn import Conn
-from krex.daemon.memory import Memory, argv_key, is_key
+from krex.daemon.memory import Memory, argv_key
 from krex.daemon.model import AdmissionTicket, AdmitRequest, Gpu
 
 log = logging.getLogger("krex.daemon")
@@ -32,19 +31,14 @@ class Admission:
         self.gpus = gpus
         self.memory = memory
 
-    def pick(self, wanted: Any, count: Any) -> list[Gpu]:
+    def pick(self, wanted: int | list[int] | None, count: int | None) -> list[Gpu]:
         """The GPUs a command asked for (`gpu`: an index or a list of them; `gpus`: how many),
         in index order; by default the least loaded."""
         n = len(self.gpus)
-        if count is not None:
-            if not wire.is_int(count) or count < 1:
-                raise ProtocolError(f"gpus must be a positive integer, got {count!r}")
-            if count > n:
-                raise ProtocolError(f"{count} GPUs asked for, but this node has {n}")
+        if count is not None and count > n:
+            raise ProtocolError(f"{count} GPUs asked for, but this node has {n}")
         if wanted is not None:
             ids = [wanted] if not isinstance(wanted, list) else wanted
-            if not ids or not all(wire.is_int(i) for i in ids):
-                raise ProtocolError(f"gpu must be a GPU index or a list of them, got {wanted!r}")
             missing = [i for i in ids if not 0 <= i < n]
             if missing:
                 raise ProtocolError(f"GPU {missing[0]} does not exist (this node has {n})")
@@ -127,61 +121,24 @@ class Admission:
 
 
 def admit_request(
-    msg: dict[str, Any], cfg: Config, rerun_need: Callable[[int], int]
+    admit: messages.Admit, cfg: Config, rerun_need: Callable[[int], int]
 ) -> AdmitRequest:
-    """What an `admit` asks for, checked (`rerun_need`: Admission.rerun_need)."""
-    argv = msg.get("argv")
-    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-        raise ProtocolError("argv must be a non-empty list of strings")
-    for i, arg in enumerate(argv):
-        if why := wire.arg_problem(arg):
-            raise ProtocolError(f"argv[{i}] {why}")
-    if bool(msg.get("sim", False)) != cfg.sim:
+    """What an `admit` asks for, with this daemon's defaults (`rerun_need`:
+    Admission.rerun_need); the configuration's own are checked as it loads."""
+    if admit.sim != cfg.sim:
         kind = "simulated" if cfg.sim else "real"
         raise ProtocolError(f"this daemon serves {kind} GPUs")
-    timeout = msg.get("region_timeout_s")
-    if timeout is None:
-        timeout = cfg.region_timeout_s
-    if not wire.is_number(timeout) or not 0 < timeout <= MAX_SECONDS:
-        raise ProtocolError(
-            f"region_timeout_s must be a positive number of seconds, at most {MAX_SECONDS:g}"
-        )
-    auto = msg.get("auto_regions")
-    if auto is not None and not isinstance(auto, str):
-        raise ProtocolError("auto_regions must be a string")
-    mem = msg.get("mem_bytes", 0)
-    if mem is None:
-        mem = 0
-    if not wire.is_int(mem) or not 0 <= mem <= MAX_BYTES:
-        raise ProtocolError(f"mem_bytes must be an integer 0..{MAX_BYTES} (1 PiB)")
-    alone = msg.get("mem_alone", False)
-    if not isinstance(alone, bool):
-        raise ProtocolError("mem_alone must be true or false")
-    rerun = msg.get("mem_rerun", 0)
-    if not wire.is_int(rerun) or not 0 <= rerun <= MAX_BYTES:
-        raise ProtocolError(f"mem_rerun must be an integer 0..{MAX_BYTES} (bytes)")
-    settles: dict[str, float] = {}
-    for key, field_name, default in (
-        ("settle_s", "settle", cfg.region_settle_s),
-        ("capped_settle_s", "capped_settle", cfg.region_capped_settle_s),
-    ):
-        value = msg.get(key)
-        if value is None:
-            value = default
-        if not wire.is_number(value) or not 0 <= value <= MAX_SETTLE_S:
-            raise ProtocolError(f"{key} must be a number of seconds, 0..{MAX_SETTLE_S:g}")
-        settles[field_name] = float(value)
-    mem_key = msg.get("mem_key")
-    if mem_key is not None and not is_key(mem_key):
-        raise ProtocolError("mem_key must be 32 lower-case hexadecimal digits")
+    timeout = admit.region_timeout_s
+    settle, capped = admit.settle_s, admit.capped_settle_s
     return AdmitRequest(
-        argv,
-        float(timeout),
-        auto,
-        mem,
-        alone,
-        rerun > 0,
-        rerun_need(rerun),
-        key=mem_key or argv_key(argv),
-        **settles,
+        admit.argv,
+        float(cfg.region_timeout_s if timeout is None else timeout),
+        admit.auto_regions,
+        admit.mem_bytes,
+        admit.mem_alone,
+        admit.mem_rerun > 0,
+        rerun_need(admit.mem_rerun),
+        key=admit.mem_key or argv_key(admit.argv),
+        settle=float(cfg.region_settle_s if settle is None else settle),
+        capped_settle=float(cfg.region_capped_settle_s if capped is None else capped),
     )

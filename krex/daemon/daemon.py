@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from krex.core import liveness, wire
+from krex.core import liveness, messages, wire
 from krex.core.build import mismatch
 from krex.core.config import Config, ConfigError
 from krex.core.errors import ProtocolError
@@ -232,9 +232,9 @@ class Daemon:
                 self._waiting.pop(task, None)
             if first is None:
                 return
-            if first.get("op") != "admit" and conn.lines.last > wire.MAX_LINE:
+            op = messages.op_of(first)
+            if op != messages.Admit.OP and conn.lines.last > wire.MAX_LINE:
                 raise ProtocolError(f"request longer than {wire.MAX_LINE} bytes")
-            op = first.get("op")
             handler = self._ops.get(op) if isinstance(op, str) else None
             if handler is None:
                 raise ProtocolError(f"unknown op {op!r}")
@@ -296,10 +296,11 @@ class Daemon:
 
     # Admission.
     async def _op_admit(self, msg: dict[str, Any], conn: Conn) -> None:
-        theirs = msg.get("build")
-        if isinstance(theirs, dict) and (why := mismatch(theirs, self.node.build, self.socket)):
+        theirs = messages.Admit.build_of(msg)
+        if theirs is not None and (why := mismatch(theirs, self.node.build, self.socket)):
             raise ProtocolError(why)  # never a silent join of another build (docs/security.md)
-        req = admit_request(msg, self.cfg, self.node.admission.rerun_need)
+        admit = messages.parse(msg, messages.Admit)
+        req = admit_request(admit, self.cfg, self.node.admission.rerun_need)
         if not self.node.segments.linked():
             # Running tenants keep their mapping and carry on; a new one would find no segment
             # and run ungated, so none is let in.
@@ -307,7 +308,7 @@ class Daemon:
                 f"the shared segment {self.node.segments.gates.name} was removed under the daemon: "
                 "running commands finish, new ones cannot be gated; restart the daemon"
             )
-        gpus = self.node.admission.pick(msg.get("gpu"), msg.get("gpus"))
+        gpus = self.node.admission.pick(admit.gpu, admit.gpus)
         for g in gpus:
             if self.node.memory.too_large(req.mem, g.index):
                 have = self.node.memory.state[g.index].capacity / GIB
@@ -357,23 +358,21 @@ class Daemon:
 
     # A tenant's conversation (started or lease, then finished).
     async def _tenant_conn(self, t: Tenant, conn: Conn) -> None:
-        while (msg := await conn.read()) is not None:
-            op = msg.get("op")
-            if op == "started":
+        while (raw := await conn.read()) is not None:
+            try:
+                msg = messages.parse(raw, messages.Started, messages.Lease, messages.Finished)
+            except messages.UnknownOp as e:
+                raise ProtocolError(f"unknown op {e.op!r} for a tenant") from None
+            if isinstance(msg, messages.Started):
                 await self._tenant_started(t, msg, conn)
-            elif op == "lease":
+            elif isinstance(msg, messages.Lease):
                 await conn.send({"ok": True, **await self.node.pool.lease(t, conn.peer.pid)})
-            elif op == "finished":
+            elif isinstance(msg, messages.Finished):
                 await self._tenant_finished(t, msg, conn)
                 return
-            else:
-                raise ProtocolError(f"unknown op {op!r} for a tenant")
 
-    async def _tenant_started(self, t: Tenant, msg: dict[str, Any], conn: Conn) -> None:
-        pid = msg.get("pid")
-        if not wire.is_int(pid) or pid <= 0:
-            raise ProtocolError("pid must be a positive integer")
-        warm = msg.get("warm") is True
+    async def _tenant_started(self, t: Tenant, msg: messages.Started, conn: Conn) -> None:
+        pid, warm = msg.pid, msg.warm
         if t.pids or not (
             self.node.pool.is_child(t, pid) if warm else parent(pid) == conn.peer.pid
         ):
@@ -385,9 +384,9 @@ class Daemon:
             self.node.metrics.started(t.gpu, warm=False)
         await conn.send({"ok": True, "freezer": self.node.freezer.value})
 
-    async def _tenant_finished(self, t: Tenant, msg: dict[str, Any], conn: Conn) -> None:
+    async def _tenant_finished(self, t: Tenant, msg: messages.Finished, conn: Conn) -> None:
         status = None
-        if msg.get("worker_lost") and t.worker is not None:
+        if msg.worker_lost and t.worker is not None:
             status = await self.node.pool.exit_status(t.pids[0] if t.pids else None)
             t.child_lost = True
         if t.worker is None:
@@ -397,13 +396,11 @@ class Daemon:
 
     # Regions.
     async def _op_region_begin(self, msg: dict[str, Any], conn: Conn) -> None:
-        tid = msg.get("tenant")
-        t = self.node.tenants.get(tid) if wire.is_int(tid) else None
+        begin = messages.parse(msg, messages.RegionBegin)
+        t = self.node.tenants.get(begin.tenant)
         if t is None:
-            raise ProtocolError(f"tenant {tid!r} is not admitted here")
-        candidate = msg.get("candidate", False)
-        if not isinstance(candidate, bool):
-            raise ProtocolError("candidate must be true or false")
+            raise ProtocolError(f"tenant {begin.tenant!r} is not admitted here")
+        candidate = begin.candidate
         loop = asyncio.get_running_loop()
         if conn.peer.pid not in await loop.run_in_executor(None, t.group.pids):
             # A region freezes the tenant's siblings: only the tenant's own processes ask.
@@ -418,17 +415,18 @@ class Daemon:
         except BaseException:
             self.node.regions.release(region, why="owner gone")
             raise
-        if end is None or end.get("op") != "region_end":
+        if end is None or messages.op_of(end) != messages.RegionEnd.OP:
             # EOF (the owner died, or closed without region_end): the region ends at once.
             self.node.regions.release(region, why="owner gone")
             if end is not None:
                 raise ProtocolError("expected region_end")
             return
-        calls = end.get("calls", {})
-        if problem := wire.calls_problem(calls):
+        try:
+            done = messages.parse(end, messages.RegionEnd)
+        except ProtocolError:
             self.node.regions.release(region, why="region_end")  # ended all the same: nothing held
-            raise ProtocolError(f"region_end: {problem}")
-        record = self.node.regions.release(region, why="region_end", calls=calls)
+            raise
+        record = self.node.regions.release(region, why="region_end", calls=done.calls)
         await conn.send({"ok": True, "region": record})
 
     async def _reap_loop(self) -> None:

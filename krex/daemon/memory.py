@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from krex.core.messages import is_key as is_key  # a key's form is admit's mem_key's
 from krex.core.shm import MEM_KINDS, SlotView
 from krex.core.trust import TrustError, open_beside
 from krex.daemon.model import AdmitRequest, Gpu, Tenant
@@ -73,13 +74,6 @@ def argv_key(argv: Sequence[str]) -> str:
     """The learned-peaks key of a command known by its argv alone (older clients). Never
     raises: an argument that is not UTF-8 (its bytes as lone surrogates) is hashed as such."""
     return hashlib.sha256("\0".join(argv).encode("utf-8", "surrogatepass")).hexdigest()[:32]
-
-
-def is_key(value: object) -> bool:
-    """Whether a client's command key is well formed (32 lower-case hex digits)."""
-    return (
-        isinstance(value, str) and len(value) == 32 and all(c in "0123456789abcdef" for c in value)
-    )
 
 
 class Pokable(Protocol):

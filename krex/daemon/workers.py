@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
-from krex.core import wire
+from krex.core import messages, wire
 from krex.core.errors import KrexError, ProtocolError
 from krex.core.procs import parent, start_time
 from krex.core.tenants import TenantGroup, TenantsError
@@ -51,7 +51,7 @@ TEARDOWN_S = 120.0  # what a warm command leaves running is ended after this lon
 
 
 class PoolHost(Protocol):
-    """What the pool needs of the daemon that runs it (krex.daemon.daemon.Daemon is one)."""
+    """What the pool needs of the node it runs on (krex.daemon.node.Node is one)."""
 
     @property
     def cfg(self) -> Config: ...
@@ -80,8 +80,8 @@ class PoolHost(Protocol):
 class Pool:
     """Every GPU's fork servers and the children they started."""
 
-    def __init__(self, daemon: PoolHost) -> None:
-        self.d = daemon
+    def __init__(self, node: PoolHost) -> None:
+        self.d = node
         self.workers: dict[int, PoolWorker] = {}
         self.next_worker = 1
         self.exits: dict[int, int] = {}  # child pid -> exit status, as the servers report them
@@ -170,13 +170,11 @@ class Pool:
     async def serve_worker(self, msg: dict[str, Any], conn: Conn) -> None:
         """A server's control connection (`worker_ready`), for as long as it lives: the exit
         status of each child it reaps."""
-        wid = msg.get("worker")
-        w = self.workers.get(wid) if wire.is_int(wid) else None
-        secret = msg.get("secret")
+        ready = messages.parse(msg, messages.WorkerReady)
+        w = self.workers.get(ready.worker)
         if (
             w is None
-            or not isinstance(secret, str)
-            or not secrets.compare_digest(secret.encode(), w.secret.encode())
+            or not secrets.compare_digest(ready.secret.encode(), w.secret.encode())
             or conn.peer.pid != w.proc.pid
             or w.writer is not None
         ):
@@ -186,9 +184,11 @@ class Pool:
         g.pool_failures = 0
         log.info("pool worker %d ready on GPU %d after %.1f s", w.id, g.index, w.ready_s())
         while (report := await conn.read()) is not None:
-            pid, status = report.get("pid"), report.get("status")
-            if report.get("op") == "exited" and wire.is_int(pid) and wire.is_int(status):
-                self._exited(pid, status)
+            try:
+                exited = messages.parse(report, messages.Exited)
+            except ProtocolError:
+                continue  # not a report of a child: nothing to note
+            self._exited(exited.pid, exited.status)
         w.writer = None
         if w.state != "gone":
             _signal(w, signal.SIGKILL)
@@ -213,7 +213,7 @@ class Pool:
         token = secrets.token_hex(16)
         try:
             assert w.writer is not None
-            w.writer.write(wire.encode({"op": "job", "token": token, "client": client}))
+            w.writer.write(wire.encode(messages.Job(token, client).to_wire()))
             await w.writer.drain()
         except (ConnectionError, OSError) as e:
             log.warning("pool worker %d could not take tenant %d: %s", w.id, t.id, e)

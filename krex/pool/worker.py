@@ -50,7 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from krex.core import wire
+from krex.core import messages, wire
 from krex.core.errors import KrexError, ProtocolError
 from krex.pool.plan import MAX_PASSED_FDS, Invocation, ProcState
 
@@ -186,8 +186,8 @@ class Zygote:
     children: dict[int, Child] = field(default_factory=dict)
     buf: bytes = b""
 
-    def tell(self, msg: dict[str, Any]) -> None:
-        self.ctl.sendall(wire.encode(msg))
+    def tell(self, msg: messages.Message) -> None:
+        self.ctl.sendall(wire.encode(msg.to_wire()))
 
     def serve(self, wake: int) -> Job | None:
         """Serve until the daemon lets us go (None), or, in a forked child, its job."""
@@ -222,14 +222,14 @@ class Zygote:
         while b"\n" in self.buf:
             line, self.buf = self.buf.split(b"\n", 1)
             msg = wire.decode(line, request=False)
-            if msg.get("op") == "exit":
+            try:
+                told = messages.parse(msg, messages.Exit, messages.Job)
+            except ProtocolError:
+                continue  # nothing a worker acts on
+            if isinstance(told, messages.Exit):
                 return False
-            if msg.get("op") == "job" and isinstance(msg.get("token"), str):
-                client = msg.get("client")
-                self.tokens[msg["token"]] = (
-                    now + JOB_ACCEPT_S,
-                    client if wire.is_int(client) else 0,
-                )
+            if isinstance(told, messages.Job):
+                self.tokens[told.token] = (now + JOB_ACCEPT_S, told.client)
         return True
 
     def accept(self) -> Job | None:
@@ -360,7 +360,7 @@ class Zygote:
             code = code if code >= 0 else 128 - code
             if not child.done:
                 self._finish(child, {"status": code})
-            self.tell({"op": "exited", "pid": pid, "status": code})
+            self.tell(messages.Exited(pid, code))
 
     def relay(self) -> None:
         """Signals sent to us: a child's go to its krex run; anyone else's act as they would
@@ -405,6 +405,25 @@ def become(job: Job, zygote: Zygote, pipe: tuple[int, int]) -> list[str]:
     fresh interpreter started by krex run would have them. Returns the command's own entries
     of sys.path (its script's directory or cwd, PYTHONPATH's), before the worker's."""
     os.setsid()  # signals to its group reach it and its descendants, not the fork server's
+    _leave_the_server(zygote, pipe)
+    _take_descriptors(job)
+    job.state.apply()
+    _signals_as_started(job.state)
+    _stdio_as_started(job)
+    own = _paths_as_started(job)
+    # Every child would otherwise draw the worker's random numbers.
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(_TORCH_DEFAULT_SEED)
+    return own
+
+
+def _leave_the_server(zygote: Zygote, pipe: tuple[int, int]) -> None:
+    """Drop what the fork server holds: its wake-up pipe, sockets and children's connections."""
     signal.set_wakeup_fd(-1)
     zygote.listener.close()
     zygote.ctl.close()
@@ -415,31 +434,42 @@ def become(job: Job, zygote: Zygote, pipe: tuple[int, int]) -> list[str]:
     zygote.children.clear()
     for fd in pipe:
         os.close(fd)
-    _take_descriptors(job)
-    job.state.apply()
+
+
+def _signals_as_started(state: ProcState) -> None:
+    """Every handler at its default, then what the caller ignored stays ignored; then CPython's
+    own choices at start-up (SIGINT raises KeyboardInterrupt unless ignored); the caller's
+    mask."""
     for s in signal.valid_signals():
         if s in (signal.SIGKILL, signal.SIGSTOP):
             continue
         with contextlib.suppress(OSError, ValueError):
             signal.signal(s, signal.SIG_DFL)
-    # What the caller ignored stays ignored; then CPython's own choices at start-up (SIGINT
-    # raises KeyboardInterrupt unless ignored); the caller's mask.
-    for ign in job.state.sigign:
+    for ign in state.sigign:
         with contextlib.suppress(OSError, ValueError):
             signal.signal(ign, signal.SIG_IGN)
-    if signal.SIGINT not in job.state.sigign:
+    if signal.SIGINT not in state.sigign:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     for s in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(s, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_SETMASK, job.state.sigmask)
-    inv, env = job.inv, job.env
-    unbuffered = inv.unbuffered or bool(env.get("PYTHONUNBUFFERED"))
+    signal.pthread_sigmask(signal.SIG_SETMASK, state.sigmask)
+
+
+def _stdio_as_started(job: Job) -> None:
+    """sys.stdin, stdout and stderr over the caller's descriptors, buffered as it asked."""
+    unbuffered = job.inv.unbuffered or bool(job.env.get("PYTHONUNBUFFERED"))
     streams: list[Any] = list(_stdio(unbuffered))
     for fd in job.state.closed:  # closed in the caller (sent as /dev/null): closed here too,
         os.close(fd)  # and its stream None, as CPython leaves one it found closed
         streams[fd] = None
     sys.stdin, sys.stdout, sys.stderr = streams
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr  # type: ignore[misc]
+
+
+def _paths_as_started(job: Job) -> list[str]:
+    """The command's cwd, environment, sys.path, argv and interpreter flags; the command's own
+    entries of sys.path."""
+    inv, env = job.inv, job.env
     os.chdir(job.cwd)
     own = os.environ.get("PYTHONPATH", "")
     own_entries = {os.path.abspath(p) for p in own.split(os.pathsep) if p}
@@ -465,14 +495,6 @@ def become(job: Job, zygote: Zygote, pipe: tuple[int, int]) -> list[str]:
     for opt in inv.warnings:
         warnings._setoption(opt)  # type: ignore[attr-defined]
     importlib.invalidate_caches()
-    # Every child would otherwise draw the worker's random numbers.
-    random.seed()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.manual_seed(_TORCH_DEFAULT_SEED)
     return [first, *extra]
 
 
@@ -791,34 +813,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preload", default="", help="comma-separated modules to import")
     args = ap.parse_args(argv)
     me = os.getpid()
-    preload = [m for m in args.preload.split(",") if m]
-    try:
-        skipped = warm_up(preload)
-    except DriverInitialized as e:
-        # Start again without it: a fresh image, the same process for the daemon.
-        print(f"krex worker {args.worker}: {e}; starting again without it", file=sys.stderr)
-        rest = ",".join(m for m in preload if m != e.module)
-        argv = [a for a in sys.argv[1:] if not a.startswith("--preload")]
-        os.execv(
-            sys.executable, [sys.executable, "-m", "krex.pool.worker", *argv, f"--preload={rest}"]
-        )
-    except Exception as e:
-        print(f"krex worker {args.worker}: warm-up failed: {e}", file=sys.stderr)
+    if not _warmed_up(args.worker, [m for m in args.preload.split(",") if m]):
         return 3
-    for s in skipped:
-        print(f"krex worker {args.worker}: not preloaded: {s}", file=sys.stderr)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(args.listen)
-    # Created 0600 under a umask (krex.core.trust.bind_private, not imported here: the fork server
-    # imports little), not chmod by name after the bind, which would follow a swapped link.
-    old = os.umask(0o177)
-    try:
-        listener.bind(args.listen)
-    finally:
-        os.umask(old)
-    listener.listen(64)
-    listener.setblocking(False)
+    listener = _listen(args.listen)
     ctl = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     ctl.connect(args.socket)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -828,14 +825,7 @@ def main(argv: list[str] | None = None) -> int:
     # A child's signals to its parent are its krex run's (Zygote.relay): taken with their sender.
     signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)
     z = Zygote(listener, ctl)
-    z.tell(
-        {
-            "op": "worker_ready",
-            "worker": args.worker,
-            "secret": os.environ.get("KREX_WORKER_SECRET", ""),
-            "pid": me,
-        }
-    )
+    z.tell(messages.WorkerReady(args.worker, os.environ.get("KREX_WORKER_SECRET", ""), me))
     try:
         job = z.serve(wake_r)
     except OSError as e:
@@ -850,6 +840,44 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     own = become(job, z, (wake_r, wake_w))
     return run_child(job, own)
+
+
+def _warmed_up(worker: int, preload: list[str]) -> bool:
+    """Import what the worker preloads; False when that failed. A module that initialised
+    the driver: the worker starts again without it (a fresh image, the same process for the
+    daemon)."""
+    try:
+        skipped = warm_up(preload)
+    except DriverInitialized as e:
+        print(f"krex worker {worker}: {e}; starting again without it", file=sys.stderr)
+        rest = ",".join(m for m in preload if m != e.module)
+        argv = [a for a in sys.argv[1:] if not a.startswith("--preload")]
+        os.execv(
+            sys.executable, [sys.executable, "-m", "krex.pool.worker", *argv, f"--preload={rest}"]
+        )
+    except Exception as e:
+        print(f"krex worker {worker}: warm-up failed: {e}", file=sys.stderr)
+        return False
+    for s in skipped:
+        print(f"krex worker {worker}: not preloaded: {s}", file=sys.stderr)
+    return True
+
+
+def _listen(path: str) -> socket.socket:
+    """The worker's socket for its clients, at path (0600), non-blocking."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    # Created 0600 under a umask (krex.core.trust.bind_private, not imported here: the fork server
+    # imports little), not chmod by name after the bind, which would follow a swapped link.
+    old = os.umask(0o177)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old)
+    listener.listen(64)
+    listener.setblocking(False)
+    return listener
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from krex.core import wire
+from krex.core import messages, wire
 from krex.core.errors import KrexError, ProtocolError
 from krex.core.trust import TrustError, check_daemon
 
@@ -418,14 +418,14 @@ def _connect(path: str) -> socket.socket:
         return conn
 
 
-def _exchange(conn: socket.socket, request: dict[str, Any], limit_s: float) -> dict[str, Any]:
+def _exchange(conn: socket.socket, request: messages.Message, limit_s: float) -> dict[str, Any]:
     """Send one request line and read one reply line, within `limit_s` seconds in all."""
-    op = request["op"]
+    op = request.OP
     deadline = time.monotonic() + limit_s
     buf = b""
     try:
         conn.settimeout(limit_s)
-        conn.sendall(wire.encode(request))
+        conn.sendall(wire.encode(request.to_wire()))
         while b"\n" not in buf:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -457,9 +457,7 @@ def _exchange(conn: socket.socket, request: dict[str, Any], limit_s: float) -> d
 def _begin(tenant: _Tenant, candidate: bool = False) -> tuple[socket.socket, dict[str, Any]]:
     """The region's own connection, and the grant."""
     conn = _connect(tenant.path)
-    request: dict[str, Any] = {"op": "region_begin", "tenant": tenant.tenant, "pid": os.getpid()}
-    if candidate:
-        request["candidate"] = True
+    request = messages.RegionBegin(tenant.tenant, os.getpid(), candidate)
     try:
         grant = _exchange(conn, request, tenant.wait_s)
     except BaseException:
@@ -474,7 +472,7 @@ def _end(
     """End the region; its record, with every key of a normal one (_complete)."""
     named: dict[str, Any] = {"calls": dict(calls)} if calls else {}
     try:
-        reply = _exchange(conn, {"op": "region_end", **named}, END_REPLY_S)
+        reply = _exchange(conn, messages.RegionEnd(dict(calls)), END_REPLY_S)
     except _Lost as lost:
         # The daemon died or restarted under the region, which ended it then (a dead daemon
         # ends every region: docs/architecture.md, the region protocol). The measurement is

@@ -59,7 +59,8 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # default what is left of 575 s since this script started; KB_SUBSET=N: the first N problems;
 # KB_BASELINE: an earlier run's JSON for exclusive and exclusive2), drvoom
 # (scripts/gpu/driver_oom_check.py: a command's first CUDA work beside a full GPU, natively and
-# under krex).
+# under krex), entry (scripts/bench/region_entry.py: region overhead by sibling kind; ENTRY_KINDS,
+# default idle,launching,compiling; ENTRY_SIBLINGS, default 7; ENTRY_REGIONS, default 30).
 # NCCL_NVLS_ENABLE=0 as the device's KINDS.md asks.
 PARTS=${PARTS:-"shim overhead controller mps demo"}
 rc=0
@@ -202,6 +203,12 @@ if [[ " $PARTS " == *" kbmem "* ]]; then
         --json "$OUT/kb_memory.json" --modes "${KB_MODES:-exclusive,krex8,krex16}" \
         --budget-s "${KB_BUDGET_S:-$((575 - SECONDS))}" ${KB_SUBSET:+--subset "$KB_SUBSET"} \
         ${KB_BASELINE:+--baseline "$KB_BASELINE"} || rc=1
+fi
+if [[ " $PARTS " == *" entry "* ]]; then
+    echo "== region overhead by sibling kind: ${ENTRY_KINDS:-idle,launching,compiling}"
+    python3 scripts/bench/region_entry.py --json "$OUT/region_entry.json" \
+        --kinds "${ENTRY_KINDS:-idle,launching,compiling}" --siblings "${ENTRY_SIBLINGS:-7}" \
+        --regions "${ENTRY_REGIONS:-30}" || rc=1
 fi
 if [[ " $PARTS " == *" mgpu-memory "* ]]; then
     echo "== two GPUs: device memory, the mix on each GPU at once"

@@ -270,8 +270,8 @@ def _settle(initial: float, name: str, what: str, **more: Any) -> Any:
     return _setting(initial, name, NUMBER, takes, what, check=_settle_seconds, **more)
 
 
-def _gib(name: str, what: str, default: str, takes: str = " (1 PiB)") -> Any:
-    takes = f"number 0..{MAX_GIB}{takes}"
+def _gib(name: str, what: str, default: str, more_bounds: str = " (1 PiB)") -> Any:
+    takes = f"number 0..{MAX_GIB}{more_bounds}"
     return _setting(None, name, NUMBER, takes, what, check=_gibibytes, default=default)
 
 

@@ -277,52 +277,10 @@ def run(
       127  CMD could not start
     """
     from krex.client import run as client
-    from krex.tenant.autoregions import DEFAULT_AUTO_REGIONS, parse
 
-    if (
-        auto_regions not in (None, "default")
-        and not _names(auto_regions)
-        and shutil.which(auto_regions)
-    ):
-        # `--auto-regions python bench.py`: the option's value is optional, so click took the
-        # command's first word for it; a name to wrap is a dotted path, a program is not.
-        argv, auto_regions = (auto_regions, *argv), "default"
-    if auto_regions == "default":
-        auto_regions = ",".join(DEFAULT_AUTO_REGIONS)
-    if auto_regions is not None:
-        try:
-            parse(auto_regions)
-        except ValueError as e:  # before any daemon sees it: one line, nothing admitted
-            click.echo(f"krex run: --auto-regions: {e}", err=True)
-            sys.exit(125)
-    gpu: int | list[int] | None = None
-    if gpu_text is not None:
-        try:
-            ids = [int(x) for x in gpu_text.split(",")]
-        except ValueError:
-            ids = []
-        if not ids or min(ids) < 0 or len(set(ids)) != len(ids):
-            raise click.BadParameter(
-                f"{gpu_text!r}: GPU indices (0, 1, ...) separated by commas, each once",
-                param_hint="'--gpu'",
-            )
-        if gpus is not None and gpus != len(ids):
-            raise click.BadParameter(
-                f"--gpus {gpus} but --gpu names {len(ids)} GPU(s)", param_hint="'--gpus'"
-            )
-        gpu = ids[0] if len(ids) == 1 else ids
-    mem = 0
-    if mem_text is not None:
-        from krex.core.config import MAX_BYTES, parse_size
-
-        try:
-            mem = parse_size(mem_text)
-        except ValueError as e:
-            raise click.BadParameter(str(e), param_hint="'--mem'") from None
-        if not 0 < mem <= MAX_BYTES:
-            raise click.BadParameter(
-                f"{mem_text!r}: must be more than 0 and at most 1024T (1 PiB)", param_hint="'--mem'"
-            )
+    argv, auto_regions = _auto_regions(argv, auto_regions)
+    gpu = _gpu_choice(gpu_text, gpus)
+    mem = 0 if mem_text is None else _mem_bytes(mem_text)
     sys.exit(
         client.run(
             client.RunOptions(
@@ -343,6 +301,61 @@ def run(
             )
         )
     )
+
+
+def _auto_regions(argv: tuple[str, ...], names: str | None) -> tuple[tuple[str, ...], str | None]:
+    """krex run's command and --auto-regions' names (the default's spelled out), checked before
+    any daemon sees them: a bad name is one line and exit 125, nothing admitted."""
+    from krex.tenant.autoregions import DEFAULT_AUTO_REGIONS, parse
+
+    if names not in (None, "default") and not _names(names) and shutil.which(names):
+        # `--auto-regions python bench.py`: the option's value is optional, so click took the
+        # command's first word for it; a name to wrap is a dotted path, a program is not.
+        argv, names = (names, *argv), "default"
+    if names == "default":
+        names = ",".join(DEFAULT_AUTO_REGIONS)
+    if names is not None:
+        try:
+            parse(names)
+        except ValueError as e:
+            click.echo(f"krex run: --auto-regions: {e}", err=True)
+            sys.exit(125)
+    return argv, names
+
+
+def _gpu_choice(gpu_text: str | None, gpus: int | None) -> int | list[int] | None:
+    """--gpu's index or indices (None: the daemon chooses), agreeing with --gpus."""
+    if gpu_text is None:
+        return None
+    try:
+        ids = [int(x) for x in gpu_text.split(",")]
+    except ValueError:
+        ids = []
+    if not ids or min(ids) < 0 or len(set(ids)) != len(ids):
+        raise click.BadParameter(
+            f"{gpu_text!r}: GPU indices (0, 1, ...) separated by commas, each once",
+            param_hint="'--gpu'",
+        )
+    if gpus is not None and gpus != len(ids):
+        raise click.BadParameter(
+            f"--gpus {gpus} but --gpu names {len(ids)} GPU(s)", param_hint="'--gpus'"
+        )
+    return ids[0] if len(ids) == 1 else ids
+
+
+def _mem_bytes(mem_text: str) -> int:
+    """--mem in bytes, more than 0 and at most 1 PiB."""
+    from krex.core.config import MAX_BYTES, parse_size
+
+    try:
+        mem = parse_size(mem_text)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="'--mem'") from None
+    if not 0 < mem <= MAX_BYTES:
+        raise click.BadParameter(
+            f"{mem_text!r}: must be more than 0 and at most 1024T (1 PiB)", param_hint="'--mem'"
+        )
+    return mem
 
 
 @main.group(invoke_without_command=True)
@@ -456,10 +469,7 @@ def daemon_stop(sim: bool, socket_path: str | None, timeout_s: float) -> None:
     """Stop the daemon on the socket (as `krex status` finds it): SIGTERM to the pid its lock
     file names, then wait until it has ended its regions and released the lock. Exits 0 also
     when no daemon runs there."""
-    import fcntl
     import os
-    import signal
-    import time
 
     from krex.client import run as client
     from krex.core.config import ConfigError
@@ -469,29 +479,11 @@ def daemon_stop(sim: bool, socket_path: str | None, timeout_s: float) -> None:
     except ConfigError as e:
         click.echo(f"krex daemon stop: {e}", err=True)
         sys.exit(2)
-    from krex.core.trust import TrustError, open_beside, trusted_uids
-
-    try:
-        # The pid it signals: from a file of ours or root's, never through a planted link.
-        fd = open_beside(f"{sock}.pid", os.O_RDONLY, owners=trusted_uids())
-    except FileNotFoundError:
-        click.echo(f"krex daemon stop: no krex daemon runs on {sock}", err=True)
+    fd = _open_pid_file(sock)
+    if fd is None:
         return
-    except TrustError as e:
-        click.echo(f"krex daemon stop: {e}", err=True)
-        sys.exit(2)
-
-    def held() -> bool:
-        """Whether a daemon holds the lock (it does for as long as it runs)."""
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-
     try:
-        if not held():
+        if not _lock_held(fd):
             click.echo(f"krex daemon stop: no krex daemon runs on {sock}", err=True)
             return
         text = os.read(fd, 64).decode(errors="replace").strip()
@@ -499,24 +491,62 @@ def daemon_stop(sim: bool, socket_path: str | None, timeout_s: float) -> None:
             click.echo(f"krex daemon stop: {sock}.pid names no process ({text!r})", err=True)
             sys.exit(1)
         what = client.daemon_identity(sock)
-        try:
-            os.kill(int(text), signal.SIGTERM)
-        except OSError as e:
-            click.echo(f"krex daemon stop: cannot signal process {text}: {e.strerror}", err=True)
-            sys.exit(1)
-        deadline = time.monotonic() + timeout_s
-        while held():
-            if time.monotonic() > deadline:
-                click.echo(
-                    f"krex daemon stop: the daemon (pid {text}) has not stopped within "
-                    f"{timeout_s:g} s",
-                    err=True,
-                )
-                sys.exit(1)
-            time.sleep(0.05)
+        _terminate(text, fd, timeout_s)
         click.echo(f"krex daemon stop: stopped {what} on {sock} (pid {text})", err=True)
     finally:
         os.close(fd)
+
+
+def _open_pid_file(sock: Path) -> int | None:
+    """The daemon's lock file beside `sock`, open for reading (None, said: there is none)."""
+    import os
+
+    from krex.core.trust import TrustError, open_beside, trusted_uids
+
+    try:
+        # The pid it signals: from a file of ours or root's, never through a planted link.
+        return open_beside(f"{sock}.pid", os.O_RDONLY, owners=trusted_uids())
+    except FileNotFoundError:
+        click.echo(f"krex daemon stop: no krex daemon runs on {sock}", err=True)
+        return None
+    except TrustError as e:
+        click.echo(f"krex daemon stop: {e}", err=True)
+        sys.exit(2)
+
+
+def _lock_held(fd: int) -> bool:
+    """Whether a daemon holds the lock of its lock file `fd` (it does for as long as it runs)."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
+
+
+def _terminate(pid: str, fd: int, timeout_s: float) -> None:
+    """SIGTERM to the daemon `pid` (as its lock file spells it), then wait until it has released
+    the lock of `fd` (exit 1 when it cannot be signalled or has not stopped within `timeout_s`)."""
+    import os
+    import signal
+    import time
+
+    try:
+        os.kill(int(pid), signal.SIGTERM)
+    except OSError as e:
+        click.echo(f"krex daemon stop: cannot signal process {pid}: {e.strerror}", err=True)
+        sys.exit(1)
+    deadline = time.monotonic() + timeout_s
+    while _lock_held(fd):
+        if time.monotonic() > deadline:
+            click.echo(
+                f"krex daemon stop: the daemon (pid {pid}) has not stopped within {timeout_s:g} s",
+                err=True,
+            )
+            sys.exit(1)
+        time.sleep(0.05)
 
 
 @main.command()

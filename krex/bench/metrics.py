@@ -841,6 +841,20 @@ def summarize(
         ValueError: If the exclusive run is missing, a key does not match its run's mode, the
             runs ran different commands, or a field is empty or of the wrong type.
     """
+    _check_runs(runs, machine=machine, date=date, command=command, concurrency=concurrency)
+    base = runs[BASELINE]
+    ordered = [runs[m] for m in MODES if m in runs]
+    for run in ordered:
+        _same_commands(run, base)
+    return _summary(
+        ordered, base, machine=machine, date=date, command=command, concurrency=concurrency
+    )
+
+
+def _check_runs(
+    runs: Mapping[str, ModeRun], *, machine: str, date: str, command: str, concurrency: int
+) -> None:
+    """ValueError unless summarize's arguments are well formed (each run compared later)."""
     for key, run in runs.items():
         if not isinstance(run, ModeRun):
             raise ValueError(f"Run {key!r} is a {type(run).__name__}, not a ModeRun.")
@@ -853,10 +867,18 @@ def summarize(
     _name("command", command)
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ValueError(f"concurrency must be a positive integer, not {concurrency!r}.")
-    base = runs[BASELINE]
-    ordered = [runs[m] for m in MODES if m in runs]
-    for run in ordered:
-        _same_commands(run, base)
+
+
+def _summary(
+    ordered: list[ModeRun],
+    base: ModeRun,
+    *,
+    machine: str,
+    date: str,
+    command: str,
+    concurrency: int,
+) -> Results:
+    """results.json of checked runs (`ordered`: in `MODES` order, `base` the exclusive one)."""
     base_tp = throughput_cmds_per_min(base)
     base_all_tp = throughput_all_cmds_per_min(base)
     inflations = {r.mode: inflation_percentiles(r, base) for r in ordered}

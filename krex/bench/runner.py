@@ -312,6 +312,60 @@ def _reason(err: str, status: int | None) -> str:
     return text if len(text) <= REASON_CHARS else text[: REASON_CHARS - 3] + "..."
 
 
+@dataclass(frozen=True)
+class _Launcher:
+    """How a batch starts its commands: as they are, or through `krex run` on `krex_socket`
+    (on `gpu` when given, with `settle_s` as every region's settle when given)."""
+
+    env: dict[str, str]
+    krex_socket: Path | None
+    no_pool: bool
+    tmp: Path
+    label: str
+    gpu: int | None
+    settle_s: float | None
+
+    def start(self, i: int, cmd: Command) -> tuple[subprocess.Popen[str], float, Path]:
+        """The batch's `i`th command started: its process, when, and where its report goes."""
+        report = self.tmp / f"{self.label}-{i}.json"
+        argv = list(cmd.argv)
+        if self.krex_socket is not None:
+            argv = self._krex_run(cmd, self.krex_socket, report)
+        p = subprocess.Popen(
+            argv,
+            env=fresh_caches(self.env, self.tmp / "cache" / f"{self.label}-{i}"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        return p, time.monotonic(), report
+
+    def _krex_run(self, cmd: Command, socket: Path, report: Path) -> list[str]:
+        settle = self.settle_s
+        return [
+            sys.executable,
+            "-m",
+            "krex.cli",
+            "run",
+            *(["--sim"] if cmd.simulated else []),
+            *(["--no-pool"] if self.no_pool else []),
+            *(["--gpu", str(self.gpu)] if self.gpu is not None else []),
+            # krex-settle: every region's settle is S, the power-capped rule's too
+            # (0: krex with no settle at all, as before regions.capped_settle_s).
+            *(["--settle", f"{settle:g}", "--capped-settle", f"{settle:g}"] if settle is not None
+              else []),
+            # Autotuners' and harness timers' timings in regions too, as a user who wants them
+            # protected runs (docs/bench.md); the simulated commands have none.
+            *([] if cmd.simulated else ["--auto-regions"]),
+            "--socket",
+            str(socket),
+            "--report",
+            str(report),
+            "--",
+            *cmd.argv,
+        ]  # fmt: skip
+
+
 def _batch(
     cmds: Sequence[Command],
     concurrency: int,
@@ -332,6 +386,7 @@ def _batch(
     no JSON result line. With `failures`, each failure is appended to it, in suite order, and
     the batch goes on; without, the first one raises BenchError.
     """
+    launcher = _Launcher(env, krex_socket, no_pool, tmp, label, gpu, settle_s)
     task = progress.add_task(label, total=len(cmds))
     pending = deque(enumerate(cmds))
     running: dict[int, tuple[subprocess.Popen[str], float, Path]] = {}
@@ -343,43 +398,7 @@ def _batch(
         while pending or running:
             while pending and len(running) < concurrency:
                 i, cmd = pending.popleft()
-                report = tmp / f"{label}-{i}.json"
-                argv = list(cmd.argv)
-                if krex_socket is not None:
-                    argv = [
-                        sys.executable,
-                        "-m",
-                        "krex.cli",
-                        "run",
-                        *(["--sim"] if cmd.simulated else []),
-                        *(["--no-pool"] if no_pool else []),
-                        *(["--gpu", str(gpu)] if gpu is not None else []),
-                        # krex-settle: every region's settle is S, the power-capped rule's too
-                        # (0: krex with no settle at all, as before regions.capped_settle_s).
-                        *(
-                            ["--settle", f"{settle_s:g}", "--capped-settle", f"{settle_s:g}"]
-                            if settle_s is not None
-                            else []
-                        ),
-                        # Autotuners' and harness timers' timings in regions too, as a user
-                        # who wants them protected runs (docs/bench.md); the simulated
-                        # commands have none.
-                        *([] if cmd.simulated else ["--auto-regions"]),
-                        "--socket",
-                        str(krex_socket),
-                        "--report",
-                        str(report),
-                        "--",
-                        *argv,
-                    ]
-                p = subprocess.Popen(
-                    argv,
-                    env=fresh_caches(env, tmp / "cache" / f"{label}-{i}"),
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
-                running[i] = (p, time.monotonic(), report)
+                running[i] = launcher.start(i, cmd)
             time.sleep(0.005)
             for i, (p, started, report) in list(running.items()):
                 if p.poll() is None:
@@ -392,60 +411,61 @@ def _batch(
                 wall = time.monotonic() - started
                 progress.advance(task)
                 report_doc = _read_report(report) if krex_socket is not None else {}
-                memory = report_doc.get("memory")
-                memory = memory if isinstance(memory, dict) else None
-                line = _result_line(out) if p.returncode == 0 and i not in killed else None
-                if line is None:
-                    status = None if i in killed else p.returncode
-                    failed[i] = Failed(
-                        cmd=cmds[i],
-                        status=status,
-                        wall_s=wall,
-                        oom=out_of_memory(err, memory),
-                        reason=_reason(err, status),
-                        attempts=_attempts(report_doc),
-                        stderr_tail=err[-STDERR_TAIL:],
-                    )
-                    if failures is None:
-                        raise BenchError(f"{failed[i].describe()}:\n{failed[i].stderr_tail}")
+                status = None if i in killed else p.returncode
+                done = _finished(cmds[i], status, out, err, wall, report_doc)
+                if isinstance(done, Outcome):
+                    results[i] = done
                     continue
-                regions, clocks, pool = [], [], None
-                if krex_socket is not None:
-                    pool = report_doc.get("pool")
-                    region_docs = report_doc.get("regions") or []
-                    clocks = [r["sm_clock_mhz"] for r in region_docs if "sm_clock_mhz" in r]
-                    regions = [
-                        RegionTimes(
-                            wait_s=r["wait_s"],
-                            drain_s=r["drain_s"],
-                            freeze_s=r["freeze_s"],
-                            duration_s=r["duration_s"],
-                            clean=r["clean"],
-                            warnings=tuple(w["name"] for w in r.get("warnings", [])),
-                            settle_s=r.get("settle_s", 0.0),
-                            settle_capped=r.get("settle_capped") is True,
-                            candidate=r.get("candidate") is True,
-                        )
-                        for r in region_docs
-                    ]
-                rest = {k: v for k, v in line.items() if k not in ("task", "variant", "median_ms")}
-                results[i] = Outcome(
-                    cmds[i],
-                    float(line["median_ms"]),
-                    wall,
-                    regions,
-                    rest,
-                    clocks,
-                    pool,
-                    memory,
-                    _attempts(report_doc),
-                )
+                failed[i] = done
+                if failures is None:
+                    raise BenchError(f"{done.describe()}:\n{done.stderr_tail}")
     finally:
         for p, _, _ in running.values():
             p.kill()
     if failures is not None:
         failures += [failed[i] for i in sorted(failed)]
     return time.monotonic() - t0, [results[i] for i in sorted(results)]
+
+
+def _finished(
+    cmd: Command, status: int | None, out: str, err: str, wall: float, report: dict[str, Any]
+) -> Outcome | Failed:
+    """What a command that ended gave (`status` None: it was killed, having run too long), with
+    its krex report (empty when it ran without krex)."""
+    memory = report.get("memory")
+    memory = memory if isinstance(memory, dict) else None
+    line = _result_line(out) if status == 0 else None
+    if line is None:
+        return Failed(
+            cmd=cmd,
+            status=status,
+            wall_s=wall,
+            oom=out_of_memory(err, memory),
+            reason=_reason(err, status),
+            attempts=_attempts(report),
+            stderr_tail=err[-STDERR_TAIL:],
+        )
+    region_docs = report.get("regions") or []
+    clocks = [r["sm_clock_mhz"] for r in region_docs if "sm_clock_mhz" in r]
+    regions = [
+        RegionTimes(
+            wait_s=r["wait_s"],
+            drain_s=r["drain_s"],
+            freeze_s=r["freeze_s"],
+            duration_s=r["duration_s"],
+            clean=r["clean"],
+            warnings=tuple(w["name"] for w in r.get("warnings", [])),
+            settle_s=r.get("settle_s", 0.0),
+            settle_capped=r.get("settle_capped") is True,
+            candidate=r.get("candidate") is True,
+        )
+        for r in region_docs
+    ]
+    rest = {k: v for k, v in line.items() if k not in ("task", "variant", "median_ms")}
+    pool = report.get("pool")
+    return Outcome(
+        cmd, float(line["median_ms"]), wall, regions, rest, clocks, pool, memory, _attempts(report)
+    )
 
 
 def _memory_wait(memory: dict[str, Any] | None) -> float | None:
@@ -520,86 +540,7 @@ def run(
     if not simulated:
         _preflight(profile)
     out_dir.mkdir(parents=True, exist_ok=True)
-    plan: list[tuple[str, int, bool]] = []  # (mode name in results, concurrency, through krex)
-    for m in modes:
-        if m == "exclusive":
-            plan += [("exclusive", 1, False), ("native_repeat", 1, False)]
-        else:
-            plan.append((m, 1 if m == "krex-serial" else concurrency, m.startswith("krex")))
-    runs: dict[str, ModeRun] = {}
-    records: list[dict[str, Any]] = []
-    mps: dict[str, bool] = {}  # krex-mps: whether its daemon ran MPS (never on a simulated GPU)
-    with tempfile.TemporaryDirectory(prefix="krex-bench-") as tmp_name, Progress() as progress:
-        tmp = Path(tmp_name)
-        sim_shm = f"/krex-bench-{os.getpid()}-plain" if simulated else None
-        try:
-            for name, c, through_krex in plan:
-                failed: list[Failed] = []
-                env = _plain_env(sim_shm)
-                if through_krex:
-                    # krex: the daemon's default pool (as many warm workers as slots on a real
-                    # GPU); krex-cold: none, and every command its own process. One GPU, also
-                    # on a node of several: the baselines run on device 0 only.
-                    cold = name == "krex-cold"
-                    with private_daemon(
-                        tmp / name,
-                        sim=simulated,
-                        slots=max(c, 1),
-                        pool=0 if cold else pool,
-                        gpus=1,
-                        mps=name == "krex-mps",
-                    ) as sock:
-                        if name == "krex-mps":
-                            mps[name] = bool(status(False, str(sock)).get("mps"))
-                        wall, outcomes = _batch(
-                            cmds,
-                            c,
-                            dict(os.environ),
-                            sock,
-                            cold,
-                            tmp,
-                            progress,
-                            name,
-                            failures=failed,
-                            settle_s=settle_s if name == "krex-settle" else None,
-                        )
-                else:
-                    wall, outcomes = _batch(
-                        cmds, c, env, None, False, tmp, progress, name, failures=failed
-                    )
-                if name == "exclusive" and failed and not outcomes:
-                    raise BenchError(
-                        f"every command failed in the exclusive run, the baseline; the first, "
-                        f"{failed[0].describe()}:\n{failed[0].stderr_tail}"
-                    )
-                runs[name] = _mode_run(name, wall, outcomes, failed)
-                records += [
-                    {
-                        "mode": name,
-                        "task": o.cmd.task,
-                        "variant": o.cmd.variant,
-                        "median_ms": o.median_ms,
-                        "wall_s": o.wall_s,
-                        "region_s": sum(r.duration_s for r in o.regions),
-                        "regions": len(o.regions),
-                        "settle_s": sum(r.settle_s for r in o.regions),
-                        **(
-                            {"region_records": [r.record() for r in o.regions]} if o.regions else {}
-                        ),
-                        "output": o.output,
-                        **({"pool": o.pool} if o.pool else {}),
-                        **({"region_sm_clock_mhz": o.region_clocks} if o.region_clocks else {}),
-                        **({"memory": o.memory} if o.memory is not None else {}),
-                        **({"attempts": o.attempts} if o.attempts else {}),
-                    }
-                    for o in outcomes
-                ]
-        except ClientError as e:
-            raise BenchError(str(e)) from e
-        finally:
-            if sim_shm is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    Path("/dev/shm", sim_shm.lstrip("/")).unlink()
+    runs, records, mps = _run_modes(cmds, modes, concurrency, pool, settle_s)
     results: dict[str, Any] = dict(
         summarize(
             runs,
@@ -623,6 +564,119 @@ def run(
     for line in failure_lines(results):
         print(line, file=sys.stderr)
     return results
+
+
+def _run_modes(
+    cmds: list[Command], modes: list[str], concurrency: int, pool: int | None, settle_s: float
+) -> tuple[dict[str, ModeRun], list[dict[str, Any]], dict[str, bool]]:
+    """Every mode's batch: the runs, results.json's `commands` records, and per krex-mps run
+    whether its daemon ran MPS."""
+    simulated = any(c.simulated for c in cmds)
+    runs: dict[str, ModeRun] = {}
+    records: list[dict[str, Any]] = []
+    mps: dict[str, bool] = {}  # krex-mps: whether its daemon ran MPS (never on a simulated GPU)
+    with tempfile.TemporaryDirectory(prefix="krex-bench-") as tmp_name, Progress() as progress:
+        tmp = Path(tmp_name)
+        sim_shm = f"/krex-bench-{os.getpid()}-plain" if simulated else None
+        try:
+            for name, c, through_krex in _plan(modes, concurrency):
+                failed: list[Failed] = []
+                if through_krex:
+                    wall, outcomes = _krex_mode(
+                        name, cmds, c, tmp, progress, failed, pool, settle_s, mps
+                    )
+                else:
+                    env = _plain_env(sim_shm)
+                    wall, outcomes = _batch(
+                        cmds, c, env, None, False, tmp, progress, name, failures=failed
+                    )
+                if name == "exclusive" and failed and not outcomes:
+                    raise BenchError(
+                        f"every command failed in the exclusive run, the baseline; the first, "
+                        f"{failed[0].describe()}:\n{failed[0].stderr_tail}"
+                    )
+                runs[name] = _mode_run(name, wall, outcomes, failed)
+                records += [_record(name, o) for o in outcomes]
+        except ClientError as e:
+            raise BenchError(str(e)) from e
+        finally:
+            if sim_shm is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    Path("/dev/shm", sim_shm.lstrip("/")).unlink()
+    return runs, records, mps
+
+
+def _plan(modes: list[str], concurrency: int) -> list[tuple[str, int, bool]]:
+    """(mode name in the results, concurrency, whether through krex) per batch to run: the
+    exclusive mode is two batches (its repeat says how much one-at-a-time timings vary)."""
+    plan: list[tuple[str, int, bool]] = []
+    for m in modes:
+        if m == "exclusive":
+            plan += [("exclusive", 1, False), ("native_repeat", 1, False)]
+        else:
+            plan.append((m, 1 if m == "krex-serial" else concurrency, m.startswith("krex")))
+    return plan
+
+
+def _krex_mode(
+    name: str,
+    cmds: Sequence[Command],
+    concurrency: int,
+    tmp: Path,
+    progress: Progress,
+    failed: list[Failed],
+    pool: int | None,
+    settle_s: float,
+    mps: dict[str, bool],
+) -> tuple[float, list[Outcome]]:
+    """One krex mode's batch, on a daemon of its own (for krex-mps, whether it ran MPS goes into
+    `mps`)."""
+    # krex: the daemon's default pool (as many warm workers as slots on a real GPU);
+    # krex-cold: none, and every command its own process. One GPU, also on a node of several:
+    # the baselines run on device 0 only.
+    cold = name == "krex-cold"
+    with private_daemon(
+        tmp / name,
+        sim=any(c.simulated for c in cmds),
+        slots=max(concurrency, 1),
+        pool=0 if cold else pool,
+        gpus=1,
+        mps=name == "krex-mps",
+    ) as sock:
+        if name == "krex-mps":
+            mps[name] = bool(status(False, str(sock)).get("mps"))
+        return _batch(
+            cmds,
+            concurrency,
+            dict(os.environ),
+            sock,
+            cold,
+            tmp,
+            progress,
+            name,
+            failures=failed,
+            settle_s=settle_s if name == "krex-settle" else None,
+        )
+
+
+def _record(mode: str, o: Outcome) -> dict[str, Any]:
+    """A command's entry in results.json's `commands`."""
+    return {
+        "mode": mode,
+        "task": o.cmd.task,
+        "variant": o.cmd.variant,
+        "median_ms": o.median_ms,
+        "wall_s": o.wall_s,
+        "region_s": sum(r.duration_s for r in o.regions),
+        "regions": len(o.regions),
+        "settle_s": sum(r.settle_s for r in o.regions),
+        **({"region_records": [r.record() for r in o.regions]} if o.regions else {}),
+        "output": o.output,
+        **({"pool": o.pool} if o.pool else {}),
+        **({"region_sm_clock_mhz": o.region_clocks} if o.region_clocks else {}),
+        **({"memory": o.memory} if o.memory is not None else {}),
+        **({"attempts": o.attempts} if o.attempts else {}),
+    }
 
 
 def render_report(results: dict[str, Any], out_dir: Path) -> list[Path]:

@@ -79,47 +79,6 @@ def main(force_sim: bool | None = None) -> int:
         return 2
     b = GPU if use_gpu else SIM
     tmp = Path(tempfile.mkdtemp(prefix="krex-demo-"))
-    krex = [sys.executable, "-m", "krex.cli"]
-    sim = ["--sim"] if b is SIM else []
-    tenant = [
-        sys.executable,
-        "-m",
-        "krex.tenant.demo",
-        b.name,
-        "bench",
-        str(b.size),
-        str(b.reps),
-        str(b.outside_s),
-    ]
-
-    def batch(sock: Path, at_once: bool, region: bool) -> Batch:
-        run = [*krex, "run", *sim, "--socket", str(sock), "--"]
-        cmd = [*run, *tenant, "region" if region else "none"]
-        t0 = time.monotonic()
-        outs: list[str] = []
-        if at_once:
-            procs = [
-                subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                for _ in range(COMMANDS)
-            ]
-            results = [p.communicate(timeout=600) for p in procs]
-            codes = [p.returncode for p in procs]
-        else:
-            done = [
-                subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-                for _ in range(COMMANDS)
-            ]
-            results = [(d.stdout, d.stderr) for d in done]
-            codes = [d.returncode for d in done]
-        wall = time.monotonic() - t0
-        for code, (out, err) in zip(codes, results, strict=True):
-            if code != 0:
-                raise RuntimeError(f"a benchmarking command failed ({code}):\n{err[-2000:]}")
-            outs.append(out)
-        return Batch(
-            wall, [float(json.loads(o.strip().splitlines()[-1])["median_ms"]) for o in outs]
-        )
-
     try:
         with private_daemon(tmp, sim=b is SIM, slots=COMMANDS) as sock:
             print(f"KREX demo on {b.label}")
@@ -127,15 +86,55 @@ def main(force_sim: bool | None = None) -> int:
                 f"{COMMANDS} benchmarking commands; each does {b.outside_s:g} s of GPU work "
                 f"outside its region, then times {b.what}\n(median of {b.reps} event-timed runs).\n"
             )
-            serial = batch(sock, at_once=False, region=True)
-            shared = batch(sock, at_once=True, region=False)
-            krexed = batch(sock, at_once=True, region=True)
+            serial = _batch(_command(b, sock, region=True), at_once=False)
+            shared = _batch(_command(b, sock, region=False), at_once=True)
+            krexed = _batch(_command(b, sock, region=True), at_once=True)
     except (ClientError, RuntimeError, subprocess.TimeoutExpired) as e:
         print(f"krex demo: {e}", file=sys.stderr)
         return 1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    _print_table(b, serial, shared, krexed)
+    return 0
 
+
+def _command(b: Backend, sock: Path, region: bool) -> list[str]:
+    """One benchmarking command through `krex run` on `sock`, its timed part in a region or
+    not."""
+    sim = ["--sim"] if b is SIM else []
+    run = [sys.executable, "-m", "krex.cli", "run", *sim, "--socket", str(sock), "--"]
+    tenant = [sys.executable, "-m", "krex.tenant.demo", b.name, "bench", str(b.size)]
+    return [*run, *tenant, str(b.reps), str(b.outside_s), "region" if region else "none"]
+
+
+def _batch(cmd: list[str], at_once: bool) -> Batch:
+    """COMMANDS runs of `cmd`, all at once or one at a time: the wall time and their medians."""
+    t0 = time.monotonic()
+    outs: list[str] = []
+    if at_once:
+        procs = [
+            subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(COMMANDS)
+        ]
+        results = [p.communicate(timeout=600) for p in procs]
+        codes = [p.returncode for p in procs]
+    else:
+        done = [
+            subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+            for _ in range(COMMANDS)
+        ]
+        results = [(d.stdout, d.stderr) for d in done]
+        codes = [d.returncode for d in done]
+    wall = time.monotonic() - t0
+    for code, (out, err) in zip(codes, results, strict=True):
+        if code != 0:
+            raise RuntimeError(f"a benchmarking command failed ({code}):\n{err[-2000:]}")
+        outs.append(out)
+    return Batch(wall, [float(json.loads(o.strip().splitlines()[-1])["median_ms"]) for o in outs])
+
+
+def _print_table(b: Backend, serial: Batch, shared: Batch, krexed: Batch) -> None:
+    """Wall time, throughput, speed-up and measurement errors of the three ways."""
     truth = b.size / 1e6 if b is SIM else statistics.median(serial.medians_ms)
     print(
         f"  {'mode':<34} {'wall':>7} {'cmds/min':>9} {'speed-up':>9} {'median error':>13}"
@@ -159,7 +158,6 @@ def main(force_sim: bool | None = None) -> int:
             "  (simulated GPU: every time above is simulated device time or this machine's "
             "wall time, not a measurement of real hardware)"
         )
-    return 0
 
 
 if __name__ == "__main__":

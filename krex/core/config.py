@@ -3,72 +3,11 @@
 Looked up in this order: the `--config` flag, `$KREX_CONFIG`, `/etc/krex/config.toml`; without
 any, the embedded defaults. Every bad key or value is one `ConfigError` naming it.
 
-```toml
-[daemon]
-socket = "/run/krex/krex.sock"   # default: $XDG_RUNTIME_DIR/krex/krex.sock or /tmp/krex-$UID/
-segment = "/krex-0"              # shared-memory name (default derived from the socket)
-log_format = "text"              # text | json (one JSON object per line)
-
-[gpus]
-count = 1          # default: the GPUs the driver shows (or 1 simulated GPU)
-sim = false        # serve simulated GPUs (krex run --sim)
-vendor = "auto"    # auto | nvidia | amd (AMD: HIP through LD_AUDIT, docs/hip.md; untested on
-                   # real AMD GPUs); auto: nvidia where nvidia-smi is, amd where only ROCm is
-slots = 8          # commands admitted per GPU at once
-
-[timeouts]
-quiesce_s = 5.0    # waiting for siblings half-way into the driver
-drain_s = 10.0     # waiting for siblings' queued GPU work
-freeze_s = 5.0     # waiting for siblings' cgroups to freeze
-region_s = 600.0   # a region's longest life (krex run --region-timeout overrides per command)
-
-[regions]
-settle_s = 0.0     # after the freeze, idle this long before the grant when the GPU's
-                   # siblings worked on it in the last second or two (NVML's process
-                   # samples, or the shim's count of their driver calls): a
-                   # power-limited kernel then starts as it would alone (0: off; at most 5;
-                   # krex run --settle overrides per command; docs/user-guide.md)
-capped_settle_s = 2.0  # the same idle, only for a command that already ran into the GPU's
-                   # power (or thermal) limit in one of its regions (its record's
-                   # gpu_capped warning): its kernels are the power-limited ones (0: off;
-                   # at most 5; krex run --capped-settle overrides per command)
-
-[freezer]
-backend = "auto"   # auto | cgroup-v2 | cgroup-v1 | signal
-
-[slices.0]         # per GPU: cores for the region owner, cores for everyone else
-region = "0-1"
-shared = "2-15"
-
-[mps]
-enabled = false
-
-[pool]             # warm workers: fork servers (docs/pool.md)
-workers = 2        # per GPU; each forks any number of commands (default: 2 on real GPUs,
-                   # 0 on simulated ones)
-preload = ["torch", "triton"]   # imported by each worker where installed (default: these
-                                # and Inductor on real GPUs, none on simulated ones)
-max_uses = 100     # accepted for older configurations; unused (each command is a fresh child)
-
-[memory]           # device memory (docs/memory.md)
-headroom_gib = 4.0 # kept free for contexts and libraries' workspaces when admitting (default:
-                   # 0.5 per slot on real GPUs, 0 on simulated ones)
-wait_s = 600.0     # longest a call waits for memory before it fails as it would have (the
-                   # command's regions then say so, and it runs again alone)
-deadlock_s = 30.0  # no memory freed this long with waiters though some holder runs: the
-                   # youngest waiting command is preempted (run again from the start); at
-                   # once (1 s) when every process holding memory waits
-room_gib = 1.0     # free device memory a region's owner waits for before its siblings are
-                   # frozen (default: 1, at most 1/16 of the GPU; 0: off)
-room_wait_s = 10.0 # the longest that wait lasts (then the region goes ahead)
-unknown_gib = 17.0 # what a command never seen is expected to need until a few peaks are
-                   # learned (default: an eighth of the GPU less the headroom; 0: admitted
-                   # whatever)
-
-[metrics]
-port = 0           # Prometheus endpoint (0: off; needs prometheus-client)
-address = "127.0.0.1"
-```
+Each setting is one field of `Config`, whose `Key` says where it is in the file (`[memory]
+room_wait_s`), what it takes, its bounds and what it means. The parser, its type checks,
+`validate`, `krex config show` (krex/daemon/views.py) and the operator guide's table of settings
+(`keys_table`, written by scripts/config_table.py) are all derived from those fields. An example
+file: docs/deploy/config.toml.
 """
 
 from __future__ import annotations
@@ -78,7 +17,8 @@ import os
 import re
 import sys
 import zlib
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +28,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from krex.core.errors import KrexError
-from krex.core.slices import SliceError, parse_cpu_list
+from krex.core.slices import MAX_CPU, SliceError, parse_cpu_list
 
 DEFAULT_PATH = Path("/etc/krex/config.toml")
 # A unix socket's path has at most 107 bytes (sun_path, with its NUL); a segment's name becomes a
@@ -191,36 +131,292 @@ class SliceConfig:
     shared: frozenset[int]
 
 
+def check_socket_path(path: Path, where: str) -> None:
+    """ConfigError unless `path` can be a unix socket's path (length, no NUL byte)."""
+    raw = os.fsencode(path)
+    if b"\0" in raw or not raw or raw in (b".", b".."):
+        raise ConfigError(f"{where}: not a usable path ({str(path)!r})")
+    if len(raw) > SOCKET_PATH_MAX:
+        raise ConfigError(
+            f"{where}: {str(path)[:40]}... is too long for a unix socket "
+            f"({len(raw)} bytes, at most {SOCKET_PATH_MAX})"
+        )
+
+
+NUMBER = (int, float)  # what a TOML number may be
+Check = Callable[[Any, str], None]  # (a set value, "<source>: <key>"): a ConfigError or nothing
+
+
+@dataclass(frozen=True)
+class Key:
+    """One setting of the file, a Config field's metadata: its section and key, the TOML type it
+    takes, `check` (raises one ConfigError naming the key when the value is out of bounds),
+    `convert` (the TOML value to the field's), and for the operator guide its type and bounds
+    (`takes`), its default in words where the field's own needs some, and its meaning."""
+
+    section: str
+    key: str
+    toml: type | tuple[type, ...]
+    takes: str
+    what: str
+    default: str | None = None
+    check: Check | None = None
+    convert: Callable[[Any], Any] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.section}.{self.key}" if self.key else self.section
+
+
+def _within(value: float, lo: float, hi: float) -> bool:
+    """lo <= value <= hi, compared exactly (an integer too large for a float is out, not an
+    OverflowError; nan is out)."""
+    return lo <= value <= hi
+
+
+def _shown(value: object) -> str:
+    """A value for an error message, cut short."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _ints(lo: int, hi: int, says: str = "") -> Check:
+    def check(value: int, where: str) -> None:
+        if not lo <= value <= hi:
+            raise ConfigError(f"{where} must be {says or f'{lo}..{hi}'}, got {_shown(value)}")
+
+    return check
+
+
+def _positive_seconds(value: float, where: str) -> None:
+    if not (_within(value, 0, MAX_SECONDS) and value > 0):
+        raise ConfigError(
+            f"{where} must be > 0 and finite, at most {MAX_SECONDS:g} (seconds), "
+            f"got {_shown(value)}"
+        )
+
+
+def _settle_seconds(value: float, where: str) -> None:
+    if not _within(value, 0, MAX_SETTLE_S):
+        raise ConfigError(f"{where} must be 0..{MAX_SETTLE_S:g} (seconds), got {_shown(value)}")
+
+
+def _gibibytes(value: float, where: str) -> None:
+    if not _within(value, 0, MAX_GIB):
+        raise ConfigError(
+            f"{where} must be >= 0 and finite, at most {MAX_GIB} (GiB, 1 PiB), got {_shown(value)}"
+        )
+
+
+def _one_of(choices: tuple[str, ...]) -> Check:
+    said = " or ".join(choices) if len(choices) == 2 else f"one of {', '.join(choices)}"
+
+    def check(value: str, where: str) -> None:
+        if value not in choices:
+            raise ConfigError(f"{where} must be {said}, got {value!r}")
+
+    return check
+
+
+def _segment_name(seg: str, where: str) -> None:
+    if not _SEGMENT_NAME.fullmatch(seg):
+        shown = repr(seg[:40]) + ("..." if len(seg) > 40 else "")
+        raise ConfigError(
+            f"{where} must look like '/name' (1 to {SEGMENT_NAME_MAX} letters, digits, '.', '_' "
+            "or '-' after the slash, the first not '.' or '-': it names the daemon's cgroups "
+            f"too), got {shown} ({len(seg)} characters)"
+        )
+
+
+def _host(addr: str, where: str) -> None:
+    if not (addr and len(addr) <= 253 and addr.isascii() and addr.isprintable()) or " " in addr:
+        raise ConfigError(f"{where} must be a host name or address, got {addr[:60]!r}")
+
+
+def _module_names(names: tuple[str, ...], where: str) -> None:
+    for name in names:
+        if not isinstance(name, str) or not all(p.isidentifier() for p in name.split(".")):
+            raise ConfigError(f"{where}: {name!r} is not a module name")
+
+
+def _gpu_indices(slices: dict[int, SliceConfig], where: str) -> None:
+    for gpu in slices:
+        if not 0 <= gpu < MAX_GPUS:
+            raise ConfigError(f"{where}.{gpu}: a GPU index is 0..{MAX_GPUS - 1}")
+
+
+def _setting(initial: Any, name: str, toml: type | tuple[type, ...], takes: str, what: str,
+             **more: Any) -> Any:  # fmt: skip
+    """A Config field that is the setting `name` ('section.key') of the file, `initial` its
+    default value (a callable: what makes it)."""
+    section, _, key = name.partition(".")
+    meta = {"key": Key(section, key, toml, takes, what, **more)}
+    if callable(initial):
+        return field(default_factory=initial, metadata=meta)
+    return field(default=initial, metadata=meta)
+
+
+def _int(initial: int | None, name: str, lo: int, hi: int, what: str, **more: Any) -> Any:
+    return _setting(initial, name, int, f"int {lo}..{hi}", what, check=_ints(lo, hi), **more)
+
+
+def _seconds(initial: float, name: str, what: str) -> Any:
+    takes = f"number > 0, at most {MAX_SECONDS:.0e}".replace("e+0", "e")
+    return _setting(initial, name, NUMBER, takes, what, check=_positive_seconds)
+
+
+def _settle(initial: float, name: str, what: str, **more: Any) -> Any:
+    takes = f"number 0..{MAX_SETTLE_S:g}"
+    return _setting(initial, name, NUMBER, takes, what, check=_settle_seconds, **more)
+
+
+def _gib(name: str, what: str, default: str, more_bounds: str = " (1 PiB)") -> Any:
+    takes = f"number 0..{MAX_GIB}{more_bounds}"
+    return _setting(None, name, NUMBER, takes, what, check=_gibibytes, default=default)
+
+
+def _choice(initial: str, name: str, choices: tuple[str, ...], what: str) -> Any:
+    words = [f"`{c}`" for c in choices]
+    takes = f"string: {', '.join(words[:-1])} or {words[-1]}"
+    return _setting(initial, name, str, takes, what, check=_one_of(choices))
+
+
+def _flag(name: str, what: str) -> Any:
+    return _setting(False, name, bool, "bool", what)
+
+
 @dataclass(frozen=True)
 class Config:
-    socket: Path | None = None
-    segment: str | None = None
-    gpu_count: int | None = None
-    sim: bool = False
-    vendor: str = "auto"
-    slots: int = 8
+    """The settings, in the file's order (`krex config show` prints them so), and `source`."""
+
+    # Each default is a field() with the setting's Key, made once (not a shared mutable value).
+    socket: Path | None = _setting(  # noqa: RUF009
+        None, "daemon.socket", str, f"string, at most {SOCKET_PATH_MAX} bytes",
+        "where the daemon listens", default="per user (below)", check=check_socket_path,
+        convert=Path,
+    )  # fmt: skip
+    segment: str | None = _setting(
+        None, "daemon.segment", str, "string `/name`",
+        f"the gates' shared-memory segment: 1 to {SEGMENT_NAME_MAX} letters, digits, `.`, `_` "
+        "or `-` after the `/`, the first not `.` or `-` (the name is the daemon's cgroup root "
+        "too)",
+        default="`/krex-<uid>-<hash of socket>`", check=_segment_name,
+    )  # fmt: skip
+    log_format: str = _choice(
+        "text", "daemon.log_format", ("text", "json"),
+        "the log's lines: text, or one JSON object each (see Logs)",
+    )  # fmt: skip
+    gpu_count: int | None = _int(
+        None, "gpus.count", 1, MAX_GPUS, "GPUs served",
+        default="the GPUs `nvidia-smi -L` lists (1 simulated)",
+    )  # fmt: skip
+    sim: bool = _flag("gpus.sim", "serve simulated GPUs")
+    slots: int = _int(8, "gpus.slots", 1, 256, "commands admitted per GPU at once")
+    vendor: str = _choice(
+        "auto", "gpus.vendor", VENDORS,
+        "the GPUs' kind; `auto`: NVIDIA where `nvidia-smi` is, AMD where only ROCm is (see AMD "
+        "GPUs)",
+    )  # fmt: skip
     # Limits (time-outs), not measurements: a region's record has drain_s and freeze_s too.
-    quiesce_timeout_s: float = 5.0
-    drain_timeout_s: float = 10.0
-    freeze_timeout_s: float = 5.0
-    region_timeout_s: float = 600.0
-    region_settle_s: float = 0.0
-    region_capped_settle_s: float = 2.0
-    freezer: str = "auto"
-    slices: dict[int, SliceConfig] = field(default_factory=dict)
-    mps: bool = False
-    pool_workers: int | None = None
-    pool_preload: tuple[str, ...] | None = None
-    pool_max_uses: int = 100
-    memory_headroom_gib: float | None = None
-    memory_wait_s: float = 600.0
-    memory_deadlock_s: float = 30.0
-    memory_room_gib: float | None = None
-    memory_room_wait_s: float = 10.0
-    memory_unknown_gib: float | None = None
-    metrics_port: int = 0
-    metrics_address: str = "127.0.0.1"
-    log_format: str = "text"
+    quiesce_timeout_s: float = _seconds(
+        5.0, "timeouts.quiesce_s",
+        "waiting for the siblings' threads half-way into the driver (see Time-outs)",
+    )  # fmt: skip
+    drain_timeout_s: float = _seconds(
+        10.0, "timeouts.drain_s", "waiting for the siblings' queued GPU work (see Time-outs)"
+    )
+    freeze_timeout_s: float = _seconds(
+        5.0, "timeouts.freeze_s", "waiting for the siblings' groups to freeze (see Time-outs)"
+    )
+    region_timeout_s: float = _seconds(
+        600.0, "timeouts.region_s",
+        "a region's longest life (`krex run --region-timeout` overrides per command; see "
+        "Time-outs)",
+    )  # fmt: skip
+    region_settle_s: float = _settle(
+        0.0, "regions.settle_s",
+        "a region idles this long after the freeze, before the grant, where the siblings "
+        "worked on the GPU in the last second or two (NVML's process samples, or the shim's "
+        "count of their driver calls): a power-limited kernel then starts as it would alone "
+        "(`krex run --settle` overrides per command; docs/user-guide.md, \"Power-limited "
+        "kernels\")",
+        default="0.0 (off)",
+    )  # fmt: skip
+    region_capped_settle_s: float = _settle(
+        2.0, "regions.capped_settle_s",
+        "the same idle, only for a command one of whose earlier regions ran into the GPU's "
+        "power or thermal limit (its record's `gpu_capped` warning): its power-limited kernels "
+        "read the siblings' heat, others do not; not for a region an autotuner's candidate "
+        "benchmark begins (its record's `candidate`) (`krex run --capped-settle` overrides per "
+        "command; 0: off)",
+    )  # fmt: skip
+    freezer: str = _choice(
+        "auto", "freezer.backend", FREEZERS,
+        "how a command's processes are grouped and frozen (see Freezers)",
+    )  # fmt: skip
+    slices: dict[int, SliceConfig] = _setting(  # noqa: RUF009
+        dict, "slices", dict, f"CPU list strings (CPUs 0..{MAX_CPU}; N 0..{MAX_GPUS - 1})",
+        "per GPU N: the cores for the region's owner and those for everyone else (see Core "
+        "slices)",
+        default="from the topology", check=_gpu_indices,
+    )  # fmt: skip
+    pool_workers: int | None = _int(
+        None, "pool.workers", 0, 256,
+        "warm workers (fork servers) per GPU; each forks any number of commands (see Warm "
+        "worker pool)",
+        default="2 on real GPUs, 0 on simulated ones",
+    )  # fmt: skip
+    pool_preload: tuple[str, ...] | None = _setting(
+        None, "pool.preload", list, "list of modules",
+        "imported by each worker if installed; one whose import initialises the GPU driver is "
+        "dropped (on torch 2.11, `torch._inductor.compile_fx` does)",
+        default="torch, triton, triton.testing (real GPUs)", check=_module_names, convert=tuple,
+    )  # fmt: skip
+    pool_max_uses: int = _setting(
+        100, "pool.max_uses", int, f"int 1..{MAX_POOL_USES}",
+        "accepted for older configurations, unused (each command is a fresh process)",
+        check=_ints(1, MAX_POOL_USES, f"at least 1, at most {MAX_POOL_USES}"),
+    )  # fmt: skip
+    mps: bool = _flag("mps.enabled", "start krex's own MPS control daemon (see MPS)")
+    memory_headroom_gib: float | None = _gib(
+        "memory.headroom_gib",
+        "device memory kept free for contexts and libraries' workspaces when admitting (see "
+        "Device memory)",
+        "0.5 per slot on real GPUs, 0 simulated",
+    )  # fmt: skip
+    memory_wait_s: float = _seconds(
+        600.0, "memory.wait_s",
+        "the longest a call waits for memory before it fails as it would have (the shim's "
+        "`KREX_MEM_WAIT_S`; see Device memory)",
+    )  # fmt: skip
+    memory_deadlock_s: float = _seconds(
+        30.0, "memory.deadlock_s",
+        "no memory freed this long with waiters though some holder runs: the youngest waiting "
+        "command is preempted (see Device memory)",
+    )  # fmt: skip
+    memory_room_gib: float | None = _gib(
+        "memory.room_gib",
+        "free device memory a region's owner waits for before its siblings are frozen (0: off; "
+        "see Device memory)",
+        "1, at most 1/16 of the GPU", ", at most the GPU's memory (checked at the start)",
+    )  # fmt: skip
+    memory_room_wait_s: float = _seconds(
+        10.0, "memory.room_wait_s", "the longest that wait lasts (then the region goes ahead)"
+    )
+    memory_unknown_gib: float | None = _gib(
+        "memory.unknown_gib",
+        "what a command never seen is expected to need until a few peaks are learned (0: "
+        "admitted whatever; see Device memory)",
+        "1/8 of the GPU less the headroom", "",
+    )  # fmt: skip
+    metrics_port: int = _int(
+        0, "metrics.port", 0, 65535, "the Prometheus endpoint's port (see Metrics and live view)",
+        default="0 (off)",
+    )  # fmt: skip
+    metrics_address: str = _setting(
+        "127.0.0.1", "metrics.address", str, "string: a host name or address",
+        "where the Prometheus endpoint listens", check=_host,
+    )  # fmt: skip
     source: str = "defaults"
 
     def socket_path(self) -> Path:
@@ -276,58 +472,41 @@ class Config:
         return () if self.sim else ("torch", "triton", "triton.testing")
 
 
-_SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {
-    "daemon": {"socket": str, "segment": str, "log_format": str},
-    "gpus": {"count": int, "sim": bool, "slots": int, "vendor": str},
-    "timeouts": {
-        "quiesce_s": (int, float),
-        "drain_s": (int, float),
-        "freeze_s": (int, float),
-        "region_s": (int, float),
-    },
-    "regions": {"settle_s": (int, float), "capped_settle_s": (int, float)},
-    "freezer": {"backend": str},
-    "mps": {"enabled": bool},
-    "pool": {"workers": int, "preload": list, "max_uses": int},
-    "metrics": {"port": int, "address": str},
-    "memory": {
-        "headroom_gib": (int, float),
-        "wait_s": (int, float),
-        "deadlock_s": (int, float),
-        "room_gib": (int, float),
-        "room_wait_s": (int, float),
-        "unknown_gib": (int, float),
-    },
-}
-# Each TOML key's Config field (the file's names are the operators'; the fields say what they are).
-_FIELDS: dict[tuple[str, str], str] = {
-    ("daemon", "socket"): "socket",
-    ("daemon", "segment"): "segment",
-    ("daemon", "log_format"): "log_format",
-    ("gpus", "count"): "gpu_count",
-    ("gpus", "sim"): "sim",
-    ("gpus", "vendor"): "vendor",
-    ("gpus", "slots"): "slots",
-    ("timeouts", "quiesce_s"): "quiesce_timeout_s",
-    ("timeouts", "drain_s"): "drain_timeout_s",
-    ("timeouts", "freeze_s"): "freeze_timeout_s",
-    ("timeouts", "region_s"): "region_timeout_s",
-    ("regions", "settle_s"): "region_settle_s",
-    ("regions", "capped_settle_s"): "region_capped_settle_s",
-    ("freezer", "backend"): "freezer",
-    ("mps", "enabled"): "mps",
-    ("pool", "workers"): "pool_workers",
-    ("pool", "preload"): "pool_preload",
-    ("pool", "max_uses"): "pool_max_uses",
-    ("memory", "headroom_gib"): "memory_headroom_gib",
-    ("memory", "wait_s"): "memory_wait_s",
-    ("memory", "deadlock_s"): "memory_deadlock_s",
-    ("memory", "room_gib"): "memory_room_gib",
-    ("memory", "room_wait_s"): "memory_room_wait_s",
-    ("memory", "unknown_gib"): "memory_unknown_gib",
-    ("metrics", "port"): "metrics_port",
-    ("metrics", "address"): "metrics_address",
-}
+# (field, Key) of every setting, in the file's order.
+SETTINGS: tuple[tuple[str, Key], ...] = tuple(
+    (f.name, f.metadata["key"]) for f in fields(Config) if "key" in f.metadata
+)
+# Each TOML key's type and Config field (the file's names are the operators'; the fields say
+# what they are). [slices] is a table of GPUs, checked and read on its own.
+_SCHEMA: dict[str, dict[str, type | tuple[type, ...]]] = {}
+_FIELDS: dict[tuple[str, str], str] = {}
+_KEYS: dict[tuple[str, str], Key] = {}
+for _name, _key in SETTINGS:
+    if _key.section != "slices":
+        _SCHEMA.setdefault(_key.section, {})[_key.key] = _key.toml
+        _FIELDS[_key.section, _key.key] = _name
+        _KEYS[_key.section, _key.key] = _key
+del _name, _key
+
+
+def keys_table() -> str:
+    """The operator guide's table of settings (docs/operator-guide.md, written by
+    scripts/config_table.py), one row per setting."""
+    defaults = Config()
+    rows = ["| key | type | default | what |", "| --- | --- | --- | --- |"]
+    for name, key in SETTINGS:
+        shown = f"`{key.name}`"
+        if key.section == "slices":
+            shown = "`slices.N.region`, `slices.N.shared`"
+        default = key.default or _in_words(getattr(defaults, name))
+        rows.append(f"| {shown} | {key.takes} | {default} | {key.what} |")
+    return "\n".join(rows) + "\n"
+
+
+def _in_words(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f"`{value}`" if isinstance(value, str) else str(value)
 
 
 def _type_name(want: type | tuple[type, ...]) -> str:
@@ -418,18 +597,7 @@ def from_toml(text: str, where: str = "config") -> Config:
             }
             continue
         for key, value in body.items():
-            name = _FIELDS[section, key]
-            if name == "socket":
-                value = Path(value)
-            elif name == "pool_preload":
-                value = tuple(value)
-            elif (
-                isinstance(value, int)
-                and _SCHEMA[section][key] == (int, float)
-                and abs(value) <= MAX_EXACT_INT  # a longer one overflows float(): validate()
-            ):  # refuses it as it is
-                value = float(value)
-            values[name] = value
+            values[_FIELDS[section, key]] = _field_value(_KEYS[section, key], value)
     cfg = Config(**values)  # every default is the dataclass's own
     validate(cfg)
     return cfg
@@ -437,108 +605,20 @@ def from_toml(text: str, where: str = "config") -> Config:
 
 def validate(cfg: Config) -> None:
     """Value checks that do not depend on the machine: every number within what krex can hold
-    (one ConfigError naming the key, its value and the range)."""
-    if cfg.gpu_count is not None and not 1 <= cfg.gpu_count <= MAX_GPUS:
-        raise ConfigError(
-            f"{cfg.source}: gpus.count must be 1..{MAX_GPUS}, got {_shown(cfg.gpu_count)}"
-        )
-    if cfg.vendor not in VENDORS:
-        raise ConfigError(
-            f"{cfg.source}: gpus.vendor must be one of {', '.join(VENDORS)}, got {cfg.vendor!r}"
-        )
-    if not 1 <= cfg.slots <= 256:
-        raise ConfigError(f"{cfg.source}: gpus.slots must be 1..256, got {_shown(cfg.slots)}")
-    for section, key in (
-        *(("timeouts", k) for k in ("quiesce_s", "drain_s", "freeze_s", "region_s")),
-        *(("memory", k) for k in ("wait_s", "deadlock_s", "room_wait_s")),
-    ):
-        value = getattr(cfg, _FIELDS[section, key])
-        if not (_within(value, 0, MAX_SECONDS) and value > 0):
-            raise ConfigError(
-                f"{cfg.source}: {section}.{key} must be > 0 and finite, at most "
-                f"{MAX_SECONDS:g} (seconds), got {_shown(value)}"
-            )
-    for key in ("settle_s", "capped_settle_s"):
-        value = getattr(cfg, _FIELDS["regions", key])
-        if not _within(value, 0, MAX_SETTLE_S):
-            raise ConfigError(
-                f"{cfg.source}: regions.{key} must be 0..{MAX_SETTLE_S:g} (seconds), "
-                f"got {_shown(value)}"
-            )
-    for key in ("headroom_gib", "room_gib", "unknown_gib"):
-        gib = getattr(cfg, _FIELDS["memory", key])
-        if gib is not None and not _within(gib, 0, MAX_GIB):
-            raise ConfigError(
-                f"{cfg.source}: memory.{key} must be >= 0 and finite, at most {MAX_GIB} "
-                f"(GiB, 1 PiB), got {_shown(gib)}"
-            )
-    if cfg.pool_workers is not None and not 0 <= cfg.pool_workers <= 256:
-        raise ConfigError(
-            f"{cfg.source}: pool.workers must be 0..256, got {_shown(cfg.pool_workers)}"
-        )
-    if not 1 <= cfg.pool_max_uses <= MAX_POOL_USES:
-        raise ConfigError(
-            f"{cfg.source}: pool.max_uses must be at least 1, at most {MAX_POOL_USES}, "
-            f"got {_shown(cfg.pool_max_uses)}"
-        )
-    for gpu in cfg.slices:
-        if not 0 <= gpu < MAX_GPUS:
-            raise ConfigError(f"{cfg.source}: slices.{gpu}: a GPU index is 0..{MAX_GPUS - 1}")
-    for name in cfg.pool_preload or ():
-        if not isinstance(name, str) or not all(p.isidentifier() for p in name.split(".")):
-            raise ConfigError(f"{cfg.source}: pool.preload: {name!r} is not a module name")
-    if not 0 <= cfg.metrics_port <= 65535:
-        raise ConfigError(
-            f"{cfg.source}: metrics.port must be 0..65535, got {_shown(cfg.metrics_port)}"
-        )
-    addr = cfg.metrics_address
-    if not (addr and len(addr) <= 253 and addr.isascii() and addr.isprintable()) or " " in addr:
-        raise ConfigError(
-            f"{cfg.source}: metrics.address must be a host name or address, got {addr[:60]!r}"
-        )
-    if cfg.log_format not in ("text", "json"):
-        raise ConfigError(
-            f"{cfg.source}: daemon.log_format must be text or json, got {cfg.log_format!r}"
-        )
-    if cfg.freezer not in FREEZERS:
-        raise ConfigError(
-            f"{cfg.source}: freezer.backend must be one of {', '.join(FREEZERS)}, "
-            f"got {cfg.freezer!r}"
-        )
-    seg = cfg.segment
-    if seg is not None and not _SEGMENT_NAME.fullmatch(seg):
-        shown = repr(seg[:40]) + ("..." if len(seg) > 40 else "")
-        raise ConfigError(
-            f"{cfg.source}: daemon.segment must look like '/name' (1 to {SEGMENT_NAME_MAX} "
-            "letters, digits, '.', '_' or '-' after the slash, the first not '.' or '-': it "
-            f"names the daemon's cgroups too), got {shown} ({len(seg)} characters)"
-        )
-    if cfg.socket is not None:
-        check_socket_path(cfg.socket, f"{cfg.source}: daemon.socket")
+    (one ConfigError naming the key, its value and the range), each setting's Key's check."""
+    for name, key in SETTINGS:
+        value = getattr(cfg, name)
+        if key.check is not None and value is not None:
+            key.check(value, f"{cfg.source}: {key.name}")
 
 
-def _within(value: float, lo: float, hi: float) -> bool:
-    """lo <= value <= hi, compared exactly (an integer too large for a float is out, not an
-    OverflowError; nan is out)."""
-    return lo <= value <= hi
-
-
-def _shown(value: object) -> str:
-    """A value for an error message, cut short."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def check_socket_path(path: Path, where: str) -> None:
-    """ConfigError unless `path` can be a unix socket's path (length, no NUL byte)."""
-    raw = os.fsencode(path)
-    if b"\0" in raw or not raw or raw in (b".", b".."):
-        raise ConfigError(f"{where}: not a usable path ({str(path)!r})")
-    if len(raw) > SOCKET_PATH_MAX:
-        raise ConfigError(
-            f"{where}: {str(path)[:40]}... is too long for a unix socket "
-            f"({len(raw)} bytes, at most {SOCKET_PATH_MAX})"
-        )
+def _field_value(key: Key, value: Any) -> Any:
+    """A TOML value of the right type as its Config field holds it."""
+    if key.convert is not None:
+        return key.convert(value)
+    if key.toml == NUMBER and isinstance(value, int) and abs(value) <= MAX_EXACT_INT:
+        return float(value)  # a longer one overflows float(): validate() refuses it as it is
+    return value
 
 
 def load(path: Path | None = None) -> Config:

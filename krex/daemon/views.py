@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Group
 from rich.table import Table
 
-from krex.core.config import Config
+from krex.core.config import SETTINGS, Config
 
 
 def _ms(value: float | None) -> str:
@@ -116,25 +116,15 @@ def effective_config(cfg: Config) -> dict[str, Any]:
     except TenantsError as e:
         freezer = f"unusable: {e}"
     preload = list(cfg.preload())
-    return {
-        "source": cfg.source,
-        "daemon": {
-            "socket": str(cfg.socket_path()),
-            "segment": cfg.segment_name(),
-            "log_format": cfg.log_format,
-        },
-        "gpus": {"count": n, "sim": cfg.sim, "slots": cfg.slots, "vendor": resolve_vendor(cfg)},
-        "timeouts": {
-            "quiesce_s": cfg.quiesce_timeout_s,
-            "drain_s": cfg.drain_timeout_s,
-            "freeze_s": cfg.freeze_timeout_s,
-            "region_s": cfg.region_timeout_s,
-        },
-        "regions": {
-            "settle_s": cfg.region_settle_s,
-            "capped_settle_s": cfg.region_capped_settle_s,
-        },
-        "freezer": {"backend": cfg.freezer, "in_use": freezer},
+    # What the daemon derives where the file leaves it to the machine.
+    derived: dict[str, Any] = {
+        "daemon.socket": str(cfg.socket_path()),
+        "daemon.segment": cfg.segment_name(),
+        "gpus.count": n,
+        "gpus.vendor": resolve_vendor(cfg),
+        "pool.workers": cfg.workers_per_gpu(),
+        "pool.preload": preload,
+        "memory.headroom_gib": cfg.headroom_bytes() / (1 << 30),
         "slices": {
             str(s.gpu): {
                 "region": ",".join(map(str, sorted(s.region_cores))),
@@ -142,42 +132,35 @@ def effective_config(cfg: Config) -> dict[str, Any]:
             }
             for s in slices
         },
-        "pool": {
-            "workers": cfg.workers_per_gpu(),
-            "preload": preload,
-            "preload_installed": [m for m in preload if importlib.util.find_spec(m) is not None],
-            "max_uses": cfg.pool_max_uses,
-        },
-        "mps": {"enabled": cfg.mps},
-        "memory": {
-            "headroom_gib": cfg.headroom_bytes() / (1 << 30),
-            "wait_s": cfg.memory_wait_s,
-            "deadlock_s": cfg.memory_deadlock_s,
-            "room_gib": cfg.memory_room_gib,
-            "room_wait_s": cfg.memory_room_wait_s,
-            "unknown_gib": cfg.memory_unknown_gib,
-        },
-        "metrics": {"port": cfg.metrics_port, "address": cfg.metrics_address},
-        "cores_available": sorted(os.sched_getaffinity(0)),
     }
+    # What only this machine says, shown after the setting it concerns.
+    beside: dict[str, dict[str, Any]] = {
+        "freezer.backend": {"in_use": freezer},
+        "pool.preload": {
+            "preload_installed": [m for m in preload if importlib.util.find_spec(m) is not None]
+        },
+    }
+    doc: dict[str, Any] = {"source": cfg.source}
+    for name, key in SETTINGS:
+        value = derived[key.name] if key.name in derived else getattr(cfg, name)
+        if not key.key:  # a table of its own (slices)
+            doc[key.section] = value
+            continue
+        section = doc.setdefault(key.section, {})
+        section[key.key] = value
+        section.update(beside.get(key.name, {}))
+    doc["cores_available"] = sorted(os.sched_getaffinity(0))
+    return doc
 
 
 def config_toml(doc: dict[str, Any]) -> str:
     """effective_config() as TOML a daemon accepts (derived values as comments where they are
     not settings)."""
     lines = [f"# effective configuration (from {doc['source']})"]
-    settable = {
-        "daemon": ("socket", "segment", "log_format"),
-        "gpus": ("count", "sim", "slots", "vendor"),
-        "timeouts": ("quiesce_s", "drain_s", "freeze_s", "region_s"),
-        "regions": ("settle_s", "capped_settle_s"),
-        "freezer": ("backend",),
-        "pool": ("workers", "preload", "max_uses"),
-        "mps": ("enabled",),
-        "memory": ("headroom_gib", "wait_s", "deadlock_s", "room_gib", "room_wait_s",
-                   "unknown_gib"),
-        "metrics": ("port", "address"),
-    }  # fmt: skip
+    settable: dict[str, list[str]] = {}
+    for _, key in SETTINGS:
+        if key.key:  # not [slices], printed last
+            settable.setdefault(key.section, []).append(key.key)
     for section, keys in settable.items():
         lines.append(f"\n[{section}]")
         for k in keys:

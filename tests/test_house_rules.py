@@ -1,9 +1,11 @@
 """Rules of the house that no single behaviour test would notice (docs/architecture.md): every
-exception krex defines is a KrexError, and comments cite the repository's docs, never a run of a
-results folder or an issue number of a tracker the repository does not carry."""
+exception krex defines is a KrexError; comments cite the repository's docs, never a run of a
+results folder or an issue number of a tracker the repository does not carry; no function or
+class is larger than a reader holds."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import re
@@ -64,3 +66,44 @@ def test_the_citation_rule_catches_what_it_forbids() -> None:
         assert CITATION.search(bad), bad
     for good in ("(docs/pool.md)", "HAMi issue #1707", "one run of 2 s"):
         assert not CITATION.search(good), good
+
+
+# Sizes a reader can hold (docs/architecture.md, "House rules"): a function of at most
+# MAX_FUNCTION_LINES lines from its `def` (docstring included), a class of at most
+# MAX_METHODS methods of its own.
+MAX_FUNCTION_LINES = 60
+MAX_METHODS = 25
+
+
+def _sizes(tree: ast.AST) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """(functions with their lines, classes with their methods) of one module."""
+    functions, classes = [], []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            functions.append((node.name, (node.end_lineno or node.lineno) - node.lineno + 1))
+        elif isinstance(node, ast.ClassDef):
+            methods = [
+                x for x in node.body if isinstance(x, ast.FunctionDef | ast.AsyncFunctionDef)
+            ]
+            classes.append((node.name, len(methods)))
+    return functions, classes
+
+
+def test_no_function_or_class_is_larger_than_a_reader_holds() -> None:
+    found = []
+    for p in sorted(KREX.rglob("*.py")):
+        if "__pycache__" in p.parts:
+            continue
+        functions, classes = _sizes(ast.parse(p.read_text()))
+        rel = p.relative_to(ROOT)
+        found += [f"{rel}: {f}() is {n} lines" for f, n in functions if n > MAX_FUNCTION_LINES]
+        found += [f"{rel}: class {c} has {n} methods" for c, n in classes if n > MAX_METHODS]
+    assert not found, "\n".join(found)
+
+
+def test_the_size_rule_counts_what_it_limits() -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    methods = "\n".join(f"    def m{i}(self): pass" for i in range(MAX_METHODS + 1))
+    functions, classes = _sizes(ast.parse(f"@dec\ndef long():\n{body}\n\nclass C:\n{methods}\n"))
+    assert functions[0] == ("long", MAX_FUNCTION_LINES + 1)
+    assert classes == [("C", MAX_METHODS + 1)]

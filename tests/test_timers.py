@@ -45,6 +45,12 @@ def run_auto(
     )
 
 
+def ran(result: subprocess.CompletedProcess[str]) -> list[str]:
+    """The lines a child that ran cleanly (status 0, nothing on stderr) printed."""
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr
+    return result.stdout.splitlines()
+
+
 def write_files(root: Path, files: dict[str, str]) -> None:
     for name, text in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
@@ -115,8 +121,7 @@ def test_flashinfers_timers_are_regions(daemon: FakeDaemon, tmp_path: Path) -> N
         print(bench_gpu_time(int), bench_gpu_time_with_cupti(int))
         """,
     )
-    assert (result.returncode, result.stderr) == (0, ""), result.stderr
-    assert result.stdout.splitlines() == [
+    assert ran(result) == [
         "cupti loop in a region",
         "[1.0] [3.0]",
         "cupti loop in a region",
@@ -168,8 +173,8 @@ TRITON = {
 
 
         class Config:
-            def __init__(self, kwargs, pre_hook=None):
-                self.kwargs, self.pre_hook = kwargs, pre_hook
+            def __init__(self, kwargs):
+                self.kwargs = kwargs
 
             def all_kwargs(self):
                 return dict(self.kwargs)
@@ -231,8 +236,7 @@ def test_tritons_proton_timers_are_regions(daemon: FakeDaemon, tmp_path: Path) -
         print(triton.testing.do_bench_proton(int), triton.testing.do_bench_cudagraph_proton(int))
         """,
     )
-    assert (result.returncode, result.stderr) == (0, ""), result.stderr
-    assert result.stdout.splitlines() == ["proton scopes in a region", "2.0 3.0"]
+    assert ran(result) == ["proton scopes in a region", "2.0 3.0"]
     assert daemon.calls == [
         {"triton.testing.do_bench_proton": 1},
         {"triton.testing.do_bench_cudagraph_proton": 1},
@@ -264,8 +268,7 @@ def test_tritons_autotuner_times_candidates_with_whatever_timer_it_has(
         print(triton.testing.do_bench(int))
         """,
     )
-    assert (result.returncode, result.stderr) == (0, ""), result.stderr
-    lines = result.stdout.splitlines()
+    lines = ran(result)
     assert lines[0] == "[1.0, 1.0, 1.0]" and lines[-1] == "1.0", lines
     assert daemon.ops() == ["region_begin", "region_end"] * 7
     proton = {timers.AUTOTUNER_LABEL: 1}  # the lambda's region, the outermost
@@ -354,8 +357,7 @@ def test_helions_benchmarks_are_candidates_where_its_autotuner_calls_them(
         print(run_example(fns), benchmarking.interleaved_bench_generic(fns, repeat=1))
         """,
     )
-    assert (result.returncode, result.stderr) == (0, ""), result.stderr
-    assert result.stdout.splitlines() == [
+    assert ran(result) == [
         "interleaved in a region",
         "[1.0, 1.0] [3.0, 3.0]",
         "interleaved in a region",

@@ -18,7 +18,9 @@ from test_timers import run_auto
 
 from krex.tenant import autoregions, timers
 
-PYTHON = os.environ.get("KREX_REAL_PYTHON", "")
+PYTHON = (
+    os.path.abspath(os.environ["KREX_REAL_PYTHON"]) if os.environ.get("KREX_REAL_PYTHON") else ""
+)
 pytestmark = pytest.mark.skipif(not PYTHON, reason="KREX_REAL_PYTHON unset (make test-real)")
 # Run first in each script: what the real package's version is, as a line of its own.
 VERSIONS = """

@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.krex-installed
 BUILD_INPUTS := pyproject.toml setup.py krex/_native_build.py $(shell find shim -type f 2>/dev/null)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv build test test-quick lint fix demo gpu-check gpu-bench bench-overhead stress hostile-soak clean
+.PHONY: help venv build test test-quick test-real lint fix demo gpu-check gpu-bench bench-overhead stress hostile-soak clean
 
 help:
 	@echo "make targets:"
@@ -17,6 +17,8 @@ help:
 	@echo "             (on the GPU when there is one, else on the simulated GPU)"
 	@echo "  test       set up .venv, then run the lint and the tests (TEST_JOBS=4 at once)"
 	@echo "  test-quick the same without the long soaks (pytest -m 'not slow')"
+	@echo "  test-real  auto-regions against the real torch 2.13 (CPU), triton 3.9, flashinfer 0.7.4"
+	@echo "             and helion 1.5.1, installed in .venv-real (about 3 GB; opt-in)"
 	@echo "  venv       create .venv and install krex editable with its test tools"
 	@echo "             (again whenever pyproject.toml, setup.py or shim/ changes)"
 	@echo "  build      reinstall editable: rebuild krex._native and krex/_lib/*.so"
@@ -55,6 +57,19 @@ test: lint
 test-quick: lint
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not slow"
 
+# Auto-regions against the real packages (tests/test_timers_real.py), in an environment of their
+# own: about 3 GB on disk. torch==2.13.0 is the CPU build where this machine keeps it on disk
+# (elsewhere pip downloads a CUDA build); flashinfer without its CUDA dependencies, which a CPU
+# import does not need.
+REAL_VENV := .venv-real
+REAL_PKGS := torch==2.13.0 triton==3.9.0 helion==1.5.1 einops 'apache-tvm-ffi>=0.1.11,<0.2' \
+	packaging requests tabulate tqdm click ninja nvidia-ml-py
+test-real: venv
+	[ -x $(REAL_VENV)/bin/python ] || $(PYTHON) -m venv $(REAL_VENV)
+	$(REAL_VENV)/bin/python -m pip install -q $(REAL_PKGS)
+	$(REAL_VENV)/bin/python -m pip install -q --no-deps flashinfer-python==0.7.4
+	KREX_REAL_PYTHON=$(REAL_VENV)/bin/python $(BIN)/python -m pytest -q tests/test_timers_real.py
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -88,6 +103,6 @@ bench-overhead: venv
 	$(BIN)/python scripts/bench/shim_overhead.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info krex/_lib krex/_native*.so krex/_native.c krex/_native.o
+	rm -rf $(VENV) $(REAL_VENV) build dist *.egg-info krex/_lib krex/_native*.so krex/_native.c krex/_native.o
 	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -752,13 +752,19 @@ def run_auto(
     )
 
 
-def test_auto_regions_register_into_inductors_lock_hook(daemon: FakeDaemon, tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", ["2.13.0", "2.16.0"])
+def test_auto_regions_register_into_inductors_lock_hook(
+    daemon: FakeDaemon, tmp_path: Path, version: str
+) -> None:
     """Where torch._inductor.runtime.benchmarking has set_gpu_benchmark_lock_context, its
-    benchmarks (nested ones too) become one region each once the module is imported."""
+    benchmarks (nested ones too) become one region each once the module is imported, on a
+    release krex has not read too; such a release gets one warning naming what is not covered
+    there (compiled convolutions' cuDNN searches), a release read where all is covered none."""
     package = tmp_path / "torch" / "_inductor" / "runtime"
     package.mkdir(parents=True)
-    for directory in (package, package.parent, package.parent.parent):
+    for directory in (package, package.parent):
         (directory / "__init__.py").write_text("")
+    (tmp_path / "torch" / "__init__.py").write_text(f"__version__ = {version!r}\n")
     (package / "benchmarking.py").write_text(FAKE_INDUCTOR)
     script = textwrap.dedent("""
         from torch._inductor.runtime.benchmarking import maybe_gpu_benchmark_lock
@@ -768,7 +774,15 @@ def test_auto_regions_register_into_inductors_lock_hook(daemon: FakeDaemon, tmp_
         print("benchmarked")
         """)
     result = run_auto(daemon, tmp_path, script)
-    assert (result.returncode, result.stdout, result.stderr) == (0, "benchmarked\n", "")
+    assert (result.returncode, result.stdout) == (0, "benchmarked\n"), result.stderr
+    if version == "2.13.0":
+        assert result.stderr == ""
+    else:
+        assert result.stderr.splitlines() == [
+            "krex: auto-regions: on torch 2.16.0 (auto-regions were read from 2.11, 2.12, 2.13,"
+            " 2.14, 2.15): cuDNN's searches in torch.compile'd convolutions are in no region"
+            " (Inductor's extern kernels were read from torch 2.11, 2.13)"
+        ]
     assert daemon.ops() == ["region_begin", "region_end"]
     assert daemon.calls == [{autoregions.INDUCTOR_LABEL: 1}]
 
@@ -822,13 +836,16 @@ def stand_in_inductor(tmp_path: Path, version: str, **modules: str) -> None:
         (package / f"{name}.py").write_text(source)
 
 
-@pytest.mark.parametrize(("version", "covered"), [("2.11.0+cu130", True), ("2.9.1", False)])
+@pytest.mark.parametrize(
+    ("version", "covered"), [("2.11.0+cu130", True), ("2.12.1", False), ("2.9.1", False)]
+)
 def test_without_the_hook_inductors_benchmarkers_are_wrapped_on_torch_2_11(
     daemon: FakeDaemon, tmp_path: Path, version: str, covered: bool
 ) -> None:
     """torch 2.11 predates the lock hook: each of its benchmarkers' benchmark_gpu calls (one
     per max-autotune choice or Triton config) is a region; on a release the fallback was not
-    read from, nothing is patched and one warning says so."""
+    read from (2.12, read: neither hook nor fallback; 2.9, not read), nothing is patched and
+    one warning says so, and what else is not covered there."""
     stand_in_inductor(tmp_path, version)
     script = textwrap.dedent("""
         from torch._inductor.runtime.benchmarking import TritonBenchmarker, benchmarker
@@ -847,7 +864,9 @@ def test_without_the_hook_inductors_benchmarkers_are_wrapped_on_torch_2_11(
     else:
         assert daemon.ops() == []
         lines = result.stderr.splitlines()
-        assert len(lines) == 1 and "not in regions on torch 2.9.1" in lines[0], result.stderr
+        unread = " (auto-regions were read from 2.11" if version == "2.9.1" else ":"
+        assert len(lines) == 1 and f"on torch {version}{unread}" in lines[0], result.stderr
+        assert "Inductor's GPU benchmarks are in no region" in lines[0]
 
 
 FAKE_HEURISTICS = """
@@ -1048,15 +1067,15 @@ def do_bench(fn, quantiles=None):
 }
 
 
-@pytest.mark.parametrize("version", ["3.6.0", "3.5.1"])
+@pytest.mark.parametrize("version", ["3.6.0", "3.9.0", "3.5.1"])
 def test_tritons_autotuner_compiles_each_config_before_its_timings_region(
     daemon: FakeDaemon, tmp_path: Path, version: str
 ) -> None:
     """Issue #18 (run 27: a 4-config autotune held its region 3.2-3.8 s, JIT-compiling): on
     triton 3.6 each configuration is compiled before do_bench's region, the thread's lingering
     region ended first, so the siblings run meanwhile; a config the compiler rejects gets
-    _bench's infinite time with no region; compiled configs continue one region. Elsewhere one
-    warning, and the compiles stay in the regions."""
+    _bench's infinite time with no region; compiled configs continue one region. The same on
+    3.9 (3.7 to 3.9 read alike). Elsewhere one warning, and the compiles stay in the regions."""
     write_files(
         tmp_path / "triton", {n: t.replace("3.6.0", version) for n, t in FAKE_TRITON.items()}
     )
@@ -1077,7 +1096,9 @@ def test_tritons_autotuner_compiles_each_config_before_its_timings_region(
     assert result.returncode == 0, result.stderr
     if version == "3.5.1":
         lines = result.stderr.splitlines()
-        assert len(lines) == 1 and "compiling first is for triton 3.6" in lines[0], lines
+        assert len(lines) == 1, lines
+        assert "on triton 3.5.1 (auto-regions were read from 3.6, 3.7, 3.8, 3.9)" in lines[0]
+        assert "autotuner compiles each configuration inside its timing's region" in lines[0]
         assert result.stdout.splitlines()[:2] == [
             "compiled 64 holding a region",
             "timed " + "holding a region",

@@ -12,8 +12,11 @@ has Inductor's `set_gpu_benchmark_lock_context` (pytorch PR #184905), every Indu
 benchmark is put in a region through it as well; on torch 2.11, which predates it, through its
 benchmarkers' `benchmark_gpu` (INDUCTOR_FALLBACK), each of which first compiles, outside the
 region, a Triton kernel its benchmark would compile (krex/tenant/precompile.py); on other releases
-without the hook, one warning. Triton's `@triton.autotune` compiles each configuration before
-its do_bench region too, on triton 3.6 (krex/tenant/precompile.py).
+without the hook, one warning (krex/tenant/releases.py: per library, one line naming what is not
+covered on a release). Triton's `@triton.autotune` compiles each configuration before its
+do_bench region too, on triton 3.6 to 3.9 (krex/tenant/precompile.py), and times it as a
+candidate with whatever timer it was given (krex/tenant/timers.py, with flashinfer's, Triton's
+Proton and Helion's timers).
 cuDNN's benchmark-mode search runs in a region too: the first call of each convolution
 configuration while `torch.backends.cudnn.benchmark` is on (krex/tenant/cudnn.py); and so does a
 plain CUDA-event timing, from a timing event's record outside any region to `elapsed_time`
@@ -34,7 +37,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from krex.tenant import cudnn, events, precompile, tunableop
+from krex.tenant import cudnn, events, precompile, releases, timers, tunableop
 from krex.tenant.markers import WRAPPED_MARK, auto_region
 
 ENV_VAR = "KREX_AUTO_REGIONS"
@@ -51,17 +54,19 @@ DEFAULT_AUTO_REGIONS = (
     "kernelbench.timing.time_execution_with_do_bench_impl",
     "kernelbench.timing.time_execution_with_host_time",
     "kernelbench.timing.time_execution_with_nsight_python",
+    # flashinfer's, Triton's Proton timers and Helion's (krex/tenant/timers.py).
+    *timers.DEFAULTS,
 )
 # Inductor's hook for an external benchmark lock (pytorch PR #184905): it takes a factory of
 # context managers that must allow nested entry from one thread, which regions do.
 INDUCTOR_MODULE = precompile.BENCHMARKING
-INDUCTOR_HOOK = "set_gpu_benchmark_lock_context"
+INDUCTOR_HOOK = releases.INDUCTOR_HOOK
 INDUCTOR_LABEL = f"{INDUCTOR_MODULE} (GPU benchmark)"  # its regions' name in `calls`
 # Without the hook: the benchmarkers every Inductor GPU benchmark goes through (max-autotune's
 # choices, coordinate descent, the Triton configs of its kernels), read from torch 2.11's
 # torch/_inductor/runtime/benchmarking.py; wrapped only on the releases they were read from.
 INDUCTOR_FALLBACK = ("TritonBenchmarker.benchmark_gpu", "InductorBenchmarker.benchmark_gpu")
-INDUCTOR_FALLBACK_TORCH = ("2.11.",)
+INDUCTOR_FALLBACK_TORCH = releases.INDUCTOR_FALLBACK_TORCH
 
 AUTO_DIR = Path(__file__).resolve().parent / "_auto"
 
@@ -138,7 +143,8 @@ def install(
     `elapsed_time` is read) is a region (krex/tenant/events.py). With `tunable_op`, a process whose
     PyTorch TunableOp tunes (its GEMM timings cannot be regions) says so once
     (krex/tenant/tunableop.py).
-    With `triton_compile`, where a name under `triton.` is wrapped, Triton's autotuner compiles
+    Where a name under `triton.` is wrapped, Triton's autotuner times its configurations as
+    candidates, whatever its timer (krex/tenant/timers.py); with `triton_compile`, it compiles
     each configuration before its timing's region (krex/tenant/precompile.py).
 
     Raises:
@@ -152,25 +158,11 @@ def install(
             for cut in range(len(parts) - 1, 0, -1):
                 prefix = ".".join(parts[:cut])
                 _registry.watched.setdefault(prefix, set()).add(".".join(parts[cut:]))
-        if inductor:
-            _hook(INDUCTOR_MODULE, _register_inductor)
-            for path in INDUCTOR_FALLBACK:  # a kernel's lazy compile kept out of the region
-                _registry.factories[f"{INDUCTOR_MODULE}.{path}"] = precompile.benchmark_region
-        if cudnn_search:
-            # Under `torch` only: wrapped once torch's own import is complete.
-            _registry.watched.setdefault("torch", set()).update(cudnn.TORCH_PATHS)
-            for path in cudnn.TORCH_PATHS:
-                _registry.factories[f"torch.{path}"] = cudnn.search_region
-            _hook(cudnn.INDUCTOR_CONV_MODULE, _inductor_conv)
-        if cuda_events:
-            _hook("torch", events.install)
-        if tunable_op:
-            _hook("torch", tunableop.on_torch)
-            _hook(tunableop.MODULE, tunableop.install)
-        if triton_compile and any(name.startswith("triton.") for name in _registry.requested):
-            for module_name, path, factory in precompile.TRITON_PATCHES:
-                _registry.factories[f"{module_name}.{path}"] = factory
-                _hook(module_name, _triton_fallback)
+        for name in timers.CALLERS:  # a candidate's region where their autotuner calls them
+            _registry.factories[name] = timers.by_caller
+        _arm_torch(inductor, cudnn_search, cuda_events, tunable_op)
+        if any(name.startswith("triton.") for name in _registry.requested):
+            _arm_triton(triton_compile)
         if _FINDER not in sys.meta_path:
             sys.meta_path.insert(0, _FINDER)
         # Longest module names first: a.b.c's own attribute is the one to wrap, before a.b's
@@ -179,6 +171,35 @@ def install(
             module = sys.modules.get(module_name)
             if module is not None:
                 _on_import(module)
+
+
+def _arm_torch(inductor: bool, cudnn_search: bool, cuda_events: bool, tunable_op: bool) -> None:
+    """install()'s torch parts (see its arguments); caller holds the registry's lock."""
+    if inductor:
+        _hook(INDUCTOR_MODULE, _register_inductor)
+        for path in INDUCTOR_FALLBACK:  # a kernel's lazy compile kept out of the region
+            _registry.factories[f"{INDUCTOR_MODULE}.{path}"] = precompile.benchmark_region
+    if cudnn_search:
+        # Under `torch` only: wrapped once torch's own import is complete.
+        _registry.watched.setdefault("torch", set()).update(cudnn.TORCH_PATHS)
+        for path in cudnn.TORCH_PATHS:
+            _registry.factories[f"torch.{path}"] = cudnn.search_region
+        _hook(cudnn.INDUCTOR_CONV_MODULE, _inductor_conv)
+    if cuda_events:
+        _hook("torch", events.install)
+    if tunable_op:
+        _hook("torch", tunableop.on_torch)
+        _hook(tunableop.MODULE, tunableop.install)
+
+
+def _arm_triton(triton_compile: bool) -> None:
+    """install()'s triton parts: its autotuner's timer as a candidate's (timers.py) and, with
+    `triton_compile`, its compiles before their timings' regions; caller holds the lock."""
+    _hook(timers.TRITON_AUTOTUNER, _triton_seam)
+    if triton_compile:
+        for module_name, path, factory in precompile.TRITON_PATCHES:
+            _registry.factories[f"{module_name}.{path}"] = factory
+            _hook(module_name, _triton_fallback)
 
 
 def _hook(module_name: str, hook: Callable[[ModuleType], None]) -> None:
@@ -284,6 +305,7 @@ def _lookup(owner: Any, attr: str) -> Any:
 
 def _register_inductor(module: ModuleType) -> None:
     setter = getattr(module, INDUCTOR_HOOK, None)
+    releases.warn_once("torch", releases.torch_gaps(callable(setter)), releases.TORCH_READ)
     if not callable(setter):
         _inductor_fallback(module)
         return
@@ -304,10 +326,9 @@ def _register_inductor(module: ModuleType) -> None:
 
 def _inductor_fallback(module: ModuleType) -> None:
     """A torch without the hook: its benchmarkers' benchmark_gpu wrapped, on the releases
-    INDUCTOR_FALLBACK was read from; elsewhere one warning (a patch of internals we have not
-    read could wrap the wrong thing)."""
-    why = f"it has no {INDUCTOR_HOOK}, and the fallback is for"
-    if _on_release(INDUCTOR_FALLBACK_TORCH, "Inductor's GPU benchmarks are", why):
+    INDUCTOR_FALLBACK was read from (a patch of internals we have not read could wrap the wrong
+    thing; releases.warn_once() says what is left out)."""
+    if releases.version("torch").startswith(INDUCTOR_FALLBACK_TORCH):
         for path in INDUCTOR_FALLBACK:
             _wrap(module, path)
 
@@ -321,27 +342,21 @@ def _triton_fallback(module: ModuleType) -> None:
                 _wrap(module, path)
 
 
+def _triton_seam(module: ModuleType) -> None:
+    """Triton's autotuner imported: what it times with is a candidate's benchmark, on the
+    releases read (else one warning)."""
+    if precompile.triton_release_ok():
+        timers.wrap_autotuner_seam(module)
+
+
 def _inductor_conv(_module: ModuleType) -> None:
     """Inductor's extern convolution wrapped (krex/tenant/cudnn.py), on the releases it was read
-    from."""
-    what = "cuDNN's searches in torch.compile'd convolutions are"
-    if _on_release(cudnn.INDUCTOR_TORCH, what, "Inductor's extern kernels were read from"):
+    from; elsewhere releases.warn_once() says so."""
+    benchmarking = sys.modules.get(INDUCTOR_MODULE)
+    has_hook = None if benchmarking is None else callable(vars(benchmarking).get(INDUCTOR_HOOK))
+    releases.warn_once("torch", releases.torch_gaps(has_hook), releases.TORCH_READ)
+    if releases.version("torch").startswith(cudnn.INDUCTOR_TORCH):
         cudnn.wrap_inductor_conv()
-
-
-def _on_release(releases: tuple[str, ...], what: str, why: str) -> bool:
-    """Whether the installed torch is one of `releases` (version prefixes), the ones a patch of
-    its internals was read from; else one warning, "{what} not in regions on torch V: {why}
-    torch R"."""
-    version = str(getattr(sys.modules.get("torch"), "__version__", "") or "")
-    if version.startswith(releases):
-        return True
-    print(
-        f"krex: auto-regions: {what} not in regions on torch {version or '(unknown)'}: {why} "
-        f"torch {', '.join(v.rstrip('.') for v in releases)}",
-        file=sys.stderr,
-    )
-    return False
 
 
 def _inductor_region() -> contextlib.AbstractContextManager[None]:

@@ -23,10 +23,10 @@ call a kernel are left as they are.
 Triton's own `@triton.autotune` does the same on fresh caches: each configuration is JIT-compiled
 by the first call of its timing (`Autotuner._bench` hands `do_bench` a call of the kernel), so
 inside do_bench's region: 3.2-3.8 s for the bench suite's four 8192^3 configurations on the H200
-(docs/results.md). On the releases this was read from (TRITON_RELEASES: triton 3.6's
-triton/runtime/autotuner.py and jit.py), `_bench` first compiles its configuration with the
-kernel's own `run(..., warmup=True)` (compile, no launch: what `JITFunction.warmup` does), and a
-compile (`JITFunction._do_compile`) first ends the thread's lingering region, so that a
+(docs/results.md). On the releases this was read from (TRITON_RELEASES: triton 3.6 to 3.9's
+triton/runtime/autotuner.py and jit.py, alike there), `_bench` first compiles its configuration
+with the kernel's own `run(..., warmup=True)` (compile, no launch: what `JITFunction.warmup`
+does), and a compile (`JITFunction._do_compile`) first ends the thread's lingering region, so that a
 configuration already compiled still continues the autotuning's region. A configuration the
 compiler rejects gets `_bench`'s own answer for it (infinite time); any other error is left for
 the timing's own call to meet, as before. Other releases: one warning, nothing patched.
@@ -45,19 +45,19 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from krex.tenant import releases, timers
 from krex.tenant.markers import WRAPPED_MARK, Region, auto_region, candidates, end_lingering
 
 INDUCTOR = "torch._inductor."  # Inductor's modules
 BENCHMARKING = "torch._inductor.runtime.benchmarking"  # Inductor's benchmarkers
 HEURISTICS = "torch._inductor.runtime.triton_heuristics"  # where CachingAutotuner lives
-TRITON_AUTOTUNER = "triton.runtime.autotuner"  # Autotuner._bench
+TRITON_AUTOTUNER = timers.TRITON_AUTOTUNER  # Autotuner._bench
 TRITON_JIT = "triton.runtime.jit"  # JITFunction._do_compile
-TRITON_RELEASES = ("3.6.",)
-# The compile errors Autotuner._bench answers with an infinite time (triton 3.6), by class name:
-# they live in three modules, and only the names are needed.
+TRITON_RELEASES = releases.TRITON_READ
+# The compile errors Autotuner._bench answers with an infinite time (triton 3.6 to 3.9), by class
+# name: they live in three modules, and only the names are needed.
 REJECTED = frozenset({"OutOfResources", "CompileTimeAssertionFailure", "PTXASError"})
 _REJECTED = object()  # compile_config's answer when the compiler rejected the config
-_triton_warned = False  # the one warning for a release not read
 
 
 def lazy_autotuner(fn: object) -> Any | None:
@@ -103,12 +103,7 @@ def inductor_tuning(frame: FrameType | None) -> bool:
     benchmarks are an autotuner's candidates; a harness that calls `benchmarker.benchmark_gpu`
     itself to time what it reports is not, and its region is a timing's, which the daemon's
     settle rules see (docs/user-guide.md)."""
-    while frame is not None:
-        name = frame.f_globals.get("__name__")
-        if isinstance(name, str) and name.startswith(INDUCTOR) and name != BENCHMARKING:
-            return True
-        frame = frame.f_back
-    return False
+    return timers.tuning_caller(frame, INDUCTOR, BENCHMARKING)
 
 
 def inductor_region(label: str, frame: FrameType | None) -> Region:
@@ -132,19 +127,8 @@ def benchmark_region(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
 
 def triton_release_ok() -> bool:
     """Whether the imported triton is one TRITON_RELEASES was read from; else one warning."""
-    global _triton_warned
-    version = str(getattr(sys.modules.get("triton"), "__version__", "") or "")
-    if version.startswith(TRITON_RELEASES):
-        return True
-    if not _triton_warned:
-        _triton_warned = True
-        print(
-            f"krex: auto-regions: Triton's autotuner compiles its configurations inside their "
-            f"regions on triton {version or '(unknown)'} (the siblings wait that long): "
-            f"compiling first is for triton {', '.join(v.rstrip('.') for v in TRITON_RELEASES)}",
-            file=sys.stderr,
-        )
-    return False
+    releases.warn_once("triton", releases.triton_gaps(), TRITON_RELEASES)
+    return releases.version("triton").startswith(TRITON_RELEASES)
 
 
 def ending_lingering(fn: Callable[..., Any], _label: str) -> Callable[..., Any]:
@@ -165,7 +149,7 @@ def compiling_first(fn: Callable[..., Any], _label: str) -> Callable[..., Any]:
     @functools.wraps(fn)
     def _bench(self: Any, *args: Any, config: Any, **meta: Any) -> Any:
         if compile_config(self, args, config, meta) is _REJECTED:
-            return [float("inf")] * 3  # _bench's own answer to these errors (triton 3.6)
+            return [float("inf")] * 3  # _bench's own answer to these errors (triton 3.6 to 3.9)
         with candidates():  # its do_bench times a candidate configuration
             return fn(self, *args, config=config, **meta)
 

@@ -14,8 +14,9 @@ import os
 import sys
 
 _HERE = os.path.dirname(os.path.realpath(__file__))
-# The directory that holds the krex package (a source tree, or a site-packages).
-_KREX_PARENT = os.path.dirname(os.path.dirname(_HERE))
+# The directory that holds the krex package (a source tree, or a site-packages): _auto is in
+# krex/tenant/.
+_KREX_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(_HERE)))
 
 
 def _install(value: str) -> None:

@@ -46,28 +46,33 @@ build: | $(BIN)/python
 	$(BIN)/python -m pip install -e '.[test]'
 	touch $(STAMP)
 
+# Auto-regions against the real packages (tests/test_timers_real.py), in an environment of their
+# own: about 3 GB on disk, set up once (`make test` runs them; `make test-quick` and a plain
+# pytest skip them). torch==2.13.0 (the Inductor lock hook) is the CPU build where the registry
+# serves one (elsewhere pip takes a CUDA build); flashinfer without its CUDA dependencies, which a
+# CPU import does not need.
+REAL_VENV := .venv-real
+REAL_STAMP := $(REAL_VENV)/.krex-installed
+REAL_PKGS := torch==2.13.0 triton==3.9.0 helion==1.5.1 einops 'apache-tvm-ffi>=0.1.11,<0.2' \
+	packaging requests tabulate tqdm click ninja nvidia-ml-py
+$(REAL_STAMP): Makefile
+	[ -x $(REAL_VENV)/bin/python ] || $(PYTHON) -m venv $(REAL_VENV)
+	$(REAL_VENV)/bin/python -m pip install -q $(REAL_PKGS)
+	$(REAL_VENV)/bin/python -m pip install -q --no-deps flashinfer-python==0.7.4
+	touch $@
+
 # The lint runs first: main stays formatted and typed (the tool versions are pinned). The tests
 # run in TEST_JOBS processes (pytest-xdist), a file to one process (its module's daemon once):
 # most of a test's time is spent waiting for processes, so more than the cores pays.
 TEST_JOBS ?= 4
-test: lint
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
+test: lint $(REAL_STAMP)
+	KREX_REAL_PYTHON=$(REAL_VENV)/bin/python $(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 # The same without the long soaks (marked slow), for a quick round while developing.
 test-quick: lint
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile -m "not slow"
 
-# Auto-regions against the real packages (tests/test_timers_real.py), in an environment of their
-# own: about 3 GB on disk. torch==2.13.0 is the CPU build where this machine keeps it on disk
-# (elsewhere pip downloads a CUDA build); flashinfer without its CUDA dependencies, which a CPU
-# import does not need.
-REAL_VENV := .venv-real
-REAL_PKGS := torch==2.13.0 triton==3.9.0 helion==1.5.1 einops 'apache-tvm-ffi>=0.1.11,<0.2' \
-	packaging requests tabulate tqdm click ninja nvidia-ml-py
-test-real: venv
-	[ -x $(REAL_VENV)/bin/python ] || $(PYTHON) -m venv $(REAL_VENV)
-	$(REAL_VENV)/bin/python -m pip install -q $(REAL_PKGS)
-	$(REAL_VENV)/bin/python -m pip install -q --no-deps flashinfer-python==0.7.4
+test-real: venv $(REAL_STAMP)
 	KREX_REAL_PYTHON=$(REAL_VENV)/bin/python $(BIN)/python -m pytest -q tests/test_timers_real.py
 
 lint: venv

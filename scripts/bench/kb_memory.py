@@ -258,9 +258,11 @@ def run_command(
     env: dict[str, str],
     logs: Path,
     deadline: float,
+    value: str = "median_ms",
 ) -> dict[str, Any]:
     """One command, its output to files under `logs`, killed (its process group) at `deadline`.
-    Processes it left behind in its group are ended once it exits."""
+    Processes it left behind in its group are ended once it exits. It is ok when it exits 0
+    with a last JSON line that holds `value` (copied into the record)."""
     out_path, err_path = logs / f"{cmd.tag}.out", logs / f"{cmd.tag}.err"
     t0 = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
@@ -287,10 +289,10 @@ def run_command(
     line = result_line(stdout)
     if line is not None:
         row["result"] = line
-    if rc == 0 and line is not None and line.get("median_ms"):
-        return row | {"status": "ok", "median_ms": line["median_ms"]}
+    if rc == 0 and line is not None and line.get(value):
+        return row | {"status": "ok", value: line[value]}
     row["status"] = "oom" if rc != 0 and is_oom(stderr) else "failed"
-    row["error"] = error_line(stderr) if rc != 0 else "exit 0 without a median"
+    row["error"] = error_line(stderr) if rc != 0 else f"exit 0 without its {value}"
     row["stderr_tail"] = stderr[-1500:]
     return row
 
@@ -372,9 +374,11 @@ def run_mode(
     tmp: Path,
     deadline: float,
     log: Log,
+    value: str = "median_ms",
 ) -> dict[str, Any]:
     """One mode over the commands, in their order, `concurrency` at once; nothing starts after
-    `deadline` and what runs then is killed."""
+    `deadline` and what runs then is killed. `value`: the result line's field that says a
+    command ended well (run_command)."""
     concurrency, slots = MODES[name]
     logs, reports = out_dir / "logs" / name, out_dir / "reports" / name
     logs.mkdir(parents=True, exist_ok=True)
@@ -398,12 +402,12 @@ def run_mode(
                 )
             env = memory_check.command_env(tmp / f"{name}-{i}")
             row["started_s"] = round(time.monotonic() - t0, 3)
-            row |= run_command(c, argv, env, logs, deadline)
+            row |= run_command(c, argv, env, logs, deadline, value)
             if sock is not None and report.exists():
                 with contextlib.suppress(ValueError, OSError):
                     row["krex"] = krex_summary(json.loads(report.read_text()))
         log.write(row)
-        mark = row.get("median_ms") or row.get("why") or row.get("error")
+        mark = row.get(value) or row.get("why") or row.get("error")
         print(f"   {name} {i:2d} {c.tag:60.60} {row['status']:7} {mark}", flush=True)
         return row
 
@@ -604,12 +608,29 @@ def run(
     baseline: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The modes one after another within the budget; the results JSON rewritten after each."""
+    est = {n: estimate_s(n, cmds) for n in names}
+    return summarise(run_modes(names, cmds, argv_for, json_path, out_dir, budget_s, est, baseline))
+
+
+def run_modes(
+    names: list[str],
+    cmds: list[Command],
+    argv_for: Callable[[Command], list[str]],
+    json_path: Path,
+    out_dir: Path,
+    budget_s: float,
+    est: dict[str, float],
+    baseline: list[dict[str, Any]] | None = None,
+    value: str = "median_ms",
+) -> list[dict[str, Any]]:
+    """run() for any commands: each mode's deadline from the estimates `est` (seconds per mode),
+    `value` the field of a command's line that says it ended well (run_command); `baseline`'s
+    modes first in the list returned."""
     end = time.monotonic() + budget_s - RESERVE_S
     out_dir.mkdir(parents=True, exist_ok=True)
     memory_check.LOGS = out_dir  # the daemons' logs
     log = Log(out_dir / "commands.jsonl")
     modes: list[dict[str, Any]] = list(baseline or [])
-    est = {n: estimate_s(n, cmds) for n in names}
     print(f"budget {budget_s:.0f} s; estimates: "
           + ", ".join(f"{n} {s:.0f} s" for n, s in est.items()), flush=True)  # fmt: skip
     if sum(est.values()) > budget_s - RESERVE_S:
@@ -619,12 +640,12 @@ def run(
             now = time.monotonic()
             deadline = share_deadline(now, end, est[name], sum(est[n] for n in names[k + 1 :]))
             print(f"== {name}: {len(cmds)} commands, {deadline - now:.0f} s", flush=True)
-            modes.append(run_mode(name, cmds, argv_for, out_dir, Path(d), deadline, log))
+            modes.append(run_mode(name, cmds, argv_for, out_dir, Path(d), deadline, log, value))
             m = modes[-1]
             print(f"   {m['ok']} ok, {m['failed']} failed ({m['oom']} out of memory), "
                   f"{m['not_run']} not run, {m['wall_s']:.0f} s", flush=True)  # fmt: skip
             json_path.write_text(json.dumps({"partial": True, "modes": modes}, indent=1))
-    return summarise(modes)
+    return modes
 
 
 def merge(first: Path, second: Path, json_path: Path) -> int:

@@ -439,3 +439,35 @@ def test_gpu_check_has_the_kbeval_section() -> None:
     for knob in ("KB_EVAL_DIR", "KB_EVAL_MODES", "KB_EVAL_BUDGET_S", "KB_EVAL_SUBSET",
                  "KB_EVAL_BASELINE"):  # fmt: skip
         assert knob in section and knob in sh[: sh.index("PARTS=${PARTS")]
+
+
+def test_the_command_line_from_populate_to_the_table(ke: Any, tmp_path: Path) -> None:
+    """--populate, then two candidates natively twice, KernelBench and torch faked."""
+    names = ke.CANDIDATES[:2]
+    checkout, kb = fake_checkout(tmp_path / "KernelBench", names), tmp_path / "kb"
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(textwrap.dedent(FAKE_TORCH))
+    script = [sys.executable, str(ROOT / "scripts" / "bench" / "kb_eval.py"), "--kb", str(kb)]
+    env = {"PYTHONPATH": str(tmp_path)}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*script, *args], capture_output=True, text=True, env=env)
+
+    pop = run("--populate", str(checkout))  # the fake checkout has only the first two
+    assert pop.returncode == 1 and len(pop.stderr.splitlines()) == 22 and names[0] not in pop.stderr
+    missing = run("--json", str(tmp_path / "r.json"))
+    assert missing.returncode == 2 and "lacks" in missing.stderr and "--populate" in missing.stderr
+    p = run("--json", str(tmp_path / "r.json"), "--modes", "exclusive,exclusive2", "--subset", "2",
+            "--perf-trials", "7")  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert [m["mode"] for m in doc["modes"]] == ["exclusive", "exclusive2"]
+    assert doc["modes"][1]["verdicts_agree"] == 2 and doc["native_spread_pct"] == {
+        n: 0.0 for n in names
+    }
+    assert sorted(doc["order"]) == sorted(names) and doc["settings"]["perf_trials"] == 7
+    assert doc["kernelbench"]["commit"] is None and "--subset 2" in doc["command"]
+    first = doc["modes"][0]["commands"][0]["result"]
+    assert first["raw"]["trials"] == [7, 7, 7] and first["verdict"] == "correct"
+    assert p.stdout.splitlines()[-1].startswith("exclusive2")
+    assert (tmp_path / "kb_eval" / "commands.jsonl").exists()  # beside --json

@@ -333,38 +333,21 @@ def mode(name: str, rows: list[dict[str, Any]], wall: float, slots: int | None =
             "failed": 0, "not_run": not_run, "cmds_per_min_ok": 60 * ok / wall}  # fmt: skip
 
 
+def native(name: str, a: float, b: float, wall: float) -> Any:
+    """exclusive or exclusive2: a and b correct with those speedups, c incorrect, d at 1."""
+    rows = [rec("a", raw=a, kb=1.0), rec("b", raw=b, kb=2.0), rec("c", "incorrect", None, None)]
+    return mode(name, [*rows, rec("d")], wall)
+
+
 def test_verdicts_speedups_against_the_native_repeat_and_the_wall_clock(ke: Any) -> None:
-    ex = mode(
-        "exclusive",
-        [
-            rec("a", raw=1.000, kb=1.00),
-            rec("b", raw=2.000, kb=2.00),
-            rec("c", "incorrect", None, None),
-            rec("d", raw=1.0, kb=1.0),
-        ],
-        40.0,
-    )
-    krex = mode(
-        "krex8",
-        [
-            rec("a", raw=1.004, kb=1.01, clean=True),  # off: 0.4 > 0.1 + 0.3
-            rec("b", raw=2.002, kb=2.00, clean=True),  # within: 0.1 <= 0.2 + 0.3
-            rec("c", "correct", 1.0, 1.0, clean=True),  # a verdict that differs
-            rec("d", raw=1.1, kb=1.1, clean=False),
-        ],
-        10.0,
-        slots=8,
-    )  # unclean
-    rep = mode(
-        "exclusive2",
-        [
-            rec("a", raw=1.001, kb=1.00),
-            rec("b", raw=1.996, kb=2.00),
-            rec("c", "incorrect", None, None),
-            rec("d", raw=1.0, kb=1.0),
-        ],
-        41.0,
-    )
+    ex, rep = native("exclusive", 1.0, 2.0, 40.0), native("exclusive2", 1.001, 1.996, 41.0)
+    rows = [
+        rec("a", raw=1.004, kb=1.01, clean=True),  # off: 0.4 > 0.1 + 0.3
+        rec("b", raw=2.002, kb=2.00, clean=True),  # within: 0.1 <= 0.2 + 0.3
+        rec("c", "correct", 1.0, 1.0, clean=True),  # a verdict that differs
+        rec("d", raw=1.1, kb=1.1, clean=False),  # its timing's region unclean
+    ]
+    krex = mode("krex8", rows, 10.0, slots=8)
     doc = ke.summarise([ex, krex, rep])  # fmt: skip
     assert doc["native_spread_pct"] == pytest.approx({"a": 0.1, "b": 0.2, "d": 0.0})
     k = doc["modes"][1]

@@ -152,6 +152,13 @@ def populate(checkout: Path, kb: Path, names: tuple[str, ...] = CANDIDATES) -> l
     return missing
 
 
+def populated(checkout: Path, kb: Path) -> int:
+    """--populate: 0, else 1 with what the checkout lacks on stderr."""
+    missing = populate(checkout, kb)
+    print("".join(f"not in {checkout}: {name}\n" for name in missing), end="", file=sys.stderr)
+    return 1 if missing else 0
+
+
 def lacking(kb: Path, names: tuple[str, ...]) -> list[str]:
     """What a run needs that `kb` lacks (see --populate)."""
     need = [kb / "src" / "kernelbench" / "eval.py"]
@@ -201,13 +208,10 @@ def run(
     budget_s: float,
     baseline: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The modes one after another within the budget; the results JSON rewritten after each."""
+    """The modes one after another within the budget (kb_memory.run), summarised here."""
     est = {n: estimate_s(n, len(cmds)) for n in names}
-    return summarise(
-        kb_memory.run_modes(
-            names, cmds, argv_for, json_path, out_dir, budget_s, est, baseline, RESULT
-        )
-    )
+    return kb_memory.run(names, cmds, argv_for, json_path, out_dir, budget_s, baseline, est,
+                         RESULT, summarise)  # fmt: skip
 
 
 def _result(r: dict[str, Any]) -> dict[str, Any]:
@@ -372,29 +376,16 @@ def main() -> int:
     )
     args = ap.parse_args()
     if args.populate is not None:
-        missing = populate(args.populate, args.kb)
-        for name in missing:
-            print(f"not in {args.populate}: {name}", file=sys.stderr)
-        return 1 if missing else 0
+        return populated(args.populate, args.kb)
     if args.json is None:
         ap.error("--json is required")
-    names = [m for m in args.modes.split(",") if m]
-    unknown = [m for m in names if m not in kb_memory.MODES]
-    if unknown:
-        ap.error(f"unknown mode(s) {', '.join(unknown)}: choose from {', '.join(kb_memory.MODES)}")
+    names = kb_memory.mode_names(ap, args.modes)
     chosen = CANDIDATES[: args.subset] if args.subset else CANDIDATES
     missing = lacking(args.kb, chosen)
     if missing:
-        ap.error(
-            f"{args.kb} lacks {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
-            "(see --populate)"
-        )
-    baseline = []
-    if args.baseline is not None:
-        prev = json.loads(args.baseline.read_text())
-        for m in prev.get("modes", []):
-            if m.get("mode") in kb_memory.NATIVE and m["mode"] not in names:
-                baseline.append(m | {"from_baseline": str(args.baseline)})
+        more = " ..." if len(missing) > 3 else ""
+        ap.error(f"{args.kb} lacks {', '.join(missing[:3])}{more} (see --populate)")
+    baseline = kb_memory.baseline_modes(args.baseline, names)
     args.json.resolve().parent.mkdir(parents=True, exist_ok=True)
     out_dir = args.out or args.json.resolve().parent / "kb_eval"
     cmds = commands(chosen)

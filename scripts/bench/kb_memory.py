@@ -606,26 +606,15 @@ def run(
     out_dir: Path,
     budget_s: float,
     baseline: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """The modes one after another within the budget; the results JSON rewritten after each."""
-    est = {n: estimate_s(n, cmds) for n in names}
-    return summarise(run_modes(names, cmds, argv_for, json_path, out_dir, budget_s, est, baseline))
-
-
-def run_modes(
-    names: list[str],
-    cmds: list[Command],
-    argv_for: Callable[[Command], list[str]],
-    json_path: Path,
-    out_dir: Path,
-    budget_s: float,
-    est: dict[str, float],
-    baseline: list[dict[str, Any]] | None = None,
+    est: dict[str, float] | None = None,
     value: str = "median_ms",
-) -> list[dict[str, Any]]:
-    """run() for any commands: each mode's deadline from the estimates `est` (seconds per mode),
-    `value` the field of a command's line that says it ended well (run_command); `baseline`'s
-    modes first in the list returned."""
+    summary: Callable[[list[dict[str, Any]]], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The modes one after another within the budget; the results JSON rewritten after each;
+    `summary` (default summarise) of `baseline`'s modes and theirs. For other commands: `est`,
+    each mode's estimated seconds (default estimate_s), `value` the field of a command's line
+    that says it ended well (run_command)."""
+    est = est or {n: estimate_s(n, cmds) for n in names}
     end = time.monotonic() + budget_s - RESERVE_S
     out_dir.mkdir(parents=True, exist_ok=True)
     memory_check.LOGS = out_dir  # the daemons' logs
@@ -645,7 +634,7 @@ def run_modes(
             print(f"   {m['ok']} ok, {m['failed']} failed ({m['oom']} out of memory), "
                   f"{m['not_run']} not run, {m['wall_s']:.0f} s", flush=True)  # fmt: skip
             json_path.write_text(json.dumps({"partial": True, "modes": modes}, indent=1))
-    return modes
+    return (summary or summarise)(modes)
 
 
 def merge(first: Path, second: Path, json_path: Path) -> int:
@@ -665,6 +654,24 @@ def merge(first: Path, second: Path, json_path: Path) -> int:
     json_path.write_text(json.dumps(doc, indent=1))
     print(table(doc), flush=True)
     return 0
+
+
+def mode_names(ap: argparse.ArgumentParser, modes: str) -> list[str]:
+    """--modes' names, each one of MODES (else the parser's error)."""
+    names = [m for m in modes.split(",") if m]
+    unknown = [m for m in names if m not in MODES]
+    if unknown:
+        ap.error(f"unknown mode(s) {', '.join(unknown)}: choose from {', '.join(MODES)}")
+    return names
+
+
+def baseline_modes(path: Path | None, names: list[str]) -> list[dict[str, Any]]:
+    """--baseline: the native modes of an earlier run's JSON that `names` does not run again."""
+    if path is None:
+        return []
+    prev = json.loads(path.read_text())
+    return [m | {"from_baseline": str(path)} for m in prev.get("modes", [])
+            if m.get("mode") in NATIVE and m["mode"] not in names]  # fmt: skip
 
 
 def main() -> int:
@@ -702,20 +709,12 @@ def main() -> int:
         return 1 if missing else 0
     if args.json is None:
         ap.error("--json is required")
-    names = [m for m in args.modes.split(",") if m]
-    unknown = [m for m in names if m not in MODES]
-    if unknown:
-        ap.error(f"unknown mode(s) {', '.join(unknown)}: choose from {', '.join(MODES)}")
+    names = mode_names(ap, args.modes)
     problems = PROBLEMS[: args.subset] if args.subset else PROBLEMS
     missing = [p.file for p in problems if not (args.problems / p.file).is_file()]
     if missing:
         ap.error(f"{args.problems} lacks {', '.join(missing)} (see --populate)")
-    baseline = []
-    if args.baseline is not None:
-        prev = json.loads(args.baseline.read_text())
-        for m in prev.get("modes", []):
-            if m.get("mode") in NATIVE and m["mode"] not in names:
-                baseline.append(m | {"from_baseline": str(args.baseline)})
+    baseline = baseline_modes(args.baseline, names)
     args.json.resolve().parent.mkdir(parents=True, exist_ok=True)
     out_dir = args.out or args.json.resolve().parent / "kb_memory"
     cmds = commands(problems)

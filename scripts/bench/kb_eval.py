@@ -27,11 +27,14 @@ get_timing_stats keeps, are compared too (`_kb`): their rounding alone can move 
 up to ~1 %. Then each mode's wall clock and exclusive's over it (the whole set in both, else
 evals per minute).
 
-Choice: references with no randomness in forward (no dropout) whose inputs are at most 512 MiB
-(KernelBench makes them on the host, 8 times an eval) and whose forward takes ~0.2-6 ms on an
-H200 (fp32 GEMMs of 2-3 GFLOP... 290 GFLOP, convolutions, a layer norm, an elementwise GELU).
-Time: a native eval ~8.5 s (start-up and `import torch` ~5 s, three sets of ~100 timed runs),
-so exclusive and exclusive2 ~205 s each for 24 and krex8 ~70 s with its daemon's start: ~480 s.
+Choice: references with nothing random in forward (no dropout), inputs of at most 256 MiB
+(KernelBench makes them on the host, 8 times an eval: 5 correctness trials, 3 timings) and a
+forward of ~0.2-6 ms on an H200 by our estimate from the shapes (fp32 GEMMs of 51-290 GFLOP,
+convolutions, a layer norm, an elementwise GELU). Time, estimated, not measured: a native
+eval ~8.5 s (start-up and `import torch` ~5 s, the models' and inputs' making on the host,
+~330 forwards), so exclusive and exclusive2 ~205 s each for 24 and krex8 ~70 s with its
+daemon's start: ~480 s of the default budget's 525 s (540 - RESERVE_S). If it runs longer, each
+mode's last commands are the ones cut (`--subset 20` leaves room).
 Budget as kb_memory's (--budget-s, RESERVE_S kept; each mode a deadline, its estimate's share
 of the time left; past it, commands are killed and recorded "not run"); each command's record
 is appended to OUT/commands.jsonl as it ends and the JSON rewritten after each mode.
@@ -329,8 +332,8 @@ def table(doc: dict[str, Any]) -> str:
         lead = f"{problem[:52]:52} {verdict:>9} {_f(_speedups(ex)[0], '.4f'):>8} "
         lines.append(lead + " ".join(f"{_cell(by.get(n, {}), ex):>11}" for n in names))
     lines.append(
-        "(speedup: exclusive's, from the trials' means; % its difference in each mode, ! off "
-        "by more than the native repeat's + 0.3 points, or a verdict that differs)"
+        "(speedup: exclusive's, from the trials' means; % its difference in each mode, ! off\n"
+        " by more than the native repeat's + 0.3 points, or a verdict that differs)"
     )
     lines.append("")
     lines.append(

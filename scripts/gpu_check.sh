@@ -60,7 +60,7 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # KB_BASELINE: an earlier run's JSON for exclusive and exclusive2), kbeval
 # (scripts/bench/kb_eval.py: KernelBench's own eval of 24 candidates from .kb/eval (KB_EVAL_DIR,
 # made by kb_eval.py --populate); KB_EVAL_MODES, default exclusive,krex8,exclusive2;
-# KB_EVAL_BUDGET_S, default what is left of 560 s since this script started; KB_EVAL_SUBSET=N;
+# KB_EVAL_BUDGET_S, default what is left of 555 s since this script started; KB_EVAL_SUBSET=N;
 # KB_EVAL_BASELINE: an earlier run's JSON for exclusive and exclusive2), drvoom
 # (scripts/gpu/driver_oom_check.py: a command's first CUDA work beside a full GPU, natively and
 # under krex).
@@ -211,7 +211,7 @@ if [[ " $PARTS " == *" kbeval "* ]]; then
     echo "== KernelBench's eval: ${KB_EVAL_MODES:-exclusive,krex8,exclusive2} (kb_eval.py)"
     python3 scripts/bench/kb_eval.py --kb "${KB_EVAL_DIR:-.kb/eval}" --json "$OUT/kb_eval.json" \
         --modes "${KB_EVAL_MODES:-exclusive,krex8,exclusive2}" \
-        --budget-s "${KB_EVAL_BUDGET_S:-$((560 - SECONDS))}" \
+        --budget-s "${KB_EVAL_BUDGET_S:-$((555 - SECONDS))}" \
         ${KB_EVAL_SUBSET:+--subset "$KB_EVAL_SUBSET"} \
         ${KB_EVAL_BASELINE:+--baseline "$KB_EVAL_BASELINE"} || rc=1
 fi

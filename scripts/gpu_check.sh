@@ -57,7 +57,11 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # kbmem (scripts/bench/kb_memory.py: 16 KernelBench problems eager and compiled, from .kb/problems
 # (KB_PROBLEMS), carried with the tree; KB_MODES, default exclusive,krex8,krex16; KB_BUDGET_S,
 # default what is left of 575 s since this script started; KB_SUBSET=N: the first N problems;
-# KB_BASELINE: an earlier run's JSON for exclusive and exclusive2), drvoom
+# KB_BASELINE: an earlier run's JSON for exclusive and exclusive2), kbeval
+# (scripts/bench/kb_eval.py: KernelBench's own eval of 24 candidates from .kb/eval (KB_EVAL_DIR,
+# made by kb_eval.py --populate); KB_EVAL_MODES, default exclusive,krex8,exclusive2;
+# KB_EVAL_BUDGET_S, default what is left of 555 s since this script started; KB_EVAL_SUBSET=N;
+# KB_EVAL_BASELINE: an earlier run's JSON for exclusive and exclusive2), drvoom
 # (scripts/gpu/driver_oom_check.py: a command's first CUDA work beside a full GPU, natively and
 # under krex), entry (scripts/bench/region_entry.py: region overhead by sibling kind; ENTRY_KINDS,
 # default idle,launching,compiling; ENTRY_SIBLINGS, default 7; ENTRY_REGIONS, default 30).
@@ -209,6 +213,14 @@ if [[ " $PARTS " == *" entry "* ]]; then
     python3 scripts/bench/region_entry.py --json "$OUT/region_entry.json" \
         --kinds "${ENTRY_KINDS:-idle,launching,compiling}" --siblings "${ENTRY_SIBLINGS:-7}" \
         --regions "${ENTRY_REGIONS:-30}" || rc=1
+fi
+if [[ " $PARTS " == *" kbeval "* ]]; then
+    echo "== KernelBench's eval: ${KB_EVAL_MODES:-exclusive,krex8,exclusive2} (kb_eval.py)"
+    python3 scripts/bench/kb_eval.py --kb "${KB_EVAL_DIR:-.kb/eval}" --json "$OUT/kb_eval.json" \
+        --modes "${KB_EVAL_MODES:-exclusive,krex8,exclusive2}" \
+        --budget-s "${KB_EVAL_BUDGET_S:-$((555 - SECONDS))}" \
+        ${KB_EVAL_SUBSET:+--subset "$KB_EVAL_SUBSET"} \
+        ${KB_EVAL_BASELINE:+--baseline "$KB_EVAL_BASELINE"} || rc=1
 fi
 if [[ " $PARTS " == *" mgpu-memory "* ]]; then
     echo "== two GPUs: device memory, the mix on each GPU at once"

@@ -219,7 +219,7 @@ def test_krex_modes_run_each_command_through_krex_run_with_auto_regions(
     seen: list[list[str]] = []
 
     def fake_run(
-        cmd: Any, argv: list[str], env: dict[str, str], logs: Path, deadline: float
+        cmd: Any, argv: list[str], env: dict[str, str], logs: Path, deadline: float, value: str
     ) -> Any:
         seen.append(argv)
         report = Path(argv[argv.index("--report") + 1])

@@ -258,9 +258,11 @@ def run_command(
     env: dict[str, str],
     logs: Path,
     deadline: float,
+    value: str = "median_ms",
 ) -> dict[str, Any]:
     """One command, its output to files under `logs`, killed (its process group) at `deadline`.
-    Processes it left behind in its group are ended once it exits."""
+    Processes it left behind in its group are ended once it exits. It is ok when it exits 0
+    with a last JSON line that holds `value` (copied into the record)."""
     out_path, err_path = logs / f"{cmd.tag}.out", logs / f"{cmd.tag}.err"
     t0 = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
@@ -287,10 +289,10 @@ def run_command(
     line = result_line(stdout)
     if line is not None:
         row["result"] = line
-    if rc == 0 and line is not None and line.get("median_ms"):
-        return row | {"status": "ok", "median_ms": line["median_ms"]}
+    if rc == 0 and line is not None and line.get(value):
+        return row | {"status": "ok", value: line[value]}
     row["status"] = "oom" if rc != 0 and is_oom(stderr) else "failed"
-    row["error"] = error_line(stderr) if rc != 0 else "exit 0 without a median"
+    row["error"] = error_line(stderr) if rc != 0 else f"exit 0 without its {value}"
     row["stderr_tail"] = stderr[-1500:]
     return row
 
@@ -372,9 +374,11 @@ def run_mode(
     tmp: Path,
     deadline: float,
     log: Log,
+    value: str = "median_ms",
 ) -> dict[str, Any]:
     """One mode over the commands, in their order, `concurrency` at once; nothing starts after
-    `deadline` and what runs then is killed."""
+    `deadline` and what runs then is killed. `value`: the result line's field that says a
+    command ended well (run_command)."""
     concurrency, slots = MODES[name]
     logs, reports = out_dir / "logs" / name, out_dir / "reports" / name
     logs.mkdir(parents=True, exist_ok=True)
@@ -398,12 +402,12 @@ def run_mode(
                 )
             env = memory_check.command_env(tmp / f"{name}-{i}")
             row["started_s"] = round(time.monotonic() - t0, 3)
-            row |= run_command(c, argv, env, logs, deadline)
+            row |= run_command(c, argv, env, logs, deadline, value)
             if sock is not None and report.exists():
                 with contextlib.suppress(ValueError, OSError):
                     row["krex"] = krex_summary(json.loads(report.read_text()))
         log.write(row)
-        mark = row.get("median_ms") or row.get("why") or row.get("error")
+        mark = row.get(value) or row.get("why") or row.get("error")
         print(f"   {name} {i:2d} {c.tag:60.60} {row['status']:7} {mark}", flush=True)
         return row
 
@@ -602,14 +606,20 @@ def run(
     out_dir: Path,
     budget_s: float,
     baseline: list[dict[str, Any]] | None = None,
+    est: dict[str, float] | None = None,
+    value: str = "median_ms",
+    summary: Callable[[list[dict[str, Any]]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The modes one after another within the budget; the results JSON rewritten after each."""
+    """The modes one after another within the budget; the results JSON rewritten after each;
+    `summary` (default summarise) of `baseline`'s modes and theirs. For other commands: `est`,
+    each mode's estimated seconds (default estimate_s), `value` the field of a command's line
+    that says it ended well (run_command)."""
+    est = est or {n: estimate_s(n, cmds) for n in names}
     end = time.monotonic() + budget_s - RESERVE_S
     out_dir.mkdir(parents=True, exist_ok=True)
     memory_check.LOGS = out_dir  # the daemons' logs
     log = Log(out_dir / "commands.jsonl")
     modes: list[dict[str, Any]] = list(baseline or [])
-    est = {n: estimate_s(n, cmds) for n in names}
     print(f"budget {budget_s:.0f} s; estimates: "
           + ", ".join(f"{n} {s:.0f} s" for n, s in est.items()), flush=True)  # fmt: skip
     if sum(est.values()) > budget_s - RESERVE_S:
@@ -619,12 +629,12 @@ def run(
             now = time.monotonic()
             deadline = share_deadline(now, end, est[name], sum(est[n] for n in names[k + 1 :]))
             print(f"== {name}: {len(cmds)} commands, {deadline - now:.0f} s", flush=True)
-            modes.append(run_mode(name, cmds, argv_for, out_dir, Path(d), deadline, log))
+            modes.append(run_mode(name, cmds, argv_for, out_dir, Path(d), deadline, log, value))
             m = modes[-1]
             print(f"   {m['ok']} ok, {m['failed']} failed ({m['oom']} out of memory), "
                   f"{m['not_run']} not run, {m['wall_s']:.0f} s", flush=True)  # fmt: skip
             json_path.write_text(json.dumps({"partial": True, "modes": modes}, indent=1))
-    return summarise(modes)
+    return (summary or summarise)(modes)
 
 
 def merge(first: Path, second: Path, json_path: Path) -> int:
@@ -644,6 +654,24 @@ def merge(first: Path, second: Path, json_path: Path) -> int:
     json_path.write_text(json.dumps(doc, indent=1))
     print(table(doc), flush=True)
     return 0
+
+
+def mode_names(ap: argparse.ArgumentParser, modes: str) -> list[str]:
+    """--modes' names, each one of MODES (else the parser's error)."""
+    names = [m for m in modes.split(",") if m]
+    unknown = [m for m in names if m not in MODES]
+    if unknown:
+        ap.error(f"unknown mode(s) {', '.join(unknown)}: choose from {', '.join(MODES)}")
+    return names
+
+
+def baseline_modes(path: Path | None, names: list[str]) -> list[dict[str, Any]]:
+    """--baseline: the native modes of an earlier run's JSON that `names` does not run again."""
+    if path is None:
+        return []
+    prev = json.loads(path.read_text())
+    return [m | {"from_baseline": str(path)} for m in prev.get("modes", [])
+            if m.get("mode") in NATIVE and m["mode"] not in names]  # fmt: skip
 
 
 def main() -> int:
@@ -681,20 +709,12 @@ def main() -> int:
         return 1 if missing else 0
     if args.json is None:
         ap.error("--json is required")
-    names = [m for m in args.modes.split(",") if m]
-    unknown = [m for m in names if m not in MODES]
-    if unknown:
-        ap.error(f"unknown mode(s) {', '.join(unknown)}: choose from {', '.join(MODES)}")
+    names = mode_names(ap, args.modes)
     problems = PROBLEMS[: args.subset] if args.subset else PROBLEMS
     missing = [p.file for p in problems if not (args.problems / p.file).is_file()]
     if missing:
         ap.error(f"{args.problems} lacks {', '.join(missing)} (see --populate)")
-    baseline = []
-    if args.baseline is not None:
-        prev = json.loads(args.baseline.read_text())
-        for m in prev.get("modes", []):
-            if m.get("mode") in NATIVE and m["mode"] not in names:
-                baseline.append(m | {"from_baseline": str(args.baseline)})
+    baseline = baseline_modes(args.baseline, names)
     args.json.resolve().parent.mkdir(parents=True, exist_ok=True)
     out_dir = args.out or args.json.resolve().parent / "kb_memory"
     cmds = commands(problems)

@@ -69,6 +69,8 @@ def _compile_shape(seconds: float) -> None:
 
 
 def _gpu(kind: str, regions: int) -> None:
+    if kind == "compiling":  # before torch is imported: Inductor reads it then
+        os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(WORKERS)
     import torch
 
     a = torch.randn(4096, 4096, device="cuda")
@@ -82,7 +84,9 @@ def _gpu(kind: str, regions: int) -> None:
             a @ a
             (a @ a).sum().item()
     elif kind == "compiling":
-        os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(WORKERS)
+        import torch._inductor.config as inductor
+
+        inductor.compile_threads = WORKERS  # its subprocess pool (read at import from the env)
         n = 0
         while True:  # a new graph each time: Inductor compiles it again
             n += 1

@@ -213,7 +213,10 @@ def test_every_tenant_waiting_at_once_ends(memd: Daemon, tmp_path: Path, kind: s
 
     def one(i: int) -> dict[str, Any]:
         time.sleep(0.05 * i)
-        return through(memd, memhog([250, 250], hold=0.5, kind=kind), tmp_path / f"d{i}.json")
+        # Held 2 s before the second ask: all four hold their first 250 MiB by then, however
+        # late a loaded machine starts the last (at 0.5 s the first was served and no deadlock
+        # formed).
+        return through(memd, memhog([250, 250], hold=2.0, kind=kind), tmp_path / f"d{i}.json")
 
     with ThreadPoolExecutor(4) as ex:
         results = list(ex.map(one, range(4)))
@@ -270,7 +273,7 @@ def test_a_region_owner_allocating_while_frozen_siblings_hold_memory_ends(
 def test_a_region_waits_for_room_before_it_freezes_the_holders(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A sibling holds 800 MiB for 4 s; the owner asks for its region and then allocates 300
+    """A sibling holds 800 MiB for 10 s; the owner asks for its region and then allocates 300
     MiB inside it. With room for 300 MiB asked, the region waits (the sibling still runs and
     frees) instead of freezing the holder: the owner never waits inside its region, and the
     region is clean."""
@@ -281,7 +284,8 @@ def test_a_region_waits_for_room_before_it_freezes_the_holders(
     d.start()
     try:
         with ThreadPoolExecutor(2) as ex:
-            sib = ex.submit(through, d, memhog([800], hold=4.0), tmp_path / "sib.json")
+            # Held 10 s: a loaded machine may take seconds to start the owner.
+            sib = ex.submit(through, d, memhog([800], hold=10.0), tmp_path / "sib.json")
             # The owner asks once the sibling holds its 800 MiB (a loaded machine starts it late).
             until(lambda: held(d) >= 800 * MIB, 60, "the sibling's 800 MiB", every_s=0.1)
             owner = ex.submit(

@@ -64,7 +64,7 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # KB_EVAL_BASELINE: an earlier run's JSON for exclusive and exclusive2), drvoom
 # (scripts/gpu/driver_oom_check.py: a command's first CUDA work beside a full GPU, natively and
 # under krex), entry (scripts/bench/region_entry.py: region overhead by sibling kind; ENTRY_KINDS,
-# default idle,launching,compiling; ENTRY_SIBLINGS, default 7; ENTRY_REGIONS, default 30).
+# default idle,launching,compiling,memwait; ENTRY_SIBLINGS, default 7; ENTRY_REGIONS, default 30).
 # NCCL_NVLS_ENABLE=0 as the device's KINDS.md asks.
 PARTS=${PARTS:-"shim overhead controller mps demo"}
 rc=0
@@ -209,10 +209,10 @@ if [[ " $PARTS " == *" kbmem "* ]]; then
         ${KB_BASELINE:+--baseline "$KB_BASELINE"} || rc=1
 fi
 if [[ " $PARTS " == *" entry "* ]]; then
-    echo "== region overhead by sibling kind: ${ENTRY_KINDS:-idle,launching,compiling}"
+    echo "== region overhead by sibling kind: ${ENTRY_KINDS:-idle,launching,compiling,memwait}"
     python3 scripts/bench/region_entry.py --json "$OUT/region_entry.json" \
-        --kinds "${ENTRY_KINDS:-idle,launching,compiling}" --siblings "${ENTRY_SIBLINGS:-7}" \
-        --regions "${ENTRY_REGIONS:-30}" || rc=1
+        --kinds "${ENTRY_KINDS:-idle,launching,compiling,memwait}" \
+        --siblings "${ENTRY_SIBLINGS:-7}" --regions "${ENTRY_REGIONS:-30}" || rc=1
 fi
 if [[ " $PARTS " == *" kbeval "* ]]; then
     echo "== KernelBench's eval: ${KB_EVAL_MODES:-exclusive,krex8,exclusive2} (kb_eval.py)"

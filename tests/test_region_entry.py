@@ -25,7 +25,7 @@ def test_region_overhead_by_sibling_kind_on_the_simulated_gpu(tmp_path: Path) ->
     assert "SIMULATED GPU" in p.stdout
     doc = json.loads(out.read_text())
     assert doc["sim"] is True and [k["kind"] for k in doc["kinds"]] == [
-        "idle", "launching", "compiling"
+        "idle", "launching", "compiling", "memwait"
     ]  # fmt: skip
     for k in doc["kinds"]:
         assert k["regions"] == 4 and k["clean"] == 4, k

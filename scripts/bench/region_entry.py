@@ -1,13 +1,15 @@
 """Region overhead by sibling kind: where a region's entry and exit time go (docs/bench.md).
 
-For each kind of sibling (scripts/bench/region_sibling.py: idle, launching, compiling), a
+For each kind of sibling (scripts/bench/region_sibling.py: idle, launching, compiling, memwait:
+one holding most of the GPU's memory and the others waiting for memory), a
 private daemon of SIBLINGS + 1 slots, SIBLINGS siblings of that kind through `krex run`, and
 once they all run, an owner that takes REGIONS short regions one after another. Per kind, from
 the owner's `krex run --report` (docs/architecture.md, "What a region record says"): p50, p95
 and max of `entry_s` (its own set-up: room to grant), `wait_s` (request to grant), `drain_s`,
 `freeze_s`, `settle_s`, `exit_s`, and how many regions were clean.
 
-    python3 scripts/bench/region_entry.py --json OUT.json [--sim] [--kinds idle,launching,compiling]
+    python3 scripts/bench/region_entry.py --json OUT.json [--sim]
+        [--kinds idle,launching,compiling,memwait]
         [--siblings 7] [--regions 30]
 
 `--sim`: on the simulated GPU (no GPU needed; behaviour, not figures: the simulated driver and
@@ -20,6 +22,7 @@ import argparse
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -40,7 +43,7 @@ from krex.core.paths import sim_library_dir  # noqa: E402
 from krex.sim.simnode import remove as remove_sim_node  # noqa: E402
 
 SIBLING = ROOT / "scripts" / "bench" / "region_sibling.py"
-KINDS = ("idle", "launching", "compiling")
+KINDS = ("idle", "launching", "compiling", "memwait")
 FIELDS = ("entry_s", "wait_s", "room_s", "drain_s", "freeze_s", "settle_s", "exit_s")
 READY_S = 240.0  # a sibling's start (torch import, a first compile) on a loaded machine
 
@@ -62,51 +65,80 @@ def node(sim: bool) -> Iterator[dict[str, str]]:
         remove_sim_node(shm)
 
 
-def _start(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        start_new_session=True,
-    )  # fmt: skip
+def _start(argv: list[str], env: dict[str, str], err: Path | None = None) -> subprocess.Popen[str]:
+    """A command in a session of its own; its stderr to `err` (else dropped)."""
+    with open(err or os.devnull, "w") as stderr:
+        return subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
+            start_new_session=True, bufsize=1,
+        )  # fmt: skip
 
 
 def _stop(p: subprocess.Popen[str]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(p.pid, signal.SIGKILL)
-    p.wait(timeout=60)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        p.wait(timeout=60)
 
 
 def run_kind(kind: str, sim: bool, siblings: int, regions: int, tmp: Path) -> dict[str, Any]:
-    """One kind: its siblings running, the owner's regions, their records summarised."""
+    """One kind: the owner admitted first (a GPU where someone waits for memory admits nobody),
+    then the siblings; once they all run their kind, the owner's regions; their records
+    summarised."""
     where = "sim" if sim else "gpu"
+    go, owner_go = tmp / f"go-{kind}", tmp / f"owner-go-{kind}"
+    report, err = tmp / f"owner-{kind}.json", tmp / f"owner-{kind}.err"
     with node(sim) as env, memory_check.daemon(tmp, siblings + 1, sim=sim, env=env) as sock:
         run = [sys.executable, "-m", "krex.cli", "run", *(["--sim"] if sim else []), "--socket",
                str(sock)]  # fmt: skip
-        procs = [_start([*run, "--", sys.executable, str(SIBLING), kind, where], env)
-                 for _ in range(siblings)]  # fmt: skip
+        owner = _start([*run, "--report", str(report), "--", sys.executable, str(SIBLING),
+                        "owner", where, str(owner_go), str(regions)], env, err)  # fmt: skip
+        procs = [owner]
         try:
             deadline = time.monotonic() + READY_S
-            for p in procs:
-                assert p.stdout is not None
-                line = p.stdout.readline().strip()  # blocks until ready (or its end)
-                if line != "ready" or time.monotonic() > deadline:
-                    raise RuntimeError(f"a {kind} sibling did not start (said {line!r})")
-            report = tmp / f"owner-{kind}.json"
+            _ready(owner, "the owner", deadline)
+            for _ in range(siblings):
+                procs.append(_start([*run, "--", sys.executable, str(SIBLING), kind, where,
+                                     str(go)], env))  # fmt: skip
+                _ready(procs[-1], f"a {kind} sibling", deadline)
+            go.touch()
+            if kind == "memwait":  # until all but the holder wait for memory
+                _until_waiting(sock, env, siblings - 1, deadline)
             t0 = time.monotonic()
-            owner = subprocess.run(
-                [*run, "--report", str(report), "--", sys.executable, str(SIBLING), "owner",
-                 where, str(regions)],
-                env=env, capture_output=True, text=True, timeout=600,
-            )  # fmt: skip
+            owner_go.touch()
+            rc = owner.wait(timeout=600)
             wall = time.monotonic() - t0
         finally:
             for p in procs:
                 _stop(p)
-    out: dict[str, Any] = {"kind": kind, "siblings": siblings, "rc": owner.returncode}
-    out["owner_wall_s"] = wall
-    if owner.returncode != 0 or not report.exists():
-        return out | {"stderr_tail": owner.stderr[-800:]}
+    out: dict[str, Any] = {"kind": kind, "siblings": siblings, "rc": rc, "owner_wall_s": wall}
+    if rc != 0 or not report.exists():
+        return out | {"stderr_tail": err.read_text()[-800:]}
     records = json.loads(report.read_text())["regions"]
     return out | summarise(records)
+
+
+def _ready(p: subprocess.Popen[str], who: str, deadline: float) -> None:
+    """Until p says "ready" (by `deadline`, else RuntimeError)."""
+    assert p.stdout is not None
+    left = deadline - time.monotonic()
+    if left <= 0 or not select.select([p.stdout], [], [], left)[0]:
+        raise RuntimeError(f"{who} did not start within {READY_S:g} s")
+    line = p.stdout.readline().strip()
+    if line != "ready":
+        raise RuntimeError(f"{who} did not start (said {line!r}, status {p.poll()})")
+
+
+def _until_waiting(sock: Path, env: dict[str, str], n: int, deadline: float) -> None:
+    """Until n processes wait for memory on GPU 0 (`krex status`), or RuntimeError."""
+    status = [sys.executable, "-m", "krex.cli", "status", "--json", "--socket", str(sock)]
+    while True:
+        p = subprocess.run(status, env=env, capture_output=True, text=True, timeout=60)
+        if p.returncode == 0 and json.loads(p.stdout)["gpus"][0]["memory"]["waiting"] >= n:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{n} memory waiters not seen: {p.stdout[-500:]}{p.stderr[-500:]}")
+        time.sleep(0.2)
 
 
 def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """A sibling of one kind, or the owner, for scripts/bench/region_entry.py (region overhead by
 sibling kind). On the simulated GPU (`sim`) through krex.sim.simgpu, else with torch on the GPU.
 
-    region_sibling.py KIND sim|gpu [REGIONS]
+    region_sibling.py KIND sim|gpu GO_FILE [REGIONS]
 
 Kinds:
 - idle: a context and nothing else (a command between its steps);
@@ -11,10 +11,15 @@ Kinds:
   with as many threads in the main process (torch.compile's Inductor workers and threads, in
   shape); on the GPU, torch.compile of a fresh function over and over, Inductor's subprocess
   pool of WORKERS compiling it;
-- owner: REGIONS regions, each a short kernel and a sync in `krex.region()`, 50 ms apart
-  (the owner's own record of each is the region record in its `krex run --report`).
+- memwait: a context, then, once GO_FILE exists (every sibling admitted: a GPU where someone
+  waits for memory admits nobody), asks for MEMWAIT_FRACTION of the GPU's memory: the first
+  gets it and holds it, every later one waits for memory in the shim (the arbiter's waiters);
+- owner: once GO_FILE exists, REGIONS regions, each a short kernel and a sync in
+  `krex.region()`, 50 ms apart (its own record of each is the region record in its `krex run
+  --report`).
 
-A sibling prints "ready" once it is running its kind; the owner prints one JSON line at the end.
+Each prints "ready" once it has its context (a sibling: and runs its kind, but memwait's ask);
+the owner prints one JSON line at the end. Waits for GO_FILE end after GO_WAIT_S.
 """
 
 from __future__ import annotations
@@ -28,6 +33,17 @@ import time
 from collections.abc import Callable
 
 WORKERS = 8
+MEMWAIT_FRACTION = 0.6  # of the GPU's memory: one sibling holds it, two never fit at once
+GO_WAIT_S = 600.0
+
+
+def _go(path: str) -> None:
+    """Until `path` exists (at most GO_WAIT_S: then this process ends with status 3)."""
+    deadline = time.monotonic() + GO_WAIT_S
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            sys.exit(3)
+        time.sleep(0.02)
 
 
 def _burn(stop_at: float) -> None:
@@ -36,18 +52,21 @@ def _burn(stop_at: float) -> None:
         x = (x * 1103515245 + 12345) % (1 << 31)
 
 
-def _sim(kind: str, regions: int) -> None:
+def _sim(kind: str, go: str, regions: int) -> None:
     from krex.sim.simgpu import SimGPU
 
     g = SimGPU()
+    print("ready", flush=True)
     if kind == "owner":
 
         def work() -> None:
             g.launch(200_000)
             g.sync()
 
-        _owner(regions, work)
-    print("ready", flush=True)
+        _owner(go, regions, work)
+    if kind == "memwait":
+        _go(go)
+        g.alloc(int(MEMWAIT_FRACTION * g.total_mem()))  # holds it, or waits until the end
     if kind == "launching":
         g.hammer(1_000_000, 3600)
     elif kind == "compiling":
@@ -68,17 +87,23 @@ def _compile_shape(seconds: float) -> None:
         p.join()
 
 
-def _gpu(kind: str, regions: int) -> None:
+def _gpu(kind: str, go: str, regions: int) -> None:
     if kind == "compiling":  # before torch is imported: Inductor reads it then
         os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(WORKERS)
     import torch
 
     a = torch.randn(4096, 4096, device="cuda")
     torch.cuda.synchronize()
+    print("ready", flush=True)
     if kind == "owner":
         small = torch.randn(256, 256, device="cuda")
-        _owner(regions, lambda: (small @ small).sum().item())
-    print("ready", flush=True)
+        _owner(go, regions, lambda: (small @ small).sum().item())
+    if kind == "memwait":
+        _go(go)
+        total = torch.cuda.get_device_properties(0).total_memory
+        held = torch.empty(int(MEMWAIT_FRACTION * total), dtype=torch.uint8, device="cuda")
+        del held  # (never reached by a sibling that waits: the region's owner is done first)
+        time.sleep(3600)
     if kind == "launching":
         while True:
             a @ a
@@ -96,9 +121,10 @@ def _gpu(kind: str, regions: int) -> None:
     time.sleep(3600)
 
 
-def _owner(regions: int, work: Callable[[], object]) -> None:
+def _owner(go: str, regions: int, work: Callable[[], object]) -> None:
     import krex
 
+    _go(go)
     t0 = time.monotonic()
     for _ in range(regions):
         with krex.region():
@@ -109,6 +135,6 @@ def _owner(regions: int, work: Callable[[], object]) -> None:
 
 
 if __name__ == "__main__":
-    kind, where = sys.argv[1], sys.argv[2]
-    n = int(sys.argv[3]) if len(sys.argv) > 3 else 0
-    (_sim if where == "sim" else _gpu)(kind, n)
+    kind, where, go_file = sys.argv[1], sys.argv[2], sys.argv[3]
+    n = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    (_sim if where == "sim" else _gpu)(kind, go_file, n)

@@ -104,7 +104,7 @@ def test_krex_within_the_repeat_plus_three_tenths_of_a_point(tc: Any) -> None:
 
 
 @contextlib.contextmanager
-def fake_phase(tmp: Path, env: dict[str, str], start_s: float) -> Iterator[Path]:
+def fake_phase(tmp: Path, env: dict[str, str], deadline: float) -> Iterator[Path]:
     yield tmp / "fake.sock"
 
 

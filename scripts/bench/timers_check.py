@@ -265,13 +265,15 @@ def mode_deadline(now: float, end: float, modes: list[str], k: int, n: int) -> f
 
 
 @contextlib.contextmanager
-def krex_phase(tmp: Path, env: dict[str, str], start_s: float) -> Iterator[Path]:
-    """A private daemon of SLOTS slots and SIBLINGS busy siblings under it; yields its socket.
+def krex_phase(tmp: Path, env: dict[str, str], deadline: float) -> Iterator[Path]:
+    """A private daemon of SLOTS slots and SIBLINGS busy siblings under it, both started by
+    `deadline` (monotonic); yields its socket.
 
     Raises:
         RuntimeError: the daemon or a sibling did not start in time.
     """
-    with memory_check.daemon(tmp, SLOTS, start_s=max(1.0, start_s), stop_s=10) as sock:
+    start_s = max(1.0, deadline - time.monotonic())
+    with memory_check.daemon(tmp, SLOTS, start_s=start_s, stop_s=10) as sock:
         pre = [sys.executable, "-m", "krex.cli", "run", "--socket", str(sock), "--no-pool", "--"]
         sibs = [
             subprocess.Popen(
@@ -285,7 +287,7 @@ def krex_phase(tmp: Path, env: dict[str, str], start_s: float) -> Iterator[Path]
             for _ in range(SIBLINGS)
         ]
         try:
-            late = not_ready(sibs, timeout_s=max(1.0, start_s))
+            late = not_ready(sibs, timeout_s=max(1.0, deadline - time.monotonic()))
             if late:
                 raise RuntimeError(f"{len(late)} of {SIBLINGS} siblings did not start")
             yield sock
@@ -345,7 +347,7 @@ def run(
                 sock: Path | None = None
                 try:
                     if mode == "krex":
-                        sock = stack.enter_context(krex_phase(tmp, env, deadline - now))
+                        sock = stack.enter_context(krex_phase(tmp, env, deadline))
                     elif k and modes[k - 1] == "krex":
                         time.sleep(min(COOL_S, max(0.0, deadline - time.monotonic())))
                 except Exception as e:  # the mode is lost, not the run

@@ -61,7 +61,11 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # (scripts/bench/kb_eval.py: KernelBench's own eval of 24 candidates from .kb/eval (KB_EVAL_DIR,
 # made by kb_eval.py --populate); KB_EVAL_MODES, default exclusive,krex8,exclusive2;
 # KB_EVAL_BUDGET_S, default what is left of 555 s since this script started; KB_EVAL_SUBSET=N;
-# KB_EVAL_BASELINE: an earlier run's JSON for exclusive and exclusive2), drvoom
+# KB_EVAL_BASELINE: an earlier run's JSON for exclusive and exclusive2), timers
+# (scripts/bench/timers_check.py: each timer auto-regions cover, alone, under krex beside 7 busy
+# siblings and alone again; TIMERS_LIST, default every one measurable there; TIMERS_KB_TIMING:
+# KernelBench's timing.py, default .kb/eval/src/kernelbench/timing.py where it exists;
+# TIMERS_BUDGET_S, default what is left of 555 s since this script started), drvoom
 # (scripts/gpu/driver_oom_check.py: a command's first CUDA work beside a full GPU, natively and
 # under krex), entry (scripts/bench/region_entry.py: region overhead by sibling kind; ENTRY_KINDS,
 # default idle,launching,compiling,memwait; ENTRY_SIBLINGS, default 7; ENTRY_REGIONS, default 30).
@@ -221,6 +225,13 @@ if [[ " $PARTS " == *" kbeval "* ]]; then
         --budget-s "${KB_EVAL_BUDGET_S:-$((555 - SECONDS))}" \
         ${KB_EVAL_SUBSET:+--subset "$KB_EVAL_SUBSET"} \
         ${KB_EVAL_BASELINE:+--baseline "$KB_EVAL_BASELINE"} || rc=1
+fi
+if [[ " $PARTS " == *" timers "* ]]; then
+    echo "== timers: ${TIMERS_LIST:-every one measurable} alone, krex beside 7 siblings, alone again"
+    python3 scripts/bench/timers_check.py --json "$OUT/timers_check.json" \
+        --budget-s "${TIMERS_BUDGET_S:-$((555 - SECONDS))}" \
+        ${TIMERS_LIST:+--timers "$TIMERS_LIST"} \
+        ${TIMERS_KB_TIMING:+--kernelbench-timing "$TIMERS_KB_TIMING"} || rc=1
 fi
 if [[ " $PARTS " == *" mgpu-memory "* ]]; then
     echo "== two GPUs: device memory, the mix on each GPU at once"

@@ -259,14 +259,10 @@ def test_a_region_owner_allocating_while_frozen_siblings_hold_memory_ends(
         )
         rs, ro = sib.result(), owner.result()
     assert rs["rc"] == 0 and ro["rc"] == 0, (rs["err"][-400:], ro["err"][-400:])
-    # The wait is in the run or in an attempt before it: ended by the sibling's free, or by a
-    # preemption (then rerun; a wait cut short by the kill is not counted in the attempt's
-    # report, but its region was revoked for it).
+    # The wait is in the run or in an attempt before it: ended by the sibling's free, or cut
+    # short by a preemption (then rerun; the attempt's report counts the wait all the same).
     attempts = [ro["report"], *ro["report"].get("attempts", [])]
-    revoked = [p for a in attempts for r in a["regions"] for p in r["problems"]
-               if "for device memory its frozen siblings hold" in p]  # fmt: skip
-    waits = sum(a["memory"]["waits"] for a in attempts)
-    assert waits >= 1 or revoked, json.dumps(ro["report"])[-3000:]
+    assert sum(a["memory"]["waits"] for a in attempts) >= 1, json.dumps(ro["report"])[-3000:]
     assert_nothing_left(memd)
 
 

@@ -414,3 +414,35 @@ def test_a_process_that_reclaims_a_dead_slot_of_its_tenant_carries_its_counters(
     finally:
         segs.close()
         remove_shm(segs.gates.name)
+
+
+def test_a_memory_wait_cut_short_counts_in_its_tenants_report() -> None:
+    """The shim counts a wait as it ends; a process that ended while waiting (preempted,
+    killed) left its slot saying it waits: folded, that wait counts once, with its kind and its
+    time up to the fold. Before, a preempted attempt's report said it never waited."""
+    from krex.core.shm import MEM_KINDS, SlotView
+    from krex.core.tenants import TenantGroup
+    from krex.daemon.model import Tenant
+    from krex.daemon.segments import _fold
+
+    def tenant() -> Tenant:
+        group: TenantGroup = None  # type: ignore[assignment]  # never touched here
+        return Tenant(id=1, gpu=0, argv=["x"], group=group, region_timeout_s=1.0, t_admit=0.0)
+
+    kinds = (2,) + (0,) * (len(MEM_KINDS) - 1)
+
+    def slot(**waiting: int) -> SlotView:
+        return SlotView(index=0, state=2, pid=7, tenant=1, gpu=0, gpus=1, in_flight=0,
+                        intercepted=0, blocked=0, unmatched=0, drain_req=0, drain_ack=0,
+                        alive=False, mem_waits=2, mem_wait_ns=5_000_000, mem_kind_waits=kinds,
+                        **waiting)  # fmt: skip
+
+    ended = tenant()
+    _fold(ended, slot())
+    assert (ended.mem_waits, ended.mem_wait_ns, ended.mem_kind_waits[:1]) == (2, 5_000_000, [2])
+    cut = tenant()
+    since = time.monotonic_ns() - 3_000_000_000
+    launch = MEM_KINDS.index("launch")
+    _fold(cut, slot(mem_want=1 << 30, mem_since_ns=since, mem_kind=launch))
+    assert cut.mem_waits == 3 and cut.mem_wait_ns >= 5_000_000 + 3_000_000_000
+    assert cut.mem_kind_waits[launch] == 1 and cut.mem_kind_waits[0] == 2

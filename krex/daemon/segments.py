@@ -13,6 +13,7 @@ import dataclasses
 import fcntl
 import logging
 import os
+import time
 from collections.abc import Iterable, Iterator
 from itertools import zip_longest
 from pathlib import Path
@@ -269,7 +270,10 @@ class Segments:
 
 
 def _fold(t: Tenant, s: SlotView) -> None:
-    """Add a process slot's counters to its tenant's."""
+    """Add a process slot's counters to its tenant's. A memory wait still on (a live process's)
+    or cut short (its process ended waiting: killed, preempted) counts too, its time up to
+    now: the shim counts a wait only as it ends, so a preempted attempt's report said it never
+    waited."""
     t.intercepted += s.intercepted
     t.blocked += s.blocked
     t.mem_peak = max(t.mem_peak, s.mem_peak)
@@ -277,9 +281,13 @@ def _fold(t: Tenant, s: SlotView) -> None:
     t.mem_waits += s.mem_waits
     t.mem_oom_alone += s.mem_oom_alone
     t.mem_oom_shared += s.mem_oom_shared
-    t.mem_kind_waits = [
-        a + b for a, b in zip_longest(t.mem_kind_waits, s.mem_kind_waits, fillvalue=0)
-    ]
+    kinds = list(s.mem_kind_waits)
+    if s.mem_want and s.mem_since_ns:
+        t.mem_waits += 1
+        t.mem_wait_ns += max(0, time.monotonic_ns() - s.mem_since_ns)
+        if s.mem_kind < len(kinds):
+            kinds[s.mem_kind] += 1
+    t.mem_kind_waits = [a + b for a, b in zip_longest(t.mem_kind_waits, kinds, fillvalue=0)]
 
 
 def _lock(name: str) -> int:

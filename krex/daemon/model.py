@@ -204,3 +204,8 @@ class Gpu:
     def load(self) -> int:
         """Commands on it, promised to it, or waiting for it."""
         return len(self.tenants) + self.reserved + len(self.admission)
+
+
+def gpu_names(gpus: list[int]) -> str:
+    """GPU indices as the logs write them (0,1)."""
+    return ",".join(map(str, gpus))

@@ -37,7 +37,7 @@ from krex.daemon.admission import Admission
 from krex.daemon.machinery import NodeMachinery
 from krex.daemon.memory import Memory, Pokable
 from krex.daemon.metrics import Metrics
-from krex.daemon.model import AdmitRequest, Gpu, Tenant
+from krex.daemon.model import AdmitRequest, Gpu, Tenant, gpu_names
 from krex.daemon.mps import Mps
 from krex.daemon.regions import Regions
 from krex.daemon.segments import Segments
@@ -97,7 +97,8 @@ class Node:
 
     def _memory(self) -> Memory:
         cfg = self.cfg
-        capacity = min(map(self.capacity, range(len(self.gpus))), default=0)
+        capacities = [self.capacity(g.index) for g in self.gpus]
+        capacity = min(capacities, default=0)
         if cfg.memory_room_gib is not None and 0 < capacity < cfg.room_bytes(capacity):
             # A room no GPU can free: every region beside siblings would wait room_wait_s.
             raise ConfigError(
@@ -106,11 +107,11 @@ class Node:
             )
         return Memory(
             self,
-            [self.capacity(g.index) for g in self.gpus],
+            capacities,
             headroom=cfg.headroom_bytes(),
             deadlock_s=cfg.memory_deadlock_s,
             learned=self.socket.parent / f"{self.socket.name}.peaks.json",
-            room=cfg.room_bytes(self.capacity(0)) if self.gpus else 0,
+            room=cfg.room_bytes(capacities[0]) if capacities else 0,
             room_wait_s=cfg.memory_room_wait_s,
             unknown=cfg.unknown_bytes(capacity),
         )
@@ -264,7 +265,7 @@ class Node:
             self.admission.reserve(x, req, -1)
             x.tenants.append(t)
             self.metrics.admitted(x.index)
-        log.info("admitted tenant %d on GPU %s: %s", tid, names(t.gpus), " ".join(t.argv)[:200])
+        log.info("admitted tenant %d on GPU %s: %s", tid, gpu_names(t.gpus), " ".join(t.argv)[:200])
         return t
 
     async def started(self, t: Tenant, pid: int) -> None:
@@ -301,7 +302,7 @@ class Node:
             g.tenants.remove(t)
             self.metrics.finished(i)
             self.admission.admit_next(g)
-        log.info("tenant %d left GPU %s", t.id, names(t.gpus))
+        log.info("tenant %d left GPU %s", t.id, gpu_names(t.gpus))
 
     def account(self) -> None:
         self.segments.account(self.tenants, draining=self.regions.busy())
@@ -389,11 +390,6 @@ def _memory_report(t: Tenant) -> dict[str, Any]:
         "oom_alone": t.mem_oom_alone,
         "oom_shared": t.mem_oom_shared,
     }
-
-
-def names(gpus: list[int]) -> str:
-    """GPU indices as logs write them (0,1)."""
-    return ",".join(map(str, gpus))
 
 
 def node_plan(cfg: Config) -> tuple[int, list[Slice]]:

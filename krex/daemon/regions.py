@@ -30,7 +30,7 @@ from krex.daemon import fidelity
 from krex.daemon.fidelity import GIB
 from krex.daemon.gate import Hold
 from krex.daemon.machinery import Machinery
-from krex.daemon.model import Gpu, Region, RegionRequest, Tenant
+from krex.daemon.model import Gpu, Region, RegionRequest, Tenant, gpu_names
 from krex.daemon.tasks import spawn
 
 log = logging.getLogger("krex.regions")
@@ -329,7 +329,7 @@ class Regions:
             log.warning(
                 "region of tenant %d on GPU %s is unclean: %s",
                 r.tenant.id,
-                _names(r.gpus),
+                gpu_names(r.gpus),
                 "; ".join(r.problems),
             )
 
@@ -362,7 +362,7 @@ class Regions:
             log.warning(
                 "region of tenant %d on GPU %s passed its time-out (%.1f s): revoked",
                 r.tenant.id,
-                _names(r.gpus),
+                gpu_names(r.gpus),
                 r.tenant.region_timeout_s,
             )
             self.finish(r, revoked=True, why="time-out")
@@ -408,7 +408,7 @@ class Regions:
         log.info(
             "region of tenant %d on GPU %s ended (%s) after %.3f s",
             t.id,
-            _names(r.gpus),
+            gpu_names(r.gpus),
             why,
             r.record["duration_s"],
         )
@@ -441,10 +441,6 @@ class Regions:
 def _fail(req: RegionRequest, why: str) -> None:
     if not req.granted.done():
         req.granted.set_exception(ConnectionError(why))
-
-
-def _names(gpus: list[int]) -> str:
-    return ",".join(map(str, gpus))
 
 
 async def _make_room(room: Room | None, gpu: int, t: Tenant) -> float:

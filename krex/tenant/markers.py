@@ -71,6 +71,16 @@ class _Tenant:
     linger_s: float
 
 
+def _seconds(name: str, default: float) -> tuple[str, float]:
+    """Variable `name` as it is set and as seconds: `default` when unset, -1 when not a number
+    (which every bound refuses)."""
+    text = os.environ.get(name, "")
+    try:
+        return text, float(text) if text else default
+    except ValueError:
+        return text, -1.0
+
+
 @functools.cache
 def _environment() -> _Tenant | None:
     """The tenant this process runs as, or None outside krex (read once per process)."""
@@ -80,18 +90,10 @@ def _environment() -> _Tenant | None:
         return None
     if not tenant.isdigit() or int(tenant) <= 0:
         raise RegionError(f"KREX_TENANT must be a positive integer, not {tenant!r}")
-    wait = os.environ.get("KREX_REGION_WAIT_S", "")
-    try:
-        wait_s = float(wait) if wait else DEFAULT_WAIT_S
-    except ValueError:
-        wait_s = -1.0
+    wait, wait_s = _seconds("KREX_REGION_WAIT_S", DEFAULT_WAIT_S)
     if not 0 < wait_s < float("inf"):
         raise RegionError(f"KREX_REGION_WAIT_S must be a positive number of seconds, not {wait!r}")
-    linger = os.environ.get("KREX_REGION_LINGER_S", "")
-    try:
-        linger_s = float(linger) if linger else DEFAULT_LINGER_S
-    except ValueError:
-        linger_s = -1.0
+    linger, linger_s = _seconds("KREX_REGION_LINGER_S", DEFAULT_LINGER_S)
     if not 0 <= linger_s <= MAX_LINGER_S:
         raise RegionError(
             f"KREX_REGION_LINGER_S must be between 0 and {MAX_LINGER_S:g} seconds, not {linger!r}"

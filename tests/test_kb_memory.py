@@ -135,6 +135,40 @@ def test_summary_throughput_percent_differences_and_the_native_repeat_rule(kb: A
     assert "no native repeat" in kb.table({"modes": [_counted(kb, alone)]})
 
 
+def test_the_memory_time_ceiling_is_capacity_over_what_a_command_holds_alone(kb: Any) -> None:
+    gib = 1 << 30
+    ex = _mode("exclusive", 6.0, {"a:eager": 1.0, "b:compile": 2.0, "c:eager": 1.0})
+    held = [(10, 1.0, 3.0), (30, 0.5, 10.5), (5, 2.0, None)]  # GiB, ready, timed (c: none)
+    for r, (g, ready, timed) in zip(ex["commands"], held, strict=True):
+        r["result"] = {"peak_bytes": g * gib, "t_ready_s": ready, "total_bytes": 100 * gib}
+        if timed is not None:
+            r["result"]["t_timed_s"] = timed
+    ex["commands"].append(
+        {
+            "problem": "d",
+            "variant": "eager",
+            "status": "oom",
+            "result": {"peak_bytes": 99 * gib, "t_ready_s": 0, "t_timed_s": 99},
+        }
+    )
+    # a: 10 GiB x 2 s, b: 30 GiB x 10 s; a mean of 160 GiB x s: 100 GiB gives 37.5 a minute.
+    c = kb.memory_time_ceiling([ex])
+    assert c["commands"] == 2 and c["gib_s_per_command"] == pytest.approx(160.0)
+    assert c["cmds_per_min"] == pytest.approx(37.5) and c["x_exclusive"] == pytest.approx(6.25)
+    assert kb.memory_time_ceiling([ex], 200 * gib)["cmds_per_min"] == pytest.approx(75.0)
+    krex8 = _mode("krex8", 24.0, {"a:eager": 1.0})
+    krex8["commands"][0]["result"] = {"peak_bytes": 10 * gib, "t_ready_s": 1, "t_timed_s": 7}
+    doc = kb.summarise([_counted(kb, ex), _counted(kb, krex8)])
+    assert [c["mode"] for c in doc["memory_ceiling"]] == ["exclusive", "krex8"]
+    assert doc["memory_ceiling"][1]["cmds_per_min"] == pytest.approx(100.0)  # 100 GiB / 60 GiB s
+    assert "ceiling at exclusive's speeds: 37.5 commands a minute" in kb.table(doc)
+    assert "ceiling at krex8's speeds: 100.0 commands a minute, 33.33x" in kb.table(doc)  # of 3
+    # Records without the GPU's memory (before total_bytes), and no exclusive mode: no ceiling.
+    for r in ex["commands"]:
+        r["result"].pop("total_bytes", None)
+    assert kb.memory_time_ceiling([ex]) is None and kb.memory_time_ceiling([]) is None
+
+
 def _counted(kb: Any, mode: dict[str, Any]) -> dict[str, Any]:
     counted: dict[str, Any] = kb.counts(mode["commands"], 60.0)
     return mode | counted

@@ -15,10 +15,10 @@ TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR say) and compares with KernelBench'
 under `krex run --auto-regions` do_bench is a region as it is.
 
 Prints one JSON line: problem, variant, median_ms, peak_bytes (torch.cuda.max_memory_allocated),
-reserved_bytes (max_memory_reserved), the check's result and when each phase ended (seconds
-from the start). Exit 0; 4 for a wrong or non-finite result; 1 for any exception, its
-traceback and a last line `error: TYPE: MESSAGE` on stderr (an out-of-memory error says "out of
-memory" there); 2 for bad arguments.
+reserved_bytes (max_memory_reserved), total_bytes (the GPU's memory), the check's result and
+when each phase ended (seconds from the start). Exit 0; 4 for a wrong or non-finite result; 1
+for any exception, its traceback and a last line `error: TYPE: MESSAGE` on stderr (an
+out-of-memory error says "out of memory" there); 2 for bad arguments.
 
 The process ends with os._exit once its line is flushed: a torch.compile command otherwise
 spends 7-9 s after its last line in Inductor's exit handlers and the interpreter's finalisation
@@ -157,6 +157,7 @@ def run(path: Path, variant: str) -> tuple[int, dict[str, Any]]:
     row["t_timed_s"] = since()
     row["peak_bytes"] = torch.cuda.max_memory_allocated()
     row["reserved_bytes"] = torch.cuda.max_memory_reserved()
+    row["total_bytes"] = torch.cuda.get_device_properties(0).total_memory
     return 0, row
 
 

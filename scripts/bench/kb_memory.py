@@ -478,7 +478,7 @@ def counts(records: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     return out
 
 
-def summarise(modes: list[dict[str, Any]]) -> dict[str, Any]:
+def summarise(modes: list[dict[str, Any]], capacity_bytes: float | None = None) -> dict[str, Any]:
     """Throughput against exclusive, and each command's median against its exclusive median:
     a % difference, and whether it is off by more than the native repeat's spread (exclusive2
     against exclusive, that command's) + OFF_MARGIN_PTS points; for krex modes counted over
@@ -524,7 +524,43 @@ def summarise(modes: list[dict[str, Any]]) -> dict[str, Any]:
         else:
             m["off"] = off
             m["off_of"] = compared  # clean (krex) or all (native) commands with a repeat
-    return {"modes": modes, "native_spread_pct": spread or None}
+    return {
+        "modes": modes,
+        "native_spread_pct": spread or None,
+        "memory_ceiling": [c for m in modes if m["mode"] != "exclusive2"
+                           if (c := memory_time_ceiling(modes, capacity_bytes, m["mode"]))],
+    }  # fmt: skip
+
+
+def memory_time_ceiling(
+    modes: list[dict[str, Any]], capacity_bytes: float | None = None, mode: str = "exclusive"
+) -> dict[str, Any] | None:
+    """What the GPU's memory allows any scheduler that runs these commands unchanged at `mode`'s
+    speeds (exclusive: alone), from that mode's records: each command holds at least its
+    max_memory_allocated from the end of its set-up (t_ready_s) to the end of its timing
+    (t_timed_s), so the commands a minute can be at most the capacity over the mean of peak x
+    held seconds (perfect packing: a ceiling, not an estimate), against exclusive's commands a
+    minute. `capacity_bytes` defaults to the GPU's memory any mode's commands recorded."""
+    base = next((m for m in modes if m["mode"] == "exclusive"), None)
+    this = next((m for m in modes if m["mode"] == mode), None)
+    rows = [r.get("result") or {} for r in (this or {}).get("commands", [])
+            if r.get("status") == "ok"]  # fmt: skip
+    held = [(r["peak_bytes"], r["t_timed_s"] - r["t_ready_s"]) for r in rows
+            if {"peak_bytes", "t_ready_s", "t_timed_s"} <= r.keys()]  # fmt: skip
+    every = [r.get("result") or {} for m in modes for r in m.get("commands", [])]
+    capacity = capacity_bytes or max((r.get("total_bytes") or 0 for r in every), default=0)
+    byte_s = sum(b * max(s, 0.0) for b, s in held) / len(held) if held else 0.0
+    if not byte_s or not capacity or not base or not base.get("cmds_per_min_ok"):
+        return None
+    per_min = 60.0 * capacity / byte_s
+    return {
+        "mode": mode,
+        "commands": len(held),
+        "capacity_gib": capacity / (1 << 30),
+        "gib_s_per_command": byte_s / (1 << 30),
+        "cmds_per_min": per_min,
+        "x_exclusive": per_min / base["cmds_per_min_ok"],
+    }
 
 
 def _f(v: Any, spec: str) -> str:
@@ -582,6 +618,14 @@ def table(doc: dict[str, Any]) -> str:
             f"{_f(m.get('diff_pct_abs_p50'), '.2f'):>7} {_f(m.get('diff_pct_abs_max'), '.2f'):>7}  "
             f"{off or '-'}"
         )
+    for c in doc.get("memory_ceiling") or []:
+        lines.append(
+            f"memory-time ceiling at {c['mode']}'s speeds: {c['cmds_per_min']:.1f} commands a "
+            f"minute, {c['x_exclusive']:.2f}x exclusive ({c['gib_s_per_command']:.0f} GiB x s "
+            f"held a command, mean of {c['commands']}; a GPU of {c['capacity_gib']:.1f} GiB)"
+        )
+    if doc.get("memory_ceiling"):
+        lines.append("(no scheduler runs these commands unchanged, at those speeds, faster)")
     return "\n".join(lines)
 
 
@@ -637,7 +681,7 @@ def run(
     return (summary or summarise)(modes)
 
 
-def merge(first: Path, second: Path, json_path: Path) -> int:
+def merge(first: Path, second: Path, json_path: Path, capacity_gib: float | None = None) -> int:
     """Two calls' results as one summary: every mode of `first`, then those of `second` that
     `first` lacks (each mode keeps the call it ran in: `from_call`)."""
     docs = [json.loads(p.read_text()) for p in (first, second)]
@@ -647,7 +691,7 @@ def merge(first: Path, second: Path, json_path: Path) -> int:
             if m.get("from_baseline") or any(x["mode"] == m["mode"] for x in modes):
                 continue
             modes.append(m | {"from_call": str(path)})
-    doc = summarise(modes)
+    doc = summarise(modes, capacity_gib * (1 << 30) if capacity_gib else None)
     doc["merged_from"] = {str(p): {"date": d.get("date"), "command": d.get("command")}
                           for p, d in zip((first, second), docs, strict=True)}  # fmt: skip
     doc["order"] = docs[0].get("order")
@@ -697,11 +741,17 @@ def main() -> int:
         help="no run: FIRST's modes and SECOND's others (two calls' JSONs, e.g. exclusive, krex8, "
         "krex16 and exclusive2, shared8) summarised together into --json",
     )
+    ap.add_argument(
+        "--capacity-gib",
+        type=float,
+        help="with --merge: the GPU's memory for the memory-time ceiling, where the records "
+        "predate total_bytes",
+    )
     args = ap.parse_args()
     if args.merge is not None:
         if args.json is None:
             ap.error("--json is required")
-        return merge(args.merge[0], args.merge[1], args.json)
+        return merge(args.merge[0], args.merge[1], args.json, args.capacity_gib)
     if args.populate is not None:
         missing = populate(args.populate, args.problems)
         for name in missing:

@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import random
+import resource
 import subprocess
 import sys
 import tempfile
@@ -152,6 +153,7 @@ def run_mode(
     name: str, cmds: list[tuple[int, int]], capacity: int, compile_s: float
 ) -> dict[str, Any]:
     concurrency, slots = MODES[name]
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     with tempfile.TemporaryDirectory(prefix=f"krex-simmem-{name}-") as d, node(capacity) as env:
         tmp = Path(d)
         with contextlib.ExitStack() as stack:
@@ -170,7 +172,11 @@ def run_mode(
                 ]
                 results = [f.result() for f in futs]
             wall = time.monotonic() - t0
-    return {"mode": name, "concurrency": concurrency, **counts(results, wall)} | {
+    # CPU-seconds of everything this mode started and waited for (clients, their commands, the
+    # daemon and its pool once it stopped): what more clients cost on a machine of few cores.
+    now = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = now.ru_utime + now.ru_stime - used.ru_utime - used.ru_stime
+    return {"mode": name, "concurrency": concurrency, **counts(results, wall), "cpu_s": cpu_s} | {
         "commands": results
     }
 
@@ -251,13 +257,13 @@ def main() -> int:
     }
     args.json.write_text(json.dumps(doc, indent=1))
     cols = ("ok", "fail", "oom", "fallbk", "not-alone", "regions", "unclean", "drain-to",
-            "preempt", "reruns", "wait p95", "wall s", "ok/min", "x alone")  # fmt: skip
+            "preempt", "reruns", "wait p95", "wall s", "cpu s", "ok/min", "x alone")  # fmt: skip
     print("simulated GPU; mode    " + " ".join(f"{c:>9}" for c in cols))
     for m in modes:
         vals = (m["succeeded"], m["failed"], m["oom"], m["fallbacks"],
                 m.get("fallbacks_not_alone"), m["regions"], m["unclean"], m["drains_timed_out"],
-                m["preemptions"], m["reruns"], m["wait_p95_s"], m["wall_s"], m["ok_per_min"],
-                m.get("x_alone"))  # fmt: skip
+                m["preemptions"], m["reruns"], m["wait_p95_s"], m["wall_s"], m.get("cpu_s"),
+                m["ok_per_min"], m.get("x_alone"))  # fmt: skip
         cells = ["-" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v) for v in vals]
         print(f"{m['mode']:22} " + " ".join(f"{c:>9}" for c in cells))
     return 0

@@ -243,8 +243,8 @@ def test_a_mode_out_of_time_kills_what_runs_and_records_the_rest_not_run(
 
 
 @contextlib.contextmanager
-def fake_daemon(tmp: Path, slots: int, **kw: Any) -> Iterator[Path]:
-    yield tmp / f"krex-{slots}.sock"
+def fake_daemon(tmp: Path, slots: int, tag: str = "", **kw: Any) -> Iterator[Path]:
+    yield tmp / f"krex-{slots}{'-' + tag if tag else ''}.sock"  # memory_check.daemon's names
 
 
 def test_krex_modes_run_each_command_through_krex_run_with_auto_regions(
@@ -275,6 +275,13 @@ def test_krex_modes_run_each_command_through_krex_run_with_auto_regions(
         cmd = argv[argv.index("--") + 1 :]
         assert cmd[1].endswith("scripts/bench/kb_candidate.py") and cmd[3] in ("eager", "compile")
         assert Path(cmd[2]).parent == tmp_path / "problems"
+    # krex8-cold: a daemon of its own (another socket, so other learned peaks), commands cold.
+    seen.clear()
+    kb.run_mode("krex8-cold", cmds, argv_for, tmp_path, tmp_path, time.monotonic() + 60, log)
+    assert {argv[argv.index("--socket") + 1] for argv in seen} == {
+        str(tmp_path / "krex-8-cold.sock")
+    }
+    assert all("--no-pool" in argv for argv in seen)
 
 
 def test_a_whole_run_writes_its_json_and_ends_with_the_table(

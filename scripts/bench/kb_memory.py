@@ -416,8 +416,11 @@ def run_mode(
         if slots:
             try:
                 start_s = max(1.0, deadline - time.monotonic())
+                # Each mode's daemon its own (name, log, learned peaks): krex8-cold after
+                # krex8 would otherwise start knowing every command's peak.
+                tag = "" if name == f"krex{slots}" else name.removeprefix(f"krex{slots}-")
                 sock = stack.enter_context(
-                    memory_check.daemon(tmp, slots, start_s=start_s, stop_s=10)
+                    memory_check.daemon(tmp, slots, start_s=start_s, stop_s=10, tag=tag)
                 )
             except Exception as e:  # the mode is lost, not the run
                 mode["error"] = str(e)[-1500:]

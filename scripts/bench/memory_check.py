@@ -147,12 +147,16 @@ def daemon(
     stop_s: float = 60,
     sim: bool = False,
     env: dict[str, str] | None = None,
+    tag: str = "",
 ) -> Iterator[Path]:
     """A private daemon of `slots` slots (default configuration, or memory waits of 1 ms when
     not `waits`), its log in LOGS; yields its socket once its warm workers are ready, at most
     `start_s` seconds (RuntimeError then); stopped on exit, killed after `stop_s`. `sim`: of
-    the simulated GPU, its node and driver's settings in `env` (the daemon's environment)."""
+    the simulated GPU, its node and driver's settings in `env` (the daemon's environment).
+    `tag` names a daemon apart from another of the same settings: its socket, log and learned
+    peaks (kept beside the socket) are its own."""
     name = f"{'sim-' if sim else ''}{slots}{'' if waits else '-nowait'}{'-mps' if mps else ''}"
+    name += f"-{tag}" if tag else ""
     sock = tmp / f"krex-{name}.sock"
     cfg = tmp / f"krex-{name}.toml"
     cfg.write_text("" if waits else "[memory]\nwait_s = 0.001\n")

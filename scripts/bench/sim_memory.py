@@ -10,7 +10,10 @@ GPU), launches, the workspace, then its timing in a region. Modes side by side i
 
 - `alone`: one command at a time, no krex (what users do today; the reference for fallbacks);
 - `shared8`: 8 at once with no krex (the control: failures and fallbacks expected);
-- `krex8`, `krex16`: every command through `krex run` to a private daemon of 8 / 16 slots.
+- `krex8`, `krex16`: every command through `krex run` to a private daemon of 8 / 16 slots,
+  as many `krex run` clients at once as slots;
+- `krex8-c16`: 8 slots, 16 clients at once (8 of them queued): the slots' share of a
+  difference between krex16 and krex8, apart from the clients'.
 
 Per mode: commands that succeeded and failed, those that took the fallback where alone they did
 not, regions and those unclean, drains that timed out, preemptions, reruns, memory waits,
@@ -49,7 +52,9 @@ from krex.core.paths import sim_library_dir  # noqa: E402
 from krex.sim.simnode import remove as remove_sim_node  # noqa: E402
 
 MIB = 1 << 20
-MODES = {"alone": (1, None), "shared8": (8, None), "krex8": (8, 8), "krex16": (16, 16)}
+# name: (clients at once, the daemon's slots)
+MODES = {"alone": (1, None), "shared8": (8, None), "krex8": (8, 8), "krex16": (16, 16),
+         "krex8-c16": (16, 8)}  # fmt: skip
 # The driver's own memory, per process (docs/simulator.md), at about ten times the H200's
 # proportions (a context of about 0.5 GiB and its modules in 141 GiB) so that it matters here.
 DRIVER = {

@@ -307,3 +307,22 @@ def test_a_whole_run_writes_its_json_and_ends_with_the_table(
     earlier = [m | {"from_baseline": "r.json"} for m in doc["modes"][:2]]
     again = kb.run(["shared8"], cmds, fake_argv(tmp_path), out, tmp_path / "o2", 60.0, earlier)
     assert [m["mode"] for m in again["modes"]] == names and again["modes"][2]["off"] == 0
+
+
+def test_merge_summarises_one_or_more_calls_modes_first_come(kb: Any, tmp_path: Path) -> None:
+    first = {"modes": [_counted(kb, _mode("exclusive", 2.0, {"a:eager": 1.0}))]}
+    again = _counted(kb, _mode("exclusive", 9.0, {"a:eager": 5.0}))  # the first call's stands
+    second = {"modes": [again, _counted(kb, _mode("exclusive2", 2.0, {"a:eager": 1.02}))]}
+    paths = [tmp_path / "1.json", tmp_path / "2.json"]
+    for p, d in zip(paths, (first, second), strict=True):
+        p.write_text(json.dumps(d))
+    out = tmp_path / "m.json"
+    assert kb.merge(paths, out) == 0
+    doc = json.loads(out.read_text())
+    assert [(m["mode"], m["from_call"]) for m in doc["modes"]] == [
+        ("exclusive", str(paths[0])),
+        ("exclusive2", str(paths[1])),
+    ]
+    assert doc["native_spread_pct"]["a:eager"] == pytest.approx(2.0)
+    assert kb.merge(paths[:1], out) == 0  # one call's alone: summarised again
+    assert [m["mode"] for m in json.loads(out.read_text())["modes"]] == ["exclusive"]

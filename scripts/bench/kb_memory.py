@@ -684,19 +684,20 @@ def run(
     return (summary or summarise)(modes)
 
 
-def merge(first: Path, second: Path, json_path: Path, capacity_gib: float | None = None) -> int:
-    """Two calls' results as one summary: every mode of `first`, then those of `second` that
-    `first` lacks (each mode keeps the call it ran in: `from_call`)."""
-    docs = [json.loads(p.read_text()) for p in (first, second)]
+def merge(paths: list[Path], json_path: Path, capacity_gib: float | None = None) -> int:
+    """Calls' results as one summary: every mode of the first, then those of the next that the
+    ones before lack (each mode keeps the call it ran in: `from_call`). One call's alone: its
+    summary again (a newer summary, e.g. the memory-time ceiling)."""
+    docs = [json.loads(p.read_text()) for p in paths]
     modes: list[dict[str, Any]] = []
-    for path, d in zip((first, second), docs, strict=True):
+    for path, d in zip(paths, docs, strict=True):
         for m in d.get("modes", []):
             if m.get("from_baseline") or any(x["mode"] == m["mode"] for x in modes):
                 continue
             modes.append(m | {"from_call": str(path)})
     doc = summarise(modes, capacity_gib * (1 << 30) if capacity_gib else None)
     doc["merged_from"] = {str(p): {"date": d.get("date"), "command": d.get("command")}
-                          for p, d in zip((first, second), docs, strict=True)}  # fmt: skip
+                          for p, d in zip(paths, docs, strict=True)}  # fmt: skip
     doc["order"] = docs[0].get("order")
     json_path.write_text(json.dumps(doc, indent=1))
     print(table(doc), flush=True)
@@ -739,10 +740,10 @@ def main() -> int:
     ap.add_argument(
         "--merge",
         type=Path,
-        nargs=2,
-        metavar=("FIRST", "SECOND"),
-        help="no run: FIRST's modes and SECOND's others (two calls' JSONs, e.g. exclusive, krex8, "
-        "krex16 and exclusive2, shared8) summarised together into --json",
+        nargs="+",
+        metavar="JSON",
+        help="no run: the first JSON's modes and each next one's others (calls' JSONs, e.g. "
+        "exclusive, krex8, krex16 and exclusive2, shared8) summarised together into --json",
     )
     ap.add_argument(
         "--capacity-gib",
@@ -754,7 +755,7 @@ def main() -> int:
     if args.merge is not None:
         if args.json is None:
             ap.error("--json is required")
-        return merge(args.merge[0], args.merge[1], args.json, args.capacity_gib)
+        return merge(args.merge, args.json, args.capacity_gib)
     if args.populate is not None:
         missing = populate(args.populate, args.problems)
         for name in missing:

@@ -448,8 +448,9 @@ class TenantGroup:
 
     def awake(self) -> list[int]:
         """The processes the current freeze left running (none when thawed or frozen whole)."""
-        with self._lock:
-            return sorted(self._awake)
+        # Not locked: read on the daemon's event loop while another thread may be in a freeze
+        # (bounded, but long); the set is replaced, never changed, once it is published.
+        return sorted(self._awake)
 
     def thaw(self) -> None:
         """Let every process run again; always safe to call, idempotent."""

@@ -115,7 +115,11 @@ class Machinery(Protocol):
         region: nothing of theirs can be in flight); fills in hold. Blocking."""
 
     def freeze(self, tenant: Tenant) -> bool:
-        """Step 4 for one sibling: whether it is frozen (or gone). Blocking."""
+        """Step 4 for one sibling: whether it is frozen (or gone), as far as regions.freeze
+        asks (all its processes, or those that may reach the GPU). Blocking."""
+
+    def awake(self, tenant: Tenant) -> int:
+        """How many of the tenant's processes its freeze left running."""
 
     def thaw(self, tenant: Tenant) -> None:
         """Undo step 4 for one tenant."""
@@ -200,10 +204,37 @@ class NodeMachinery:
 
     def freeze(self, tenant: Tenant) -> bool:
         try:
-            return tenant.group.freeze(self.cfg.freeze_timeout_s)
+            return tenant.group.freeze(self.cfg.freeze_timeout_s, self._contextless(tenant))
         except TenantsError as e:  # e.g. it left while the region was being set up
             log.warning("freezing tenant %d failed: %s", tenant.id, e)
             return tenant.gone
+
+    def awake(self, tenant: Tenant) -> int:
+        with contextlib.suppress(TenantsError):
+            return len(tenant.group.awake())
+        return 0
+
+    def _contextless(self, tenant: Tenant) -> set[int]:
+        """With regions.freeze = contexts, the tenant's processes a region may leave running:
+        those that hold no slot, are not among the processes that found no free slot, and no
+        GPU lists as its user. They cannot put work on the GPU (a context is made only through
+        the shim, which takes a slot first and waits at the gate) and run on the shared cores.
+        None with `all`, for the idle pool (frozen whole), or where a GPU's users or the
+        overflowing processes are not all known."""
+        if self.cfg.region_freeze != "contexts" or any(g.pool_tenant is tenant for g in self.gpus):
+            return set()
+        busy = {s.pid for _, s in self.segments.live_slots()}  # dead or not: never awake
+        for seg in self.segments.all():
+            count, recorded = seg.overflow
+            if count > len(recorded):
+                return set()  # some that found no slot are unnamed
+            busy.update(recorded)
+        for g in self.gpus:
+            users = self._users(g.index)
+            if users is None:
+                return set()
+            busy |= users
+        return set(_pids(tenant)) - busy
 
     def thaw(self, tenant: Tenant) -> None:
         with contextlib.suppress(TenantsError):

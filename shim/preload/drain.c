@@ -124,7 +124,7 @@ void krex_drain_forget(void)
         return krex_missing(KREX_H_##name);                                                      \
     CUresult r;                                                                                  \
     KREX_MEM_RETRY(r, s, 0, dev, KREX_MEM_CONTEXT, #name, {                                      \
-        struct krex_slot *krex_e_ = krex_enter();                                                \
+        struct krex_slot *krex_e_ = krex_enter_uncounted();                                      \
         r = real call;                                                                           \
         krex_leave(krex_e_);                                                                     \
     })

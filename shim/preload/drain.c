@@ -115,8 +115,10 @@ void krex_drain_forget(void)
  * without a context, which a region may leave running (regions.freeze = contexts), gets one
  * only once the gate opens. The driver takes device memory for a context: an out-of-memory
  * answer waits as an allocation does (nothing is created when it fails, so trying again is
- * safe), instead of reaching the runtime, which may keep the failure; each try is announced
- * and checked at the gate anew, so nothing is in flight while it waits. */
+ * safe), instead of reaching the runtime, which may keep the failure. Each try passes the
+ * gate first (announced and withdrawn at once): the creation itself is not in flight, so a
+ * region's quiesce never waits for a sibling's context (seconds when many start at once); one
+ * that passed before the gate closed holds its slot already, so the freeze takes it. */
 #define CTX_NEW(name, dev, call)                                                                 \
     struct krex_slot *s = krex_register();                                                       \
     krex_pfn_##name real = REAL(name);                                                           \
@@ -124,9 +126,8 @@ void krex_drain_forget(void)
         return krex_missing(KREX_H_##name);                                                      \
     CUresult r;                                                                                  \
     KREX_MEM_RETRY(r, s, 0, dev, KREX_MEM_CONTEXT, #name, {                                      \
-        struct krex_slot *krex_e_ = krex_enter_uncounted();                                      \
+        krex_leave(krex_enter_uncounted());                                                      \
         r = real call;                                                                           \
-        krex_leave(krex_e_);                                                                     \
     })
 
 KREX_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)

@@ -595,8 +595,12 @@ class _CgroupGroup(TenantGroup):
         try:
             _mkdir(self._child)
             self._check_split()
+            # Only the misplaced move (a cgroup migration is costly): after the first split
+            # the workers stay awake in the group and the context holders in the child.
+            in_child = set(_procs(self._child))
             for pid in sorted(known):
-                _move(self._freeze_dir if pid in keep else self._child, pid)
+                if (pid in keep) == (pid in in_child):
+                    _move(self._freeze_dir if pid in keep else self._child, pid)
         except TenantsError as e:
             self._whole(keep, e)
             return False

@@ -68,7 +68,8 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # TIMERS_BUDGET_S, default what is left of 555 s since this script started), drvoom
 # (scripts/gpu/driver_oom_check.py: a command's first CUDA work beside a full GPU, natively and
 # under krex), entry (scripts/bench/region_entry.py: region overhead by sibling kind; ENTRY_KINDS,
-# default idle,launching,compiling,memwait; ENTRY_SIBLINGS, default 7; ENTRY_REGIONS, default 30).
+# default idle,launching,compiling,memwait; ENTRY_SIBLINGS, default 7; ENTRY_REGIONS, default 30;
+# ENTRY_FREEZE, the daemon's regions.freeze, default all; all,contexts runs each kind under both).
 # NCCL_NVLS_ENABLE=0 as the device's KINDS.md asks.
 PARTS=${PARTS:-"shim overhead controller mps demo"}
 rc=0
@@ -213,10 +214,12 @@ if [[ " $PARTS " == *" kbmem "* ]]; then
         ${KB_BASELINE:+--baseline "$KB_BASELINE"} || rc=1
 fi
 if [[ " $PARTS " == *" entry "* ]]; then
-    echo "== region overhead by sibling kind: ${ENTRY_KINDS:-idle,launching,compiling,memwait}"
+    echo "== region overhead by sibling kind: ${ENTRY_KINDS:-idle,launching,compiling,memwait}" \
+        "(regions.freeze ${ENTRY_FREEZE:-all})"
     python3 scripts/bench/region_entry.py --json "$OUT/region_entry.json" \
         --kinds "${ENTRY_KINDS:-idle,launching,compiling,memwait}" \
-        --siblings "${ENTRY_SIBLINGS:-7}" --regions "${ENTRY_REGIONS:-30}" || rc=1
+        --siblings "${ENTRY_SIBLINGS:-7}" --regions "${ENTRY_REGIONS:-30}" \
+        --freeze "${ENTRY_FREEZE:-all}" || rc=1
 fi
 if [[ " $PARTS " == *" kbeval "* ]]; then
     echo "== KernelBench's eval: ${KB_EVAL_MODES:-exclusive,krex8,exclusive2} (kb_eval.py)"

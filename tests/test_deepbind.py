@@ -69,20 +69,27 @@ def test_a_deep_bound_librarys_launches_wait_at_a_closed_gate(
 ) -> None:
     """With the gate closed to its tenant, the deep-bound library's first launch blocks in the
     shim: the simulated driver records no submission from it while another tenant holds the
-    GPU. Once the gate opens every launch goes through, each one counted."""
-    node.seg.gate_close(0, owner=9, deadline_s=30)
-    witness.grant(9)
-    env = node.env(tenant=1, DEEP_DRIVER=_driver(node.native), KREX_SIM_WITNESS=str(witness.path))
+    GPU. Once the gate opens every launch goes through, each one counted. (The gate closes once
+    the library has its context: a context's creation waits at a closed gate too.)"""
+    env = node.env(
+        tenant=1, DEEP_DRIVER=_driver(node.native), KREX_SIM_WITNESS=str(witness.path),
+        DEEP_WAIT="1",
+    )  # fmt: skip
     p = subprocess.Popen(
         [deep["user"], deep[flavour], how, "5", "1000000", "0"],
         env=env,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    assert p.stdout is not None and p.stdin is not None
+    assert p.stdout.readline().strip() == "ready", p.stderr.read() if p.stderr else ""
+    node.seg.gate_close(0, owner=9, deadline_s=30)
+    witness.grant(9)
     try:
-        assert p.stdout is not None
-        assert p.stdout.readline().strip() == "ready", p.stderr.read() if p.stderr else ""
+        p.stdin.write("go\n")
+        p.stdin.flush()
         deadline = time.monotonic() + 10
         while p.poll() is None and time.monotonic() < deadline:
             if any(s.blocked for s in node.seg.slots_of(p.pid)):

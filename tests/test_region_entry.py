@@ -31,3 +31,24 @@ def test_region_overhead_by_sibling_kind_on_the_simulated_gpu(tmp_path: Path) ->
         assert k["regions"] == 4 and k["clean"] == 4, k
         assert 0 <= k["entry_s"]["p50_ms"] <= k["wait_s"]["p95_ms"] + 1e-6, k
         assert k["freeze_s"]["max_ms"] is not None and k["exit_s"]["max_ms"] is not None
+
+
+@pytest.mark.slow
+def test_freeze_contexts_leaves_the_compile_workers_running(tmp_path: Path) -> None:
+    """--freeze all,contexts: each kind under both settings; the compiling sibling's workers
+    (no GPU context) are left running under contexts only, every region clean."""
+    out = tmp_path / "entry.json"
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench" / "region_entry.py"), "--sim",
+         "--json", str(out), "--kinds", "compiling", "--siblings", "1", "--regions", "3",
+         "--freeze", "all,contexts"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    kinds = json.loads(out.read_text())["kinds"]
+    assert [(k["kind"], k["freeze"]) for k in kinds] == [
+        ("compiling", "all"), ("compiling", "contexts")
+    ]  # fmt: skip
+    for k in kinds:
+        assert k["regions"] == 3 and k["clean"] == 3, k
+    assert kinds[0]["awake"] == 0 and kinds[1]["awake"] >= 1, kinds

@@ -69,6 +69,9 @@ class FakeNode:
             self.frozen.add(tenant.id)
         return True
 
+    def awake(self, tenant: Tenant) -> int:
+        return 0
+
     def thaw(self, tenant: Tenant) -> None:
         self.log("thaw", tenant.id)
         with self.lock:

@@ -33,12 +33,14 @@ from krex.core.tenants import FreezerKind, TenantGroup, TenantsError, detect_fre
 _serial = itertools.count()
 
 # argv: marker file (64 bytes, mapped), the test's pid, mode. Slot 0 is the process itself,
-# slot 1 its child in "fork" mode (forked when a line arrives on stdin); a slot holds the
+# slot 1 its child in "fork" mode (forked when a line arrives on stdin, before either counts)
+# and in "later" mode (the same, but the process counts from the start); a slot holds the
 # process's pid and its iteration count. Burners exit on their own once the test is gone.
 BURNER = r"""
-import mmap, os, struct, sys
+import mmap, os, select, struct, sys
 m = mmap.mmap(os.open(sys.argv[1], os.O_RDWR), 64)
 watch = int(sys.argv[2])
+later = sys.argv[3] == "later"
 slot = 0
 if sys.argv[3] == "fork":
     sys.stdin.readline()
@@ -54,6 +56,11 @@ while True:
             os.kill(watch, 0)
         except ProcessLookupError:
             os._exit(0)
+        if later and select.select([0], [], [], 0)[0]:
+            later = False
+            if os.fork() == 0:
+                slot = 1
+                struct.pack_into("Q", m, 16, os.getpid())
 """
 
 # Four threads; prints "ready", then on a line on stdin forks a child (itself with two threads)
@@ -464,6 +471,74 @@ def test_signal_record_lists_stopped_processes(signal_env: Env) -> None:
     assert lines == sorted(f"{q} {start_time(q)}" for q in (p.pid, child))
     g.thaw()
     assert not path.exists()
+
+
+def split_dir(env: Env) -> str:
+    """Where a cgroup group of tenant 1 puts what it freezes beside processes left awake."""
+    mount = tenants.V1_FREEZER if env.kind is FreezerKind.CGROUP_V1 else tenants.V2_MOUNT
+    return os.path.join(mount, env.root, "t1", tenants.SPLIT_NAME)
+
+
+def test_freeze_leaves_the_awake_running(env: Env) -> None:
+    """freeze() with a process awake: it and what it forks since keep running, the other
+    stops; pids() lists all; thaw resumes; a later freeze with none awake stops all; destroy()
+    removes the split group too."""
+    g = env.group()
+    frozen, awake = env.burner(), env.burner("later")
+    g.add(frozen.pid)
+    g.add(awake.pid)
+    wait_for(lambda: frozen.counts()[0] > 0, what="the first burner to start")
+    wait_for(lambda: awake.counts()[0] > 0, what="the second burner to start")
+    assert g.freeze(5.0, awake={awake.pid})
+    assert g.awake() == [awake.pid]
+    assert g.pids() == sorted([frozen.pid, awake.pid])
+    assert_stalled(frozen)
+    assert_progress(awake)
+    awake.send()  # it forks now, while the other is frozen: the child runs
+    wait_for(lambda: awake.counts()[1] > 0, what="the awake one's child to start")
+    assert_progress(awake, (0, 1))
+    assert_stalled(frozen)
+    everyone = sorted([frozen.pid, awake.pid, awake.child_pid()])
+    assert g.pids() == everyone
+    g.thaw()
+    assert g.awake() == []
+    assert_progress(frozen)
+    assert g.freeze(5.0)  # all of them, wherever the split left them
+    assert g.awake() == []
+    assert_stalled(frozen)
+    assert_stalled(awake, (0, 1))
+    g.thaw()
+    assert_progress(awake, (0, 1))
+    assert g.pids() == everyone
+    if env.kind is not FreezerKind.SIGNAL:
+        assert os.path.isdir(split_dir(env))
+        g.destroy()
+        assert not os.path.exists(split_dir(env))
+
+
+def test_freeze_falls_back_to_the_whole_group(
+    cgroup_env: Env, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where the processes cannot be split (a move fails), all are frozen, with one log line."""
+    env = cgroup_env
+    g = env.group()
+    frozen, awake = env.burner(), env.burner()
+    g.add(frozen.pid)
+    g.add(awake.pid)
+    wait_for(lambda: awake.counts()[0] > 0, what="the burner to start")
+
+    def fail(group: str, pid: int) -> None:
+        raise TenantsError(f"Cannot move {pid} into {group}.")
+
+    monkeypatch.setattr(tenants, "_move", fail)
+    assert g.freeze(5.0, awake={awake.pid})
+    assert g.awake() == []
+    assert_stalled(frozen)
+    assert_stalled(awake)
+    assert [r.getMessage() for r in caplog.records if "freezing all" in r.getMessage()]
+    g.thaw()
+    assert_progress(awake)
+    assert_progress(frozen)
 
 
 # --- membership --------------------------------------------------------------------------------

@@ -350,6 +350,13 @@ class Config:
         "benchmark begins (its record's `candidate`) (`krex run --capped-settle` overrides per "
         "command; 0: off)",
     )  # fmt: skip
+    region_freeze: str = _choice(
+        "all", "regions.freeze", ("all", "contexts"),
+        "which of the siblings' processes a region freezes: `all`, or `contexts`: those that "
+        "hold a slot (a GPU context), found none free, or are the GPU's users, while the rest "
+        "(compile workers) run on the shared cores; a candidate, not yet measured on a GPU "
+        "(see Freezing only GPU contexts)",
+    )  # fmt: skip
     freezer: str = _choice(
         "auto", "freezer.backend", FREEZERS,
         "how a command's processes are grouped and frozen (see Freezers)",

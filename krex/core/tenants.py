@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import re
 import signal
@@ -43,6 +44,11 @@ V1_CPUSET = "/sys/fs/cgroup/cpuset"
 _ROOT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
 _MOVE_TIMEOUT_S = 2.0  # destroy(): moving processes out and removing the directories
 _PIN_PASSES = 5  # pin(): re-scans for threads started while the others were being moved
+# freeze() with processes left awake: the child group of the freezer group that is frozen
+# (the awake ones stay in its parent, which is not).
+SPLIT_NAME = "frozen"
+
+log = logging.getLogger("krex.tenants")
 
 
 class FreezerKind(str, Enum):
@@ -119,6 +125,19 @@ def _fully_stopped(pid: int) -> bool:
         if st is not None and st[0] not in "tTZX":
             return False
     return True
+
+
+def _forked_by(keep: set[int], pids: Iterable[int], known: set[int]) -> set[int]:
+    """`keep` and those of `pids` not in `known` (the processes seen when the freeze began)
+    that one of them forked since: what a process left awake forks stays awake."""
+    parent = {p: st[1] for p in pids if p not in known and (st := _stat(f"/proc/{p}/stat"))}
+    out = set(keep)
+    grew = True
+    while grew:
+        new = {p for p, pp in parent.items() if pp in out and p not in out}
+        out |= new
+        grew = bool(new)
+    return out
 
 
 def _pin_threads(pids: Iterable[int], cpus: set[int]) -> None:
@@ -355,6 +374,7 @@ class TenantGroup:
         self.root = root
         self.tenant = tenant
         self._lock = threading.RLock()
+        self._awake: set[int] = set()
 
     @classmethod
     def create(cls, kind: FreezerKind, root: str, tenant: int) -> TenantGroup:
@@ -414,13 +434,23 @@ class TenantGroup:
         with self._lock:
             return self._pids()
 
-    def freeze(self, timeout_s: float) -> bool:
-        """Freeze every process; True once all are frozen, False after `timeout_s`.
+    def freeze(self, timeout_s: float, awake: Iterable[int] = ()) -> bool:
+        """Freeze every process but those in `awake`, which keep running, as do the processes
+        they fork from now on; True once all others are frozen, False after `timeout_s`.
 
-        On time-out what could be frozen stays frozen; thaw() undoes it.
+        A cgroup group is split for that: its child group (SPLIT_NAME) is frozen, the awake
+        ones stay in the group. Where the split cannot be made, the whole group is frozen
+        (logged): never less than asked. On time-out what could be frozen stays frozen;
+        thaw() undoes it.
         """
         with self._lock:
-            return self._freeze(time.monotonic() + max(0.0, timeout_s))
+            return self._freeze(time.monotonic() + max(0.0, timeout_s), set(awake))
+
+    def awake(self) -> list[int]:
+        """The processes the current freeze left running (none when thawed or frozen whole)."""
+        # Not locked: read on the daemon's event loop while another thread may be in a freeze
+        # (bounded, but long); the set is replaced, never changed, once it is published.
+        return sorted(self._awake)
 
     def thaw(self) -> None:
         """Let every process run again; always safe to call, idempotent."""
@@ -454,7 +484,7 @@ class TenantGroup:
     def _pids(self) -> list[int]:
         raise NotImplementedError
 
-    def _freeze(self, deadline: float) -> bool:
+    def _freeze(self, deadline: float, awake: set[int]) -> bool:
         raise NotImplementedError
 
     def _thaw(self) -> None:
@@ -485,20 +515,28 @@ class _CgroupGroup(TenantGroup):
         self._freeze_dir = ""
         self._cpuset_dir: str | None = None
         self.pin_fallback_reason: str | None = None  # why pin() cannot use a cpuset
+        self._split = False  # frozen with processes left awake: only the child group is
 
     @property
     def pin_method(self) -> str:
         return "cpuset" if self._cpuset_dir else "affinity"
 
-    def _freeze_file(self) -> tuple[str, str, str]:
-        """(file, text that freezes, text that thaws)."""
+    @property
+    def _child(self) -> str:
+        """The freezer group's child that a freeze with processes left awake freezes."""
+        return os.path.join(self._freeze_dir, SPLIT_NAME)
+
+    def _freeze_file(self, group: str) -> tuple[str, str, str]:
+        """(file, text that freezes, text that thaws) of the freezer group `group`."""
         raise NotImplementedError
 
-    def _is_frozen(self) -> bool:
+    def _is_frozen(self, group: str) -> bool:
         raise NotImplementedError
 
     def _add(self, pid: int) -> None:
         for _, group in self._groups:
+            if self._split and group == self._freeze_dir:
+                group = self._child  # as with a whole group: joining a frozen one freezes
             try:
                 _write(os.path.join(group, "cgroup.procs"), str(pid))
             except TenantsError as e:
@@ -507,45 +545,107 @@ class _CgroupGroup(TenantGroup):
                 raise
 
     def _pids(self) -> list[int]:
-        return _procs(self._freeze_dir)
+        return sorted({*_procs(self._freeze_dir), *_procs(self._child)})
 
     def _evict_self(self) -> None:
         # Defensive: add() refuses the controller, but anyone with write access can move it.
-        if os.getpid() in _procs(self._freeze_dir):
+        if os.getpid() in self._pids():
             for mount, _ in self._groups:
                 _write(os.path.join(mount, "cgroup.procs"), str(os.getpid()))
 
-    def _freeze(self, deadline: float) -> bool:
+    def _freeze(self, deadline: float, awake: set[int]) -> bool:
         self._evict_self()
-        path, frozen, _ = self._freeze_file()
+        known = set(self._pids())
+        keep = awake & known
+        if keep and not self._split_off(keep, known):
+            keep = set()
+        group = self._child if keep else self._freeze_dir
+        path, frozen, _ = self._freeze_file(group)
         _write(path, frozen)
+        self._split = bool(keep)
         delay = 0.0002
-        while not self._is_frozen():
+        try:
+            while keep and not self._sweep(keep, known):  # strays forked meanwhile
+                if time.monotonic() >= deadline:
+                    return False
+                delay = _wait(deadline, delay)
+        except TenantsError as e:
+            self._whole(keep, e)
+            keep, group = set(), self._freeze_dir
+        self._awake = keep
+        while not self._is_frozen(group):
             if time.monotonic() >= deadline:
                 return False
             delay = _wait(deadline, delay)
         return True
 
-    def _thaw(self) -> None:
-        path, _, thawed = self._freeze_file()
+    def _whole(self, keep: set[int], why: TenantsError) -> None:
+        """Freeze the whole group after all, where leaving `keep` running failed (logged)."""
+        log.warning(
+            "tenant %d: cannot leave processes %s running while the rest is frozen (%s); "
+            "freezing all of them", self.tenant, sorted(keep), why,
+        )  # fmt: skip
+        path, frozen, _ = self._freeze_file(self._freeze_dir)
+        _write(path, frozen)
+        self._split = False
+
+    def _split_off(self, keep: set[int], known: set[int]) -> bool:
+        """Move the processes to freeze into the child group and `keep` into the group; False
+        (logged) where that cannot be done, and the whole group is to be frozen."""
         try:
-            _write(path, thawed)
-        except TenantsError:
-            if os.path.exists(path):  # a group that is gone (destroyed) is thawed
-                raise
+            _mkdir(self._child)
+            self._check_split()
+            # Only the misplaced move (a cgroup migration is costly): after the first split
+            # the workers stay awake in the group and the context holders in the child.
+            in_child = set(_procs(self._child))
+            for pid in sorted(known):
+                if (pid in keep) == (pid in in_child):
+                    _move(self._freeze_dir if pid in keep else self._child, pid)
+        except TenantsError as e:
+            self._whole(keep, e)
+            return False
+        return True
+
+    def _check_split(self) -> None:
+        """TenantsError where the group cannot hold processes beside its child."""
+
+    def _sweep(self, keep: set[int], known: set[int]) -> bool:
+        """Move into the frozen child what the group holds beside `keep` and what they forked
+        since (a process forked by one being moved); True when there was none. `keep` grows by
+        the children of awake ones."""
+        here = _procs(self._freeze_dir)
+        keep |= _forked_by(keep, here, known)
+        strays = [p for p in here if p not in keep]
+        for pid in strays:
+            _move(self._child, pid)
+        keep &= set(here)
+        return not strays
+
+    def _thaw(self) -> None:
+        self._split = False
+        self._awake = set()
+        for group in (self._child, self._freeze_dir):
+            path, _, thawed = self._freeze_file(group)
+            try:
+                _write(path, thawed)
+            except TenantsError:
+                if os.path.exists(path):  # a group that is gone (destroyed) is thawed
+                    raise
 
     def _pin(self, cpus: set[int]) -> None:
         if self._cpuset_dir is None:
             _pin_threads(self._pids(), cpus)
             return
-        # The kernel moves every thread of every member, and future children, onto the set.
+        # The kernel moves every thread of every member, and future children, onto the set
+        # (the freezer's child group, which enables no controller, included).
         _write(os.path.join(self._cpuset_dir, "cpuset.cpus"), format_cpu_list(cpus))
 
     def _destroy(self) -> None:
         self._thaw()
         deadline = time.monotonic() + _MOVE_TIMEOUT_S
         problems = []
-        for mount, group in self._groups:
+        # The child first: a group with a child cannot be removed.
+        for mount, group in [(self._groups[0][0], self._child), *self._groups]:
             delay = 0.0005
             while os.path.isdir(group):
                 for pid in _procs(group):
@@ -567,6 +667,15 @@ class _CgroupGroup(TenantGroup):
                 os.rmdir(os.path.dirname(group))
         if problems:
             raise TenantsError(f"Cannot remove the cgroup {'; '.join(problems)}.")
+
+
+def _move(group: str, pid: int) -> None:
+    """Move `pid` into the cgroup `group`; one that exited meanwhile is not an error."""
+    try:
+        _write(os.path.join(group, "cgroup.procs"), str(pid))
+    except TenantsError:
+        if _start_time(pid) is not None:
+            raise
 
 
 class _V2Group(_CgroupGroup):
@@ -603,12 +712,18 @@ class _V2Group(_CgroupGroup):
             return str(e)
         return None
 
-    def _freeze_file(self) -> tuple[str, str, str]:
-        return os.path.join(self._freeze_dir, "cgroup.freeze"), "1", "0"
+    def _freeze_file(self, group: str) -> tuple[str, str, str]:
+        return os.path.join(group, "cgroup.freeze"), "1", "0"
 
-    def _is_frozen(self) -> bool:
-        events = _read(os.path.join(self._freeze_dir, "cgroup.events")) or ""
+    def _is_frozen(self, group: str) -> bool:
+        events = _read(os.path.join(group, "cgroup.events")) or ""
         return "frozen 1" in events.splitlines()
+
+    def _check_split(self) -> None:
+        # A group that enables a controller for its children may hold no process itself.
+        enabled = _read(os.path.join(self._freeze_dir, "cgroup.subtree_control"))
+        if enabled:
+            raise TenantsError(f"{self._freeze_dir} enables {enabled} for its children")
 
 
 class _V1Group(_CgroupGroup):
@@ -654,12 +769,12 @@ class _V1Group(_CgroupGroup):
         self._cpuset_dir = group
         return None
 
-    def _freeze_file(self) -> tuple[str, str, str]:
-        return os.path.join(self._freeze_dir, "freezer.state"), "FROZEN", "THAWED"
+    def _freeze_file(self, group: str) -> tuple[str, str, str]:
+        return os.path.join(group, "freezer.state"), "FROZEN", "THAWED"
 
-    def _is_frozen(self) -> bool:
+    def _is_frozen(self, group: str) -> bool:
         # FREEZING while some task has not stopped yet.
-        return _read(os.path.join(self._freeze_dir, "freezer.state")) == "FROZEN"
+        return _read(os.path.join(group, "freezer.state")) == "FROZEN"
 
 
 class _SignalGroup(TenantGroup):
@@ -729,27 +844,34 @@ class _SignalGroup(TenantGroup):
     def _pids(self) -> list[int]:
         return sorted(self._scan())
 
-    def _freeze(self, deadline: float) -> bool:
+    def _freeze(self, deadline: float, awake: set[int]) -> bool:
         self._frozen = True
         all_stopped = False
         delay = 0.0002
+        known = set(self._scan())
+        keep = awake & known
         while True:
             tree = self._scan()
-            new = {p: t for p, t in tree.items() if self._stopped.get(p) != t}
+            keep = _forked_by(keep, tree, known) & tree.keys()
+            self._awake = keep
+            want = {p: t for p, t in tree.items() if p not in keep}
+            new = {p: t for p, t in want.items() if self._stopped.get(p) != t}
             # Stopped processes cannot fork, so a scan made after all were seen stopped is the
-            # whole tree: nothing new in it means done.
+            # whole tree, but for what the awake ones fork (awake too): nothing new in it
+            # means done.
             if not new and all_stopped:
                 return True
             if time.monotonic() >= deadline:
                 return False
             if new:
                 self._stop(new)
-            all_stopped = all(_fully_stopped(p) for p in tree)
+            all_stopped = all(_fully_stopped(p) for p in want)
             if not all_stopped:
                 delay = _wait(deadline, delay)
 
     def _thaw(self) -> None:
         self._frozen = False
+        self._awake = set()
         if not self._stopped:
             return
         for pid, start in self._stopped.items():
@@ -795,6 +917,8 @@ def prune(root: str, keep: set[int]) -> int:
             for name in os.listdir(top):
                 if name.startswith("t") and name[1:].isdigit() and int(name[1:]) not in keep:
                     with contextlib.suppress(OSError):  # EBUSY: still has processes
+                        with contextlib.suppress(FileNotFoundError):
+                            os.rmdir(os.path.join(top, name, SPLIT_NAME))
                         os.rmdir(os.path.join(top, name))
                         removed += 1
     return removed
@@ -803,7 +927,8 @@ def prune(root: str, keep: set[int]) -> int:
 def recover(root: str) -> int:
     """Undo what a crashed controller left under `root`; returns how many cgroups it thawed.
 
-    Thaws every frozen cgroup under <root> (v2, and the v1 freezer hierarchy), removes the empty
+    Thaws every frozen cgroup under <root> (v2, and the v1 freezer hierarchy; a tenant's
+    child group of a freeze that left some processes awake included), removes the empty
     ones, and sends SIGCONT to each process in the signal freezer's record whose start time
     still matches (a recycled pid is left alone), then deletes the record. Missing hierarchies
     or files are not errors.

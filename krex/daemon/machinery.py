@@ -115,7 +115,11 @@ class Machinery(Protocol):
         region: nothing of theirs can be in flight); fills in hold. Blocking."""
 
     def freeze(self, tenant: Tenant) -> bool:
-        """Step 4 for one sibling: whether it is frozen (or gone). Blocking."""
+        """Step 4 for one sibling: whether it is frozen (or gone), as far as regions.freeze
+        asks (all its processes, or those that may reach the GPU). Blocking."""
+
+    def awake(self, tenant: Tenant) -> int:
+        """How many of the tenant's processes its freeze left running."""
 
     def thaw(self, tenant: Tenant) -> None:
         """Undo step 4 for one tenant."""
@@ -200,10 +204,15 @@ class NodeMachinery:
 
     def freeze(self, tenant: Tenant) -> bool:
         try:
-            return tenant.group.freeze(self.cfg.freeze_timeout_s)
+            return tenant.group.freeze(self.cfg.freeze_timeout_s, _contextless(self, tenant))
         except TenantsError as e:  # e.g. it left while the region was being set up
             log.warning("freezing tenant %d failed: %s", tenant.id, e)
             return tenant.gone
+
+    def awake(self, tenant: Tenant) -> int:
+        with contextlib.suppress(TenantsError):
+            return len(tenant.group.awake())
+        return 0
 
     def thaw(self, tenant: Tenant) -> None:
         with contextlib.suppress(TenantsError):
@@ -255,18 +264,18 @@ class NodeMachinery:
     def foreign(self, gpu: int) -> set[int]:
         """Processes using the GPU that krex does not manage (seen through NVML, or through
         the simulated node); only those visible in our pid namespace."""
-        users = self._users(gpu)
+        users = self.users(gpu)
         return self._foreign(gpu, users) if users else set()
 
     def audit(self, gpu: int, owner: Tenant, since: float | None = None) -> list[str]:
-        users = self._users(gpu)
+        users = self.users(gpu)
         slots = [s for _, s in self.segments.live_slots() if s.alive]
         problems: list[str] = []
         if users:
             if foreign := self._foreign(gpu, users):
                 # Not gated, not drained, not frozen: the region cannot vouch for the GPU.
                 problems.append(f"foreign GPU process(es) {sorted(foreign)} on GPU {gpu}")
-            for t, pids in self._slotless(gpu, users, {s.pid for s in slots}).items():
+            for t, pids in _slotless(self.gpus[gpu], users, {s.pid for s in slots}).items():
                 problems.append(
                     f"process(es) {pids} of tenant {t} use GPU {gpu} without the krex shim (no "
                     "slot: started without LD_PRELOAD, or after its segment was removed): "
@@ -349,7 +358,9 @@ class NodeMachinery:
             )
         return problems
 
-    def _users(self, gpu: int) -> set[int] | None:
+    def users(self, gpu: int) -> set[int] | None:
+        """The processes the GPU lists as its users (NVML's, or the simulated node's); None
+        where unknown."""
         if self.sim_shm is not None:
             return simnode.users(self.sim_shm, gpu)
         return self.nvml.processes(gpu) if self.nvml is not None else None
@@ -365,17 +376,6 @@ class NodeMachinery:
         """A live process that is not a helper of krex's own (its MPS server): one whose GPU
         work nobody vouched for, unless it is a tenant's."""
         return running(pid) and not self.helper(pid)
-
-    def _slotless(self, gpu: int, users: set[int], slotted: set[int]) -> dict[int, list[int]]:
-        """Per tenant of the GPU, its processes that use it but hold no live slot (`slotted`:
-        the pids that hold one)."""
-        g = self.gpus[gpu]
-        out: dict[int, list[int]] = {}
-        for t in [*g.tenants, *([g.pool_tenant] if g.pool_tenant else [])]:
-            bare = sorted(p for p in _pids(t) if p in users and p not in slotted and running(p))
-            if bare:
-                out[t.id] = bare
-        return out
 
     def clock(self, gpu: int) -> dict[str, int] | None:
         s = self.nvml.sample(gpu) if self.nvml is not None else None
@@ -423,6 +423,40 @@ class NodeMachinery:
                 else:
                     others += s.mem_bytes
         return own, others
+
+
+def _contextless(m: NodeMachinery, tenant: Tenant) -> set[int]:
+    """With regions.freeze = contexts, the tenant's processes a region may leave running:
+    those that hold no slot, are not among the processes that found no free slot, and no GPU
+    lists as its user. They cannot put work on the GPU (a context is made only through the
+    shim, which takes a slot first and waits at the gate) and run on the shared cores. None
+    with `all`, for the idle pool (frozen whole), or where a GPU's users or the overflowing
+    processes are not all known."""
+    if m.cfg.region_freeze != "contexts" or any(g.pool_tenant is tenant for g in m.gpus):
+        return set()
+    busy = {s.pid for _, s in m.segments.live_slots()}  # dead or not: never awake
+    for seg in m.segments.all():
+        count, recorded = seg.overflow
+        if count > len(recorded):
+            return set()  # some that found no slot are unnamed
+        busy.update(recorded)
+    for g in m.gpus:
+        users = m.users(g.index)
+        if users is None:
+            return set()
+        busy |= users
+    return set(_pids(tenant)) - busy
+
+
+def _slotless(g: Gpu, users: set[int], slotted: set[int]) -> dict[int, list[int]]:
+    """Per tenant of GPU g, its processes that use it but hold no live slot (`slotted`: the
+    pids that hold one)."""
+    out: dict[int, list[int]] = {}
+    for t in [*g.tenants, *([g.pool_tenant] if g.pool_tenant else [])]:
+        bare = sorted(p for p in _pids(t) if p in users and p not in slotted and running(p))
+        if bare:
+            out[t.id] = bare
+    return out
 
 
 def _pids(t: Tenant) -> list[int]:

@@ -91,6 +91,7 @@ class Region:
     exit_s: float = 0.0  # its end: audits, pin back, thaw, gates open (measured)
     drain_s: float = 0.0  # measured: quiesce and drain, over its GPUs
     freeze_s: float = 0.0  # measured
+    awake: int = 0  # siblings' processes its freezes left running (regions.freeze = contexts)
     settle_s: float = 0.0  # waited after the freeze for the GPU to settle (region_settle_s)
     settle_capped: bool = False  # that settle was the power-capped command's (capped_settle_s)
     # Begun by an autotuner's candidate benchmark (region_begin's `candidate`): its choice is a

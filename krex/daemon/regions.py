@@ -186,6 +186,8 @@ class Regions:
                 self._thaw(t)
             elif not ok:
                 r.problems.append(f"tenant {t.id} admitted during the region did not freeze")
+            else:
+                r.awake += self.m.awake(t)
 
     def tenant_left(self, t: Tenant) -> None:
         """t is gone: its requests are dropped, its region ends, no region lists it."""
@@ -305,6 +307,7 @@ class Regions:
             if not ok
         ]
         r.problems += await loop.run_in_executor(None, self.m.frozen_holds, list(r.frozen))
+        r.awake += sum(self.m.awake(s) for s in siblings)
         r.freeze_s += time.monotonic() - t1
 
     async def _pin(self, gpu: int, r: Region, hold: Hold) -> None:
@@ -507,6 +510,8 @@ def _record(r: Region, t_end: float, m: Machinery) -> dict[str, Any]:
         "room_s": r.room_s,
         "drain_s": r.drain_s,
         "freeze_s": r.freeze_s,
+        # Siblings' processes left running (regions.freeze = contexts: no GPU context).
+        "awake": r.awake,
         "settle_s": r.settle_s,
         # Whose settle it was: the command's own (--settle), or the power-capped rule's.
         **({"settle_capped": True} if r.settle_capped else {}),

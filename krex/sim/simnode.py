@@ -46,13 +46,16 @@ def _library() -> Any:
 
 
 def users(sim_shm: str, gpu: int) -> set[int] | None:
-    """Processes holding streams on a simulated GPU (krexsim_users); None when unknown."""
+    """Processes holding streams on a simulated GPU, or creating a context there
+    (krexsim_users); None when unknown; nobody, where the node has no segment yet."""
     try:
         pids = (ctypes.c_int * _MAX_PIDS)()
         n = int(_library().krexsim_users(sim_shm.encode(), gpu, pids, _MAX_PIDS))
     except OSError:
         return None
-    return set(pids[:n]) if n >= 0 else None
+    if n < 0:
+        return None if Path("/dev/shm", sim_shm.lstrip("/")).exists() else set()
+    return set(pids[:n])
 
 
 def busy(sim_shm: str, gpu: int, since: float | None) -> tuple[set[int], bool] | None:

@@ -148,18 +148,20 @@ def daemon(
     sim: bool = False,
     env: dict[str, str] | None = None,
     tag: str = "",
+    config: str = "",
 ) -> Iterator[Path]:
     """A private daemon of `slots` slots (default configuration, or memory waits of 1 ms when
-    not `waits`), its log in LOGS; yields its socket once its warm workers are ready, at most
-    `start_s` seconds (RuntimeError then); stopped on exit, killed after `stop_s`. `sim`: of
-    the simulated GPU, its node and driver's settings in `env` (the daemon's environment).
-    `tag` names a daemon apart from another of the same settings: its socket, log and learned
-    peaks (kept beside the socket) are its own."""
+    not `waits`; `config`: more of its configuration file, TOML), its log in LOGS; yields its
+    socket once its warm workers are ready, at most `start_s` seconds (RuntimeError then);
+    stopped on exit, killed after `stop_s`. `sim`: of the simulated GPU, its node and driver's
+    settings in `env` (the daemon's environment). `tag` names a daemon apart from another of
+    the same settings: its socket, log and learned peaks (kept beside the socket) are its
+    own."""
     name = f"{'sim-' if sim else ''}{slots}{'' if waits else '-nowait'}{'-mps' if mps else ''}"
     name += f"-{tag}" if tag else ""
     sock = tmp / f"krex-{name}.sock"
     cfg = tmp / f"krex-{name}.toml"
-    cfg.write_text("" if waits else "[memory]\nwait_s = 0.001\n")
+    cfg.write_text(("" if waits else "[memory]\nwait_s = 0.001\n") + config)
     log_path = LOGS / f"daemon-{name}.log"
     log = open(log_path, "wb")  # noqa: SIM115
     argv = [sys.executable, "-m", "krex.cli", "daemon", "--socket", str(sock)]

@@ -6,11 +6,15 @@ private daemon of SIBLINGS + 1 slots, SIBLINGS siblings of that kind through `kr
 once they all run, an owner that takes REGIONS short regions one after another. Per kind, from
 the owner's `krex run --report` (docs/architecture.md, "What a region record says"): p50, p95
 and max of `entry_s` (its own set-up: room to grant), `wait_s` (request to grant), `drain_s`,
-`freeze_s`, `settle_s`, `exit_s`, and how many regions were clean.
+`freeze_s`, `settle_s`, `exit_s`, how many regions were clean, and the most sibling processes
+a region left running (`awake`).
 
     python3 scripts/bench/region_entry.py --json OUT.json [--sim]
         [--kinds idle,launching,compiling,memwait]
-        [--siblings 7] [--regions 30]
+        [--siblings 7] [--regions 30] [--freeze all|contexts|all,contexts]
+
+`--freeze`: the daemon's regions.freeze (docs/operator-guide.md); with both, each kind runs
+under each setting in turn, with the same siblings' kind and number (default all).
 
 `--sim`: on the simulated GPU (no GPU needed; behaviour, not figures: the simulated driver and
 a 2-core machine say nothing of a real GPU's costs). Otherwise on the GPU, with torch.
@@ -44,6 +48,7 @@ from krex.sim.simnode import remove as remove_sim_node  # noqa: E402
 
 SIBLING = ROOT / "scripts" / "bench" / "region_sibling.py"
 KINDS = ("idle", "launching", "compiling", "memwait")
+FREEZES = ("all", "contexts")  # regions.freeze
 FIELDS = ("entry_s", "wait_s", "room_s", "drain_s", "freeze_s", "settle_s", "exit_s")
 READY_S = 240.0  # a sibling's start (torch import, a first compile) on a loaded machine
 
@@ -81,14 +86,21 @@ def _stop(p: subprocess.Popen[str]) -> None:
         p.wait(timeout=60)
 
 
-def run_kind(kind: str, sim: bool, siblings: int, regions: int, tmp: Path) -> dict[str, Any]:
-    """One kind: the owner admitted first (a GPU where someone waits for memory admits nobody),
-    then the siblings; once they all run their kind, the owner's regions; their records
-    summarised."""
+def run_kind(
+    kind: str, sim: bool, siblings: int, regions: int, tmp: Path, freeze: str = "all"
+) -> dict[str, Any]:
+    """One kind under regions.freeze = `freeze`: the owner admitted first (a GPU where someone
+    waits for memory admits nobody), then the siblings; once they all run their kind, the
+    owner's regions; their records summarised."""
     where = "sim" if sim else "gpu"
-    go, owner_go = tmp / f"go-{kind}", tmp / f"owner-go-{kind}"
-    report, err = tmp / f"owner-{kind}.json", tmp / f"owner-{kind}.err"
-    with node(sim) as env, memory_check.daemon(tmp, siblings + 1, sim=sim, env=env) as sock:
+    name = f"{kind}-{freeze}"
+    go, owner_go = tmp / f"go-{name}", tmp / f"owner-go-{name}"
+    report, err = tmp / f"owner-{name}.json", tmp / f"owner-{name}.err"
+    cfg = f'[regions]\nfreeze = "{freeze}"\n'
+    with (
+        node(sim) as env,
+        memory_check.daemon(tmp, siblings + 1, sim=sim, env=env, tag=name, config=cfg) as sock,
+    ):
         run = [sys.executable, "-m", "krex.cli", "run", *(["--sim"] if sim else []), "--socket",
                str(sock)]  # fmt: skip
         owner = _start([*run, "--report", str(report), "--", sys.executable, str(SIBLING),
@@ -111,7 +123,9 @@ def run_kind(kind: str, sim: bool, siblings: int, regions: int, tmp: Path) -> di
         finally:
             for p in procs:
                 _stop(p)
-    out: dict[str, Any] = {"kind": kind, "siblings": siblings, "rc": rc, "owner_wall_s": wall}
+    out: dict[str, Any] = {
+        "kind": kind, "freeze": freeze, "siblings": siblings, "rc": rc, "owner_wall_s": wall
+    }  # fmt: skip
     if rc != 0 or not report.exists():
         return out | {"stderr_tail": err.read_text()[-800:]}
     records = json.loads(report.read_text())["regions"]
@@ -147,6 +161,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
         "regions": len(records),
         "clean": sum(bool(r.get("clean")) for r in records),
         "problems": sorted({p for r in records for p in r.get("problems", [])})[:10],
+        "awake": max((int(r.get("awake", 0)) for r in records), default=0),
     }
     for f in FIELDS:
         xs = sorted(1000 * float(r.get(f, 0.0)) for r in records)
@@ -159,14 +174,17 @@ def _q(xs: list[float], q: float) -> float | None:
 
 
 def table(kinds: list[dict[str, Any]]) -> str:
-    head = f"{'kind':<10} {'clean':>7} " + " ".join(f"{f[:-2] + ' p50/p95':>17}" for f in FIELDS)
+    head = f"{'kind':<10} {'freeze':<8} {'clean':>7} {'awake':>5} " + " ".join(
+        f"{f[:-2] + ' p50/p95':>17}" for f in FIELDS
+    )
     lines = [head]
     for k in kinds:
+        what = f"{k['kind']:<10} {k.get('freeze', 'all'):<8}"
         if "regions" not in k:
-            lines.append(f"{k['kind']:<10} failed (rc {k['rc']})")
+            lines.append(f"{what} failed (rc {k['rc']})")
             continue
         cells = " ".join(f"{k[f]['p50_ms']:>8.1f}/{k[f]['p95_ms']:<8.1f}" for f in FIELDS)
-        lines.append(f"{k['kind']:<10} {k['clean']:>3}/{k['regions']:<3} {cells}")
+        lines.append(f"{what} {k['clean']:>3}/{k['regions']:<3} {k['awake']:>5} {cells}")
     return "\n".join(lines)
 
 
@@ -177,19 +195,26 @@ def main() -> int:
     ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument("--siblings", type=int, default=7)
     ap.add_argument("--regions", type=int, default=30)
+    ap.add_argument("--freeze", default="all", help="all, contexts or all,contexts")
     args = ap.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
     if bad := [k for k in kinds if k not in KINDS]:
         ap.error(f"unknown kind(s) {', '.join(bad)} (known: {', '.join(KINDS)})")
+    freezes = [f for f in args.freeze.split(",") if f]
+    if not freezes or (bad := [f for f in freezes if f not in FREEZES]):
+        ap.error(f"--freeze {args.freeze!r}: one or both of {', '.join(FREEZES)}")
     if args.sim:
         os.environ["LD_LIBRARY_PATH"] = str(sim_library_dir())
     results = []
     with tempfile.TemporaryDirectory(prefix="krex-entry-") as d:
         memory_check.LOGS = args.json.parent
         for kind in kinds:
-            results.append(run_kind(kind, args.sim, args.siblings, args.regions, Path(d)))
-            doc = {"sim": args.sim, "siblings": args.siblings, "kinds": results}
-            args.json.write_text(json.dumps(doc, indent=1))  # after each kind: nothing lost
+            for freeze in freezes:
+                results.append(
+                    run_kind(kind, args.sim, args.siblings, args.regions, Path(d), freeze)
+                )
+                doc = {"sim": args.sim, "siblings": args.siblings, "kinds": results}
+                args.json.write_text(json.dumps(doc, indent=1))  # after each: nothing lost
     print(("SIMULATED GPU (behaviour only)\n" if args.sim else "") + table(results))
     return 0 if all(k["rc"] == 0 for k in results) else 1
 

@@ -111,16 +111,24 @@ void krex_drain_forget(void)
 /* A process with a context has a slot, one without is not ours: the slot is taken before the
  * driver starts creating the context, since NVML lists the process from early in that (up to
  * seconds when many processes create theirs at once), and a region's audit would otherwise see
- * a tenant's process on the GPU with no slot. The driver takes device memory for a context: an
- * out-of-memory answer waits as an allocation does (nothing is created when it fails, so
- * trying again is safe), instead of reaching the runtime, which may keep the failure. */
+ * a tenant's process on the GPU with no slot. The creation is gated: a sibling's process
+ * without a context, which a region may leave running (regions.freeze = contexts), gets one
+ * only once the gate opens. The driver takes device memory for a context: an out-of-memory
+ * answer waits as an allocation does (nothing is created when it fails, so trying again is
+ * safe), instead of reaching the runtime, which may keep the failure. Each try passes the
+ * gate first (announced and withdrawn at once): the creation itself is not in flight, so a
+ * region's quiesce never waits for a sibling's context (seconds when many start at once); one
+ * that passed before the gate closed holds its slot already, so the freeze takes it. */
 #define CTX_NEW(name, dev, call)                                                                 \
     struct krex_slot *s = krex_register();                                                       \
     krex_pfn_##name real = REAL(name);                                                           \
     if (!real)                                                                                   \
         return krex_missing(KREX_H_##name);                                                      \
     CUresult r;                                                                                  \
-    KREX_MEM_RETRY(r, s, 0, dev, KREX_MEM_CONTEXT, #name, r = real call)
+    KREX_MEM_RETRY(r, s, 0, dev, KREX_MEM_CONTEXT, #name, {                                      \
+        krex_leave(krex_enter_uncounted());                                                      \
+        r = real call;                                                                           \
+    })
 
 KREX_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {

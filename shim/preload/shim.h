@@ -140,8 +140,9 @@ static inline struct krex_slot *krex_slot_self(void)
 }
 
 /* Announce, then check (docs/shim.md, region protocol step 2: why in this order). Returns our
- * slot, or NULL in pass-through. */
-static inline struct krex_slot *krex_enter(void)
+ * slot, or NULL in pass-through. Not counted in `intercepted` (a context's creation, which
+ * submits no work): krex_enter counts. */
+static inline struct krex_slot *krex_enter_uncounted(void)
 {
     struct krex_slot *s = krex_slot_self();
     if (KREX_UNLIKELY(!s))
@@ -149,7 +150,14 @@ static inline struct krex_slot *krex_enter(void)
     KREX_ADD(&s->in_flight, 1);
     if (KREX_UNLIKELY(krex_shut_out(s)))
         krex_gate_block(s);
-    KREX_COUNT(&s->intercepted);
+    return s;
+}
+
+static inline struct krex_slot *krex_enter(void)
+{
+    struct krex_slot *s = krex_enter_uncounted();
+    if (KREX_LIKELY(s))
+        KREX_COUNT(&s->intercepted);
     return s;
 }
 

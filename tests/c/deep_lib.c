@@ -5,7 +5,8 @@
  * drains it unless the shim sees the call) and launches kernels on the simulated GPU:
  *   "direct"  through the library's own references to the driver (PLT or GOT);
  *   "nested"  through the driver dlopen'd by path (DEEP_DRIVER) and dlsym, from the library.
- * Each round launches BATCH kernels of NS ns, then synchronises and prints "launched N".
+ * Each round launches BATCH kernels of NS ns, then synchronises and prints "launched N". With
+ * DEEP_WAIT set, the first round waits for a line on stdin after "ready".
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -60,6 +61,11 @@ long deep_run(const char *how, int batch, uint64_t ns, double seconds)
     CHECK(CU(cuModuleGetFunction, &fn, mod, "krex_spin"));
     printf("ready\n");
     fflush(stdout);
+    if (getenv("DEEP_WAIT")) { /* launch only after a line on stdin (the test closes a gate) */
+        char line[8];
+        if (!fgets(line, sizeof line, stdin))
+            exit(5);
+    }
     long n = 0;
     double end = now_s() + seconds;
     do {

@@ -50,5 +50,5 @@ def test_freeze_contexts_leaves_the_compile_workers_running(tmp_path: Path) -> N
         ("compiling", "all"), ("compiling", "contexts")
     ]  # fmt: skip
     for k in kinds:
-        assert k["regions"] == 3 and k["clean"] == 3, k
+        assert k["regions"] == 3 and k["clean"] == 3, (k["freeze"], k["problems"])
     assert kinds[0]["awake"] == 0 and kinds[1]["awake"] >= 1, kinds

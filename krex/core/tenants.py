@@ -44,6 +44,7 @@ V1_CPUSET = "/sys/fs/cgroup/cpuset"
 _ROOT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,199}")
 _MOVE_TIMEOUT_S = 2.0  # destroy(): moving processes out and removing the directories
 _PIN_PASSES = 5  # pin(): re-scans for threads started while the others were being moved
+_VFORK_NUDGE_S = 0.05  # freeze(): not frozen this long, look for a parent held by a vfork child
 # freeze() with processes left awake: the child group of the freezer group that is frozen
 # (the awake ones stay in its parent, which is not).
 SPLIT_NAME = "frozen"
@@ -125,6 +126,28 @@ def _fully_stopped(pid: int) -> bool:
         if st is not None and st[0] not in "tTZX":
             return False
     return True
+
+
+def _states(pids: Iterable[int]) -> dict[int, str]:
+    """Each process's state letter and kernel wait channel (for a log line)."""
+    out = {}
+    for pid in pids:
+        st = _stat(f"/proc/{pid}/stat")
+        wchan = _read(f"/proc/{pid}/wchan") or "?"
+        out[pid] = f"{st[0] if st else 'gone'} {wchan}"
+    return out
+
+
+def _in_vfork(pid: int) -> bool:
+    """Whether the process sleeps in the kernel waiting for a vfork child (its wait channel;
+    unknown where the kernel hides it)."""
+    return (_read(f"/proc/{pid}/wchan") or "") in ("kernel_clone", "wait_for_vfork_done")
+
+
+def _dead(pid: int) -> bool:
+    """Gone, or exited and not yet reaped (a zombie): it runs nothing any more."""
+    st = _stat(f"/proc/{pid}/stat")
+    return st is None or st[0] in "ZX"
 
 
 def _forked_by(keep: set[int], pids: Iterable[int], known: set[int]) -> set[int]:
@@ -559,35 +582,62 @@ class _CgroupGroup(TenantGroup):
         keep = awake & known
         if keep and not self._split_off(keep, known):
             keep = set()
-        group = self._child if keep else self._freeze_dir
-        path, frozen, _ = self._freeze_file(group)
-        _write(path, frozen)
-        self._split = bool(keep)
         delay = 0.0002
         try:
+            # Every stray in the child before it freezes: a process moved into a freezing group
+            # freezes at once, and one moved mid-vfork (forked before its parent moved) would
+            # hold its parent in the kernel, unfreezable, until the time-out.
             while keep and not self._sweep(keep, known):  # strays forked meanwhile
                 if time.monotonic() >= deadline:
+                    log.warning(
+                        "tenant %d: processes kept appearing beside those left running "
+                        "(%s) until the freeze's time-out",
+                        self.tenant,
+                        sorted(keep),
+                    )
                     return False
                 delay = _wait(deadline, delay)
         except TenantsError as e:
             self._whole(keep, e)
-            keep, group = set(), self._freeze_dir
+            keep = set()
+        group = self._child if keep else self._freeze_dir
+        path, frozen, _ = self._freeze_file(group)
+        _write(path, frozen)
+        self._split = bool(keep)
         self._awake = keep
+        nudge = time.monotonic() + _VFORK_NUDGE_S
         while not self._is_frozen(group):
+            if time.monotonic() >= nudge:
+                nudge = time.monotonic() + _VFORK_NUDGE_S
+                self._nudge(group)
             if time.monotonic() >= deadline:
+                log.warning(
+                    "tenant %d: %s not frozen at the freeze's time-out (processes and states %s)",
+                    self.tenant,
+                    group,
+                    _states(_procs(group)),
+                )
                 return False
             delay = _wait(deadline, delay)
         return True
 
+    def _nudge(self, group: str) -> None:
+        """A process forked with vfork that froze before its exec holds its parent in the
+        kernel (in clone), where the freezer does not count it frozen: thaw the group a moment
+        so that the child execs, then freeze it again."""
+        if not any(_in_vfork(pid) for pid in _procs(group)):
+            return
+        path, frozen, thawed = self._freeze_file(group)
+        _write(path, thawed)
+        time.sleep(0.001)
+        _write(path, frozen)
+
     def _whole(self, keep: set[int], why: TenantsError) -> None:
-        """Freeze the whole group after all, where leaving `keep` running failed (logged)."""
+        """Say that the whole group is frozen after all, where leaving `keep` running failed."""
         log.warning(
             "tenant %d: cannot leave processes %s running while the rest is frozen (%s); "
             "freezing all of them", self.tenant, sorted(keep), why,
         )  # fmt: skip
-        path, frozen, _ = self._freeze_file(self._freeze_dir)
-        _write(path, frozen)
-        self._split = False
 
     def _split_off(self, keep: set[int], known: set[int]) -> bool:
         """Move the processes to freeze into the child group and `keep` into the group; False
@@ -615,7 +665,9 @@ class _CgroupGroup(TenantGroup):
         the children of awake ones."""
         here = _procs(self._freeze_dir)
         keep |= _forked_by(keep, here, known)
-        strays = [p for p in here if p not in keep]
+        # An exited process not yet reaped stays listed and cannot be moved (nor run): not a
+        # stray, or the sweep would never end.
+        strays = [p for p in here if p not in keep and not _dead(p)]
         for pid in strays:
             _move(self._child, pid)
         keep &= set(here)

@@ -22,14 +22,24 @@ from helpers import HOLDER, KREX, Daemon, krex_run, preloading_daemon, until, wa
 TORCH = textwrap.dedent("""
     # A stand-in for torch: its settings, its seed, and torch.compile's leftovers: a helper
     # process (as Inductor's compile workers) and a slow exit handler (as its shutdown of them).
-    import atexit, subprocess, sys, time, types
+    import atexit, random, subprocess, sys, time, types
     backends = types.SimpleNamespace(cudnn=types.SimpleNamespace(benchmark=False))
-    _seed = 0
+    class _Generator:  # as torch's: a fresh one is seeded from the system's entropy
+        def __init__(self):
+            self.seed()
+        def seed(self):
+            self._seed = random.SystemRandom().getrandbits(63)
+            return self._seed
+        def manual_seed(self, s):
+            self._seed = s
+            return self
+        def initial_seed(self):
+            return self._seed
+    default_generator = _Generator()
     def manual_seed(s):
-        global _seed
-        _seed = s
+        default_generator.manual_seed(s)
     def initial_seed():
-        return _seed
+        return default_generator.initial_seed()
     def _shutdown_compile_workers():
         time.sleep(30)
     def compile(fn):
@@ -205,11 +215,14 @@ def test_settings_and_seeds_of_a_preloaded_framework_start_fresh(
         torch.manual_seed(1234)
     """
     outs = []
-    for i in range(2):
+    for i in range(3):
         p, rep, _ = run(torch_pool, tmp_path, script, name=f"s{i}.py")
         assert p.returncode == 0 and rep["pool"] == "warm", p.stderr
         outs.append(p.stdout.split())
-    assert outs == [["False", "67280421310721"]] * 2, outs
+    assert [o[0] for o in outs] == ["False"] * 3, outs
+    # As a fresh torch: a seed of its own each time (not the last command's, not a constant).
+    seeds = [int(o[1]) for o in outs]
+    assert len(set(seeds)) == 3 and 1234 not in seeds, outs
 
 
 def test_auto_regions_run_warm(pool: Daemon, tmp_path: Path) -> None:

@@ -56,6 +56,11 @@ DELIBERATE: dict[str, tuple[str, str]] = {
         "krex pins every command to its GPU's shared cores (docs/controller.md); natively it "
         "has the caller's affinity",
     ),
+    "torch_threads": (
+        "krex",
+        "torch's intra-op threads follow the CPU affinity: the GPU's shared cores under krex "
+        "(as affinity), cold and warm alike",
+    ),
     "cgroup": (
         "krex",
         "every command runs in its tenant's groups (freezer, cpuset), which regions freeze",

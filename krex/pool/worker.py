@@ -58,8 +58,6 @@ JOB_ACCEPT_S = 30.0  # an authorised job waits this long for its client
 FRAME_S = 5.0  # a connected client sends its job within this
 GO_S = 60.0  # a forked child waits this long for `krex run` to say go
 _RUNNER_FILES = {os.path.abspath(__file__), runpy.__file__, "<frozen runpy>"}
-# torch's default seed in a fresh process (c10's default_rng_seed_val).
-_TORCH_DEFAULT_SEED = 67280421310721
 # Exit handlers of these packages are the framework's teardown, not the command's own: they
 # run after the exit status is reported (docs/pool.md).
 _FRAMEWORK = ("torch", "triton", "multiprocessing", "concurrent", "logging", "asyncio", "jax")
@@ -416,9 +414,12 @@ def become(job: Job, zygote: Zygote, pipe: tuple[int, int]) -> list[str]:
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.manual_seed(_TORCH_DEFAULT_SEED)
+    # A fresh torch seeds its CPU generator from the system's entropy (not a constant); its
+    # CUDA generators are made when the command starts CUDA, as natively (the worker never
+    # does), so they are left alone.
+    generator = getattr(sys.modules.get("torch"), "default_generator", None)
+    if generator is not None:
+        generator.seed()
     return own
 
 

@@ -17,8 +17,10 @@ import argparse
 import contextlib
 import io
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import TextIO
@@ -46,6 +48,22 @@ class Tee(io.TextIOBase):
         return len(text)
 
 
+def as_installed(tmp: Path) -> str | None:
+    """Where krex is not installed beside this interpreter (the GPU box: PYTHONPATH only), a
+    `krex` console script of our own, as pip would write one: the probes that set their own
+    PYTHONPATH or a minimal environment then still reach krex, and `python -m krex.cli` does
+    not put a probe's cwd (its json.py) first on krex run's own path. None where it is."""
+    if (Path(sys.executable).parent / "krex").exists():
+        return None
+    script = tmp / "krex"
+    script.write_text(
+        f"#!{sys.executable}\nimport sys\nsys.path.insert(1, {str(ROOT)!r})\n"
+        "from krex.cli import main\nsys.exit(main())\n"
+    )
+    script.chmod(0o755)
+    return str(script)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -53,7 +71,14 @@ def main() -> int:
     ap.add_argument("--sim", action="store_true", help="the simulated GPU (a check of this script)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    # The locale of the CI machine, where the catalogue is checked: the warm workers and the
+    # probes' caller must share one (a locale is read at an interpreter's start, so a command
+    # of another runs cold, by design), and the probes that set their own expect this one.
+    for name in [k for k in os.environ if k.startswith("LC_")]:
+        del os.environ[name]
+    os.environ["LANG"] = "C.UTF-8"
     bound = float(os.environ.get(twn.TEARDOWN_VAR, "3"))
+    bin_dir = Path(tempfile.mkdtemp(prefix="krex-bin-"))
     sock = Path(f"/tmp/krex-probes-{os.getpid()}.sock")
     log = args.out / "warm_native.daemon.log"
     cmd = [sys.executable, "-c", twn._BOOT, str(bound), "daemon", "--socket", str(sock),
@@ -76,6 +101,8 @@ def main() -> int:
         argv = ["--socket", str(sock), "--teardown-s", str(bound),
                 "--json", str(args.out / "warm_native.json")]  # fmt: skip
         argv += [] if args.sim else ["--no-sim"]
+        script = as_installed(bin_dir)
+        argv += ["--krex", script] if script else []
         # The torch probes first: what only a GPU shows, before a time limit can cut the run.
         names = args.only.split(",") if args.only else [p.name for p in CATALOGUE]
         names.sort(key=lambda n: not n.startswith("torch"))
@@ -90,6 +117,7 @@ def main() -> int:
         print(f"{len(rows)} probes: {same} the same, {skipped} skipped, {len(bad)} differ/error")
         return 1 if bad or rc else 0
     finally:
+        shutil.rmtree(bin_dir, ignore_errors=True)
         daemon.terminate()
         try:
             daemon.wait(timeout=60)

@@ -128,20 +128,23 @@ def _fully_stopped(pid: int) -> bool:
     return True
 
 
+def _wchan(pid: int) -> str:
+    """Where in the kernel the process sleeps ("" where gone, or hidden by the kernel)."""
+    return _read(f"/proc/{pid}/wchan") or ""
+
+
 def _states(pids: Iterable[int]) -> dict[int, str]:
     """Each process's state letter and kernel wait channel (for a log line)."""
     out = {}
     for pid in pids:
         st = _stat(f"/proc/{pid}/stat")
-        wchan = _read(f"/proc/{pid}/wchan") or "?"
-        out[pid] = f"{st[0] if st else 'gone'} {wchan}"
+        out[pid] = f"{st[0] if st else 'gone'} {_wchan(pid) or '?'}"
     return out
 
 
 def _in_vfork(pid: int) -> bool:
-    """Whether the process sleeps in the kernel waiting for a vfork child (its wait channel;
-    unknown where the kernel hides it)."""
-    return (_read(f"/proc/{pid}/wchan") or "") in ("kernel_clone", "wait_for_vfork_done")
+    """Whether the process sleeps in the kernel waiting for a vfork child."""
+    return _wchan(pid) in ("kernel_clone", "wait_for_vfork_done")
 
 
 def _dead(pid: int) -> bool:
@@ -674,9 +677,12 @@ class _CgroupGroup(TenantGroup):
         return not strays
 
     def _thaw(self) -> None:
+        # The child is frozen by itself only after a split freeze; otherwise the group's thaw
+        # thaws it (no write to it on every region's exit).
+        groups = (self._child, self._freeze_dir) if self._split else (self._freeze_dir,)
         self._split = False
         self._awake = set()
-        for group in (self._child, self._freeze_dir):
+        for group in groups:
             path, _, thawed = self._freeze_file(group)
             try:
                 _write(path, thawed)

@@ -139,7 +139,8 @@ def test_the_frozen_mode_stops_the_siblings_over_a_timing_and_resumes_them(tmp_p
     d = tmp_path / "handoff"
 
     def ask(n: int, action: str) -> None:
-        (d / f"req-{n}").write_text(action)
+        (d / f"req-{n}.tmp").write_text(action)  # whole, as the candidate writes it: the
+        (d / f"req-{n}.tmp").rename(d / f"req-{n}")  # handoff could read an empty request
         end = time.monotonic() + 10
         while not (d / f"ack-{n}").exists():
             assert time.monotonic() < end, f"no ack of {action}"

@@ -6,6 +6,7 @@ docs/results/h200-pool/probe/)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -22,7 +23,8 @@ from helpers import HOLDER, KREX, Daemon, krex_run, preloading_daemon, until, wa
 TORCH = textwrap.dedent("""
     # A stand-in for torch: its settings, its seed, and torch.compile's leftovers: a helper
     # process (as Inductor's compile workers) and a slow exit handler (as its shutdown of them).
-    import atexit, random, subprocess, sys, time, types
+    import atexit, random, subprocess, sys, time, types, warnings
+    warnings.filterwarnings("ignore", message="from torch's internals")  # as torch's own
     backends = types.SimpleNamespace(cudnn=types.SimpleNamespace(benchmark=False))
     class _Generator:  # as torch's: a fresh one is seeded from the system's entropy
         def __init__(self):
@@ -223,6 +225,34 @@ def test_settings_and_seeds_of_a_preloaded_framework_start_fresh(
     # As a fresh torch: a seed of its own each time (not the last command's, not a constant).
     seeds = [int(o[1]) for o in outs]
     assert len(set(seeds)) == 3 and 1234 not in seeds, outs
+
+
+def test_warning_options_sit_behind_the_filters_a_preload_added(
+    torch_pool: Daemon, tmp_path: Path
+) -> None:
+    """`python -W error cmd.py` where cmd.py imports torch: natively torch's own ignores, added
+    at its import, come before -W error, so a warning they ignore stays ignored. Warm, torch was
+    imported before the options existed; they must still land behind its filters."""
+    script = tmp_path / "w.py"
+    script.write_text(
+        textwrap.dedent("""
+        import warnings, torch
+        warnings.warn("from torch's internals")
+        print([(f[0], f[1] and f[1].pattern) for f in warnings.filters[:3]])
+    """)
+    )
+    argv = [sys.executable, "-W", "error", str(script)]
+    native = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(tmp_path / "fake")})  # fmt: skip
+    assert native.returncode == 0, native.stderr
+    report = tmp_path / "w.json"
+    warm = subprocess.run(
+        [*KREX, "run", "--sim", "--socket", str(torch_pool.socket), "--report", str(report),
+         "--", *argv],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert json.loads(report.read_text())["pool"] == "warm"
+    assert (warm.returncode, warm.stdout, warm.stderr) == (0, native.stdout, ""), warm.stderr
 
 
 def test_auto_regions_run_warm(pool: Daemon, tmp_path: Path) -> None:

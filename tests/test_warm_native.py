@@ -117,6 +117,12 @@ DELIBERATE: dict[str, tuple[str, str]] = {
         "are in sys.modules; taking them out would split a module with state (logging) between "
         "the preloaded framework and the command",
     ),
+    "warnings": (
+        "none",
+        "a warm command starts with the warning filters its preloaded modules (torch, numpy) "
+        "added at their import; natively they appear when it imports them "
+        "(warnings_imported compares the filters once it has)",
+    ),
     "late_grandchild": (
         "expect",
         "what a warm command leaves running is ended within the pool's teardown bound "

@@ -571,6 +571,24 @@ add(
         view=status_value_err,
     ),
     probe(
+        "warnings_imported",
+        "python -W always::UserWarning, then the modules a warm worker may preload imported "
+        "(those installed): the filters' order (the option behind what the imports added, as "
+        "natively) and a warning's line on stderr",
+        """
+        import importlib, json, warnings
+        for m in ("numpy", "torch", "triton", "triton.testing"):
+            try:
+                importlib.import_module(m)
+            except ImportError:
+                pass
+        print(json.dumps([repr(f) for f in warnings.filters[:12]]))
+        warnings.warn("from the probe")
+        """,
+        argv=(PYTHON, "-W", "always::UserWarning", "probe.py"),
+        view=status_value_err,
+    ),
+    probe(
         "warnings_W",
         "python -W error::UserWarning: a warning is raised, its traceback, status 1",
         "import warnings\nwarnings.warn('from the probe')\n",

@@ -117,9 +117,14 @@ class DriverInitialized(KrexError, RuntimeError):
         self.module = module
 
 
+# warnings.filters as they were before the preload's imports (see _warning_options).
+_FILTERS_BEFORE_PRELOAD: list[Any] = []
+
+
 def warm_up(preload: list[str]) -> list[str]:
     """Import the preload modules; returns those skipped, each with why. DriverInitialized
     when one's import initialises the GPU driver (the process is then unfit to fork)."""
+    _FILTERS_BEFORE_PRELOAD[:] = warnings.filters
     skipped = []
     for name in preload:
         try:
@@ -493,10 +498,36 @@ def _paths_as_started(job: Job) -> list[str]:
     sys.argv[:] = [inv.argv0(), *inv.args]
     sys.orig_argv[:] = job.argv  # the interpreter's command line, as it got it
     sys.dont_write_bytecode = inv.dont_write_bytecode or bool(env.get("PYTHONDONTWRITEBYTECODE"))
-    for opt in inv.warnings:
-        warnings._setoption(opt)  # type: ignore[attr-defined]
+    _warning_options(inv.warnings)
     importlib.invalidate_caches()
     return [first, *extra]
+
+
+def _warning_options(options: list[str]) -> None:
+    """The command's -W options where a fresh interpreter has them once it has imported the
+    preload modules: behind the filters those imports added. Natively `python -W error` comes
+    first and `import torch` then puts torch's own ignores in front of it; applied in front of
+    them, a warning torch ignores would be raised as an error in a warm command only."""
+    if not options:
+        return
+    now, before = list(warnings.filters), _FILTERS_BEFORE_PRELOAD
+    at = next((i for i in range(len(now) - len(before) + 1) if now[i : i + len(before)] == before),
+              None)  # fmt: skip
+    if at is None:  # the preload rewrote the interpreter's filters: options go first
+        for opt in options:
+            warnings._setoption(opt)  # type: ignore[attr-defined]
+        return
+    warnings.filters[:] = before
+    for opt in options:
+        warnings._setoption(opt)  # type: ignore[attr-defined]
+    warnings.filters[:0] = now[:at]  # what the preload put in front (filterwarnings)
+    warnings.filters.extend(now[at + len(before) :])  # and behind (append=True)
+    # The filters' version, which warn()'s caches follow (3.14 renamed the function).
+    mutated = getattr(warnings, "_filters_mutated", None) or getattr(
+        warnings, "_filters_mutated_lock_held", None
+    )
+    if mutated is not None:
+        mutated()
 
 
 def _take_descriptors(job: Job) -> None:

@@ -517,11 +517,12 @@ def _warning_options(options: list[str]) -> None:
         for opt in options:
             warnings._setoption(opt)  # type: ignore[attr-defined]
         return
-    warnings.filters[:] = before
+    filters: list[Any] = warnings.filters  # type: ignore[assignment]  # a list at run time
+    filters[:] = before
     for opt in options:
         warnings._setoption(opt)  # type: ignore[attr-defined]
-    warnings.filters[:0] = now[:at]  # what the preload put in front (filterwarnings)
-    warnings.filters.extend(now[at + len(before) :])  # and behind (append=True)
+    filters[:0] = now[:at]  # what the preload put in front (filterwarnings)
+    filters.extend(now[at + len(before) :])  # and behind (append=True)
     # The filters' version, which warn()'s caches follow (3.14 renamed the function).
     mutated = getattr(warnings, "_filters_mutated", None) or getattr(
         warnings, "_filters_mutated_lock_held", None

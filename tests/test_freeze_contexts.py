@@ -147,3 +147,34 @@ def test_a_context_made_during_a_region_waits_for_its_end(tmp_path: Path) -> Non
     (region,) = json.loads(report.read_text())["regions"]
     assert region["clean"], region["problems"]
     assert region["awake"] >= 1, region
+
+
+def test_a_regions_siblings_ask_the_gpus_users_once() -> None:
+    """With regions.freeze = contexts each sibling's freeze asks who uses the GPUs (NVML on a
+    GPU); a region's siblings freeze in parallel, so the list is read once while the gate stays
+    closed, and again after any change of a gate word (a new close, an open) or while open."""
+    from types import SimpleNamespace
+
+    from krex.daemon.machinery import NodeMachinery
+
+    reads: list[int] = []
+    word = [0]
+    users: set[int] | None = {7}
+
+    def processes(gpu: int) -> set[int] | None:
+        reads.append(gpu)
+        return users
+
+    nvml = SimpleNamespace(processes=processes)
+    segments = SimpleNamespace(gates=SimpleNamespace(gate_word=lambda gpu: word[0]))
+    cfg = SimpleNamespace(sim=False)
+    gpus = [SimpleNamespace(index=0), SimpleNamespace(index=1)]
+    m = NodeMachinery(cfg, gpus, segments, nvml)  # type: ignore[arg-type]
+    assert m.all_users() == {7} and m.all_users() == {7}
+    assert len(reads) == 4, "an open gate: read every time"
+    word[0] = (1 << 32) | 3  # closed for tenant 3
+    assert [m.all_users() for _ in range(5)] == [{7}] * 5
+    assert len(reads) == 6, "a closed gate: read once"
+    word[0] = (2 << 32) | 3  # the next region's close
+    users = None
+    assert m.all_users() is None and len(reads) == 8, "a new epoch: read again (unknown)"

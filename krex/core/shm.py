@@ -231,6 +231,10 @@ class Segment:
         """The tenant the gate is closed for (0: open)."""
         return int(lib.krex_gate_word(self._seg, _check_gpu(gpu, self.n_gpus))) & 0xFFFFFFFF
 
+    def gate_word(self, gpu: int) -> int:
+        """`gpu`'s gate word: its epoch (bumped by each close) and owner together."""
+        return int(lib.krex_gate_word(self._seg, _check_gpu(gpu, self.n_gpus)))
+
     # Region protocol steps 2 and 3.
     def quiesce(self, gpu: int, owner: int, timeout_s: float) -> None:
         """Wait until no sibling of `owner` on `gpu` is half-way into the driver."""

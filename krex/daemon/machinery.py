@@ -176,6 +176,10 @@ class NodeMachinery:
         self.helper: Callable[[int], bool] = lambda pid: False
         self.power = PowerHistory()
         self.submits = SubmitHistory()
+        # Every GPU's users as _contextless last read them, under the gate words of then: a
+        # region's siblings freeze in parallel and each would ask NVML for the same list.
+        self._users_memo: tuple[tuple[int, ...], set[int] | None] | None = None
+        self._users_lock = threading.Lock()
 
     def tick(self) -> None:
         """Note each GPU's energy counter and each process's intercepted calls (the daemon's
@@ -365,6 +369,22 @@ class NodeMachinery:
             return simnode.users(self.sim_shm, gpu)
         return self.nvml.processes(gpu) if self.nvml is not None else None
 
+    def all_users(self) -> set[int] | None:
+        """The processes any GPU lists as its users; None where one GPU's are unknown. Read
+        again unless a gate is closed and no gate word changed since the last read: while a
+        gate is closed no new context is made (the shim's context creation passes the gate)
+        and any other change of a gate (a close, an open) reads them afresh."""
+        key = tuple(self.segments.gates.gate_word(g.index) for g in self.gpus)
+        with self._users_lock:  # the first freeze reads, the others wait for its answer
+            memo = self._users_memo
+            if memo is not None and memo[0] == key and any(w & 0xFFFFFFFF for w in key):
+                return memo[1]
+            seen = [self.users(g.index) for g in self.gpus]
+            known = [u for u in seen if u is not None]
+            users = set[int]().union(*known) if len(known) == len(seen) else None
+            self._users_memo = (key, users)
+            return users
+
     def _foreign(self, gpu: int, users: set[int]) -> set[int]:
         g = self.gpus[gpu]
         ours = {os.getpid(), *(w.proc.pid for w in g.pool)}
@@ -440,12 +460,10 @@ def _contextless(m: NodeMachinery, tenant: Tenant) -> set[int]:
         if count > len(recorded):
             return set()  # some that found no slot are unnamed
         busy.update(recorded)
-    for g in m.gpus:
-        users = m.users(g.index)
-        if users is None:
-            return set()
-        busy |= users
-    return set(_pids(tenant)) - busy
+    users = m.all_users()
+    if users is None:
+        return set()
+    return set(_pids(tenant)) - busy - users
 
 
 def _slotless(g: Gpu, users: set[int], slotted: set[int]) -> dict[int, list[int]]:

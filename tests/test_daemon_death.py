@@ -124,7 +124,7 @@ def _region_with_a_blocked_sibling(
 
 def _gate_closed(name: str) -> bool:
     with Segment.attach(name) as seg:
-        return seg.gate_owner(0) != 0
+        return seg.gate(0).owner != 0
 
 
 def _assert_released(sib: Kernels, frozen_at: int) -> None:

@@ -155,10 +155,11 @@ def test_a_regions_siblings_ask_the_gpus_users_once() -> None:
     closed, and again after any change of a gate word (a new close, an open) or while open."""
     from types import SimpleNamespace
 
+    from krex.core.shm import Gate
     from krex.daemon.machinery import NodeMachinery
 
     reads: list[int] = []
-    word = [0]
+    word = [Gate(0, 0)]
     users: set[int] | None = {7}
 
     def processes(gpu: int) -> set[int] | None:
@@ -166,15 +167,15 @@ def test_a_regions_siblings_ask_the_gpus_users_once() -> None:
         return users
 
     nvml = SimpleNamespace(processes=processes)
-    segments = SimpleNamespace(gates=SimpleNamespace(gate_word=lambda gpu: word[0]))
+    segments = SimpleNamespace(gates=SimpleNamespace(gate=lambda gpu: word[0]))
     cfg = SimpleNamespace(sim=False)
     gpus = [SimpleNamespace(index=0), SimpleNamespace(index=1)]
     m = NodeMachinery(cfg, gpus, segments, nvml)  # type: ignore[arg-type]
-    assert m.all_users() == {7} and m.all_users() == {7}
+    assert m.all_users.read() == {7} and m.all_users.read() == {7}
     assert len(reads) == 4, "an open gate: read every time"
-    word[0] = (1 << 32) | 3  # closed for tenant 3
-    assert [m.all_users() for _ in range(5)] == [{7}] * 5
+    word[0] = Gate(epoch=1, owner=3)
+    assert [m.all_users.read() for _ in range(5)] == [{7}] * 5
     assert len(reads) == 6, "a closed gate: read once"
-    word[0] = (2 << 32) | 3  # the next region's close
+    word[0] = Gate(epoch=2, owner=3)  # the next region's close
     users = None
-    assert m.all_users() is None and len(reads) == 8, "a new epoch: read again (unknown)"
+    assert m.all_users.read() is None and len(reads) == 8, "a new epoch: read again (unknown)"

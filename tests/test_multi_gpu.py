@@ -189,7 +189,7 @@ def test_a_two_gpu_command_holds_both_gates_in_its_regions(node4: Daemon, tmp_pa
         assert status is not None
         seg = Segment.attach(status["segment"])
         tid = json.loads(json.dumps(status["gpus"][0]["region"]))["tenant"]
-        assert [seg.gate_owner(g) for g in range(N_GPUS)] == [tid, 0, 0, tid]
+        assert [seg.gate(g).owner for g in range(N_GPUS)] == [tid, 0, 0, tid]
         seg.close()
         assert status["gpus"][3]["region"]["gpus"] == [0, 3]
         at = {g: s.settled() if g == "0" else s.value() for g, s in sibs.items()}

@@ -127,7 +127,7 @@ def orphaned(name: str) -> Iterator[Segment | None]:
 
 def reopen(seg: Segment) -> int:
     """Open every gate of seg that is still closed; returns how many were."""
-    closed = [g for g in range(seg.n_gpus) if seg.gate_owner(g)]
+    closed = [g for g in range(seg.n_gpus) if seg.gate(g).owner]
     for g in closed:
         seg.gate_open(g)
     return len(closed)

@@ -227,13 +227,10 @@ class Segment:
         """Open `gpu`'s gate and wake every thread blocked on it."""
         lib.krex_gate_open(self._seg, _check_gpu(gpu, self.n_gpus))
 
-    def gate_owner(self, gpu: int) -> int:
-        """The tenant the gate is closed for (0: open)."""
-        return int(lib.krex_gate_word(self._seg, _check_gpu(gpu, self.n_gpus))) & 0xFFFFFFFF
-
-    def gate_word(self, gpu: int) -> int:
-        """`gpu`'s gate word: its epoch (bumped by each close) and owner together."""
-        return int(lib.krex_gate_word(self._seg, _check_gpu(gpu, self.n_gpus)))
+    def gate(self, gpu: int) -> Gate:
+        """`gpu`'s gate as one read of its word: its epoch and the tenant it is closed for."""
+        word = int(lib.krex_gate_word(self._seg, _check_gpu(gpu, self.n_gpus)))
+        return Gate(epoch=word >> 32, owner=word & 0xFFFFFFFF)
 
     # Region protocol steps 2 and 3.
     def quiesce(self, gpu: int, owner: int, timeout_s: float) -> None:
@@ -348,6 +345,13 @@ class Segment:
         """Processes that found no free slot: gated but invisible to the drain."""
         h = self._seg.header
         return Overflow(int(h.overflow), [int(p) for p in h.overflow_pids if p])
+
+
+class Gate(NamedTuple):
+    """A gate's word: its epoch (each close bumps it) and its owner (0: open)."""
+
+    epoch: int
+    owner: int
 
 
 class Overflow(NamedTuple):

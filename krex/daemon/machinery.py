@@ -16,7 +16,7 @@ from typing import Protocol
 from krex.core.config import Config
 from krex.core.nvml import Nvml
 from krex.core.procs import running
-from krex.core.shm import SlotView
+from krex.core.shm import Gate, Segment, SlotView
 from krex.core.tenants import TenantsError
 from krex.daemon.fidelity import PowerHistory
 from krex.daemon.gate import Hold, quiesce_and_drain
@@ -160,6 +160,32 @@ class Machinery(Protocol):
         that reached it)."""
 
 
+class AllUsers:
+    """The processes any GPU lists as its users (NVML's), for regions.freeze = contexts: a
+    region's siblings freeze in parallel and each asks, so one read is kept while a gate is
+    closed and no gate changed since (while closed no new context is made: the shim's context
+    creation passes the gate); a new close or an open reads afresh."""
+
+    def __init__(
+        self, gates: Segment, gpus: Sequence[Gpu], users: Callable[[int], set[int] | None]
+    ) -> None:
+        self._gates, self._gpus, self._users = gates, gpus, users
+        self._memo: tuple[tuple[Gate, ...], set[int] | None] | None = None
+        self._lock = threading.Lock()
+
+    def read(self) -> set[int] | None:
+        """Their union; None where one GPU's users are unknown."""
+        key = tuple(self._gates.gate(g.index) for g in self._gpus)
+        with self._lock:  # the first freeze reads, the others wait for its answer
+            if self._memo is not None and self._memo[0] == key and any(g.owner for g in key):
+                return self._memo[1]
+            seen = [self._users(g.index) for g in self._gpus]
+            known = [u for u in seen if u is not None]
+            users = set[int]().union(*known) if len(known) == len(seen) else None
+            self._memo = (key, users)
+            return users
+
+
 class NodeMachinery:
     """The node's gates, drains, freezer, pinning, foreign-process check and clocks."""
 
@@ -176,10 +202,7 @@ class NodeMachinery:
         self.helper: Callable[[int], bool] = lambda pid: False
         self.power = PowerHistory()
         self.submits = SubmitHistory()
-        # Every GPU's users as _contextless last read them, under the gate words of then: a
-        # region's siblings freeze in parallel and each would ask NVML for the same list.
-        self._users_memo: tuple[tuple[int, ...], set[int] | None] | None = None
-        self._users_lock = threading.Lock()
+        self.all_users = AllUsers(segments.gates, gpus, self.users)
 
     def tick(self) -> None:
         """Note each GPU's energy counter and each process's intercepted calls (the daemon's
@@ -369,22 +392,6 @@ class NodeMachinery:
             return simnode.users(self.sim_shm, gpu)
         return self.nvml.processes(gpu) if self.nvml is not None else None
 
-    def all_users(self) -> set[int] | None:
-        """The processes any GPU lists as its users; None where one GPU's are unknown. Read
-        again unless a gate is closed and no gate word changed since the last read: while a
-        gate is closed no new context is made (the shim's context creation passes the gate)
-        and any other change of a gate (a close, an open) reads them afresh."""
-        key = tuple(self.segments.gates.gate_word(g.index) for g in self.gpus)
-        with self._users_lock:  # the first freeze reads, the others wait for its answer
-            memo = self._users_memo
-            if memo is not None and memo[0] == key and any(w & 0xFFFFFFFF for w in key):
-                return memo[1]
-            seen = [self.users(g.index) for g in self.gpus]
-            known = [u for u in seen if u is not None]
-            users = set[int]().union(*known) if len(known) == len(seen) else None
-            self._users_memo = (key, users)
-            return users
-
     def _foreign(self, gpu: int, users: set[int]) -> set[int]:
         g = self.gpus[gpu]
         ours = {os.getpid(), *(w.proc.pid for w in g.pool)}
@@ -460,7 +467,7 @@ def _contextless(m: NodeMachinery, tenant: Tenant) -> set[int]:
         if count > len(recorded):
             return set()  # some that found no slot are unnamed
         busy.update(recorded)
-    users = m.all_users()
+    users = m.all_users.read()
     if users is None:
         return set()
     return set(_pids(tenant)) - busy - users

@@ -315,7 +315,7 @@ class Soak:
     def gate_closed(self) -> bool:
         try:
             with Segment.attach(self.segment) as seg:
-                return any(seg.gate_owner(g) for g in range(seg.n_gpus))
+                return any(seg.gate(g).owner for g in range(seg.n_gpus))
         except SegmentError:
             return False
 

@@ -357,7 +357,7 @@ def test_slots_queue_and_status(tmp_path: Path) -> None:
             d, "sh", "-c", "echo go; read x", stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
         assert first.stdout is not None and first.stdout.readline().strip() == "go"
-        second = krex_run(d, "true")
+        second = krex_run(d, "true", report=tmp_path / "second.json")
 
         def both() -> dict[str, Any] | None:
             st = d.status()
@@ -367,10 +367,13 @@ def test_slots_queue_and_status(tmp_path: Path) -> None:
         st = until(both, 30, "one command in the slot, one queued")
         assert st["freezer"] in ("cgroup-v1", "cgroup-v2", "signal")
         assert second.poll() is None  # still waiting for the slot
+        time.sleep(0.5)  # queued all this time, at least: its report's queue_s says so
         assert first.stdin is not None
         first.stdin.write("\n")
         first.stdin.close()
         assert first.wait(timeout=30) == 0 and second.wait(timeout=30) == 0
+        rep = json.loads((tmp_path / "second.json").read_text())
+        assert 0.5 <= rep["queue_s"] <= rep["wall_s"], rep
     finally:
         d.stop()
 

@@ -737,6 +737,7 @@ def _complete(report: dict[str, Any], opts: RunOptions, code: int) -> dict[str, 
         "gpus": [],
         "tenant": None,
         "wall_s": None,
+        "queue_s": None,
         "argv": opts.argv,
         "pool": None,
         "pool_reason": None,
@@ -793,7 +794,7 @@ def _run_once(opts: RunOptions, key: str = "") -> tuple[int, dict[str, Any]]:
         no_pool=opts.no_pool,
         worker_locale=pool.get("locale"),
     )
-    attempt = _Attempt(opts, conn, reply, t0)
+    attempt = _Attempt(opts, conn, reply, t0, time.monotonic() - t0)
     if how.warm and how.invocation is not None:
         done = _try_warm(attempt, how.invocation, env, how.reason)
         if isinstance(done, tuple):
@@ -873,6 +874,7 @@ class _Attempt:
     conn: Connection
     reply: dict[str, Any]
     t0: float
+    queue_s: float  # from t0 to the admission: the wait for a slot and for admission's memory
 
 
 def _try_warm(
@@ -954,6 +956,7 @@ def _finish(
         "gpus": reply.get("gpus", [reply["gpu"]]),
         "tenant": reply["tenant"],
         "wall_s": wall,
+        "queue_s": attempt.queue_s,
         "argv": opts.argv,
         "pool": "warm" if warm else "cold",
         "pool_reason": reason,

@@ -336,6 +336,7 @@ def krex_summary(rep: dict[str, Any]) -> dict[str, Any]:
         "preempted": len(preempted),
         "peak_bytes": mem(rep).get("peak_bytes"),
         "nvml_peak_bytes": mem(rep).get("nvml_peak_bytes"),
+        "queue_s": sum(_num(r.get("queue_s")) for r in reports),  # admission's, every attempt
         "mem_wait_s": sum(_num(mem(r).get("wait_s")) for r in reports),
         "mem_waits": sum(_num(mem(r).get("waits")) for r in reports),
         "oom_alone": sum(_num(mem(r).get("oom_alone")) for r in reports),
@@ -464,6 +465,8 @@ def counts(records: list[dict[str, Any]], wall: float) -> dict[str, Any]:
         out |= {
             "reruns": sum(k["attempts"] > 0 for k in kx),
             "preempted": sum(k["preempted"] for k in kx),
+            "queue_p50_s": _q([k.get("queue_s", 0.0) for k in kx], 0.5),
+            "queue_p95_s": _q([k.get("queue_s", 0.0) for k in kx], 0.95),
             "mem_wait_p50_s": _q(waits, 0.5),
             "mem_wait_p95_s": _q(waits, 0.95),
             "regions": sum(k["regions"] for k in kx),
@@ -600,11 +603,13 @@ def table(doc: dict[str, Any]) -> str:
         lines.append(lead + " ".join(cells))
     lines.append(
         "(est: from the shapes; peak: the largest max_memory_allocated of its runs; % against "
-        "exclusive, ! when off by more than the native repeat's spread + 0.3 points)"
+        "exclusive, ! when off by more than the native repeat's spread + 0.3 points; queue: "
+        "a command's wait for admission (a slot, memory); wait: its waits for memory once running)"
     )
     lines.append("")
     lines.append(f"{'mode':10} {'ok':>3} {'fail':>4} {'oom':>3} {'not':>3} {'wall s':>6} "
-                 f"{'ok/min':>6} {'x excl':>6} {'rerun':>5} {'preem':>5} {'wait p50':>8} "
+                 f"{'ok/min':>6} {'x excl':>6} {'rerun':>5} {'preem':>5} {'queue p95':>9} "
+                 f"{'wait p50':>8} "
                  f"{'wait p95':>8} {'regions':>7} {'unclean':>7} {'drain':>5} "
                  f"{'|d|p50%':>7} {'|d|max%':>7}  off")  # fmt: skip
     for m in modes:
@@ -615,7 +620,8 @@ def table(doc: dict[str, Any]) -> str:
             f"{m['mode']:10} {m['ok']:>3} {m['failed']:>4} {m['oom']:>3} {m['not_run']:>3} "
             f"{m['wall_s']:>6.0f} {m['cmds_per_min_ok']:>6.1f} "
             f"{_f(m.get('throughput_vs_exclusive'), '.2f'):>6} {_f(m.get('reruns'), 'd'):>5} "
-            f"{_f(m.get('preempted'), 'd'):>5} {_f(m.get('mem_wait_p50_s'), '.1f'):>8} "
+            f"{_f(m.get('preempted'), 'd'):>5} {_f(m.get('queue_p95_s'), '.1f'):>9} "
+            f"{_f(m.get('mem_wait_p50_s'), '.1f'):>8} "
             f"{_f(m.get('mem_wait_p95_s'), '.1f'):>8} {_f(m.get('regions'), 'd'):>7} "
             f"{_f(m.get('unclean'), 'd'):>7} {_f(m.get('drain_timeouts'), 'd'):>5} "
             f"{_f(m.get('diff_pct_abs_p50'), '.2f'):>7} {_f(m.get('diff_pct_abs_max'), '.2f'):>7}  "

@@ -178,12 +178,14 @@ def test_krex_reports_in_figures_old_and_new_fields(kb: Any) -> None:
     earlier = {
         "exit_code": 1,
         "preempted": True,
+        "queue_s": 4.0,
         "memory": {"wait_s": 2.0, "waits": 3, "oom_shared": 1, "waits_by_kind": {"alloc": 2.0}},
         "regions": [{"clean": False, "revoked": True, "problems": ["the owner waited 5 s"]}],
     }
     rep = {
         "exit_code": 0,
         "pool": "warm",
+        "queue_s": 0.5,
         "attempts": [earlier],
         "memory": {"peak_bytes": 8 << 30, "wait_s": 1.5, "waits": 1, "waits_by_kind": {"room": 1}},
         "regions": [
@@ -197,6 +199,7 @@ def test_krex_reports_in_figures_old_and_new_fields(kb: Any) -> None:
     assert k["timing_clean"] is False  # the timing region (not the candidate's) is unclean
     assert k["waits_by_kind"] == {"alloc": 2.0, "room": 1.0} and k["oom_shared"] == 1
     assert k["peak_bytes"] == 8 << 30 and k["pool"] == "warm"
+    assert k["queue_s"] == 4.5  # admission's waits, every attempt's
     old = kb.krex_summary({"exit_code": 0, "memory": {"wait_s": 0.25}, "regions": [{"clean": 1}]})
     assert (old["attempts"], old["preempted"], old["timing_clean"]) == (0, 0, True)
     assert "waits_by_kind" not in old and old["nvml_peak_bytes"] is None
@@ -207,6 +210,7 @@ def test_krex_reports_in_figures_old_and_new_fields(kb: Any) -> None:
     c = kb.counts(rows, 30.0)
     assert (c["reruns"], c["preempted"], c["regions"], c["drain_timeouts"]) == (1, 1, 4, 1)
     assert c["mem_wait_p50_s"] == 3.5 and c["not_run"] == 1 and c["cmds_per_min_ok"] == 4.0
+    assert c["queue_p95_s"] == 4.5
 
 
 def test_a_mode_out_of_time_kills_what_runs_and_records_the_rest_not_run(

@@ -16,7 +16,7 @@ from typing import Protocol
 from krex.core.config import Config
 from krex.core.nvml import Nvml
 from krex.core.procs import running
-from krex.core.shm import Gate, Segment, SlotView
+from krex.core.shm import Gate, SlotView
 from krex.core.tenants import TenantsError
 from krex.daemon.fidelity import PowerHistory
 from krex.daemon.gate import Hold, quiesce_and_drain
@@ -167,15 +167,15 @@ class AllUsers:
     creation passes the gate); a new close or an open reads afresh."""
 
     def __init__(
-        self, gates: Segment, gpus: Sequence[Gpu], users: Callable[[int], set[int] | None]
+        self, segments: Segments, gpus: Sequence[Gpu], users: Callable[[int], set[int] | None]
     ) -> None:
-        self._gates, self._gpus, self._users = gates, gpus, users
+        self._segments, self._gpus, self._users = segments, gpus, users
         self._memo: tuple[tuple[Gate, ...], set[int] | None] | None = None
         self._lock = threading.Lock()
 
     def read(self) -> set[int] | None:
         """Their union; None where one GPU's users are unknown."""
-        key = tuple(self._gates.gate(g.index) for g in self._gpus)
+        key = tuple(self._segments.gates.gate(g.index) for g in self._gpus)
         with self._lock:  # the first freeze reads, the others wait for its answer
             if self._memo is not None and self._memo[0] == key and any(g.owner for g in key):
                 return self._memo[1]
@@ -202,7 +202,7 @@ class NodeMachinery:
         self.helper: Callable[[int], bool] = lambda pid: False
         self.power = PowerHistory()
         self.submits = SubmitHistory()
-        self.all_users = AllUsers(segments.gates, gpus, self.users)
+        self.all_users = AllUsers(segments, gpus, self.users)
 
     def tick(self) -> None:
         """Note each GPU's energy counter and each process's intercepted calls (the daemon's

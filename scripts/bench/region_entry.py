@@ -101,8 +101,11 @@ def run_kind(
         node(sim) as env,
         memory_check.daemon(tmp, siblings + 1, sim=sim, env=env, tag=name, config=cfg) as sock,
     ):
+        # Declared: with its memory unknown a command is admitted as an eighth of the GPU, so
+        # an owner and 8 siblings would leave one queued (on the H200, 2026-12-05: the 8th
+        # sibling never started). What they hold is small.
         run = [sys.executable, "-m", "krex.cli", "run", *(["--sim"] if sim else []), "--socket",
-               str(sock)]  # fmt: skip
+               str(sock), "--mem", "2G"]  # fmt: skip
         owner = _start([*run, "--report", str(report), "--", sys.executable, str(SIBLING),
                         "owner", where, str(owner_go), str(regions)], env, err)  # fmt: skip
         procs = [owner]

@@ -348,7 +348,8 @@ def test_sigterm_to_krex_run_reaches_the_command(daemon: Daemon) -> None:
 
 
 def test_slots_queue_and_status(tmp_path: Path) -> None:
-    """With 1 slot the second command waits in the FIFO queue; status shows both."""
+    """With 1 slot the second command waits in the FIFO queue; status shows both; past 10 s
+    the queued `krex run` says on stderr why it waits; its report's queue_s counts the wait."""
     d = Daemon(tmp_path / "krex.sock", "--slots", "1")
     d.start()
     try:
@@ -357,7 +358,7 @@ def test_slots_queue_and_status(tmp_path: Path) -> None:
             d, "sh", "-c", "echo go; read x", stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
         assert first.stdout is not None and first.stdout.readline().strip() == "go"
-        second = krex_run(d, "true", report=tmp_path / "second.json")
+        second = krex_run(d, "true", report=tmp_path / "second.json", stderr=subprocess.PIPE)
 
         def both() -> dict[str, Any] | None:
             st = d.status()
@@ -367,13 +368,18 @@ def test_slots_queue_and_status(tmp_path: Path) -> None:
         st = until(both, 30, "one command in the slot, one queued")
         assert st["freezer"] in ("cgroup-v1", "cgroup-v2", "signal")
         assert second.poll() is None  # still waiting for the slot
-        time.sleep(0.5)  # queued all this time, at least: its report's queue_s says so
+        # Queued past QUEUE_NOTICE_S (10 s): one line on its stderr says so, and why.
+        assert second.stderr is not None
+        line = second.stderr.readline()
+        assert line.startswith("krex run: queued on GPU 0 for 10 s (all 1 slots taken)"), line
+        assert second.poll() is None
         assert first.stdin is not None
         first.stdin.write("\n")
         first.stdin.close()
         assert first.wait(timeout=30) == 0 and second.wait(timeout=30) == 0
+        assert second.stderr.read() == ""  # said once
         rep = json.loads((tmp_path / "second.json").read_text())
-        assert 0.5 <= rep["queue_s"] <= rep["wall_s"], rep
+        assert 10 <= rep["queue_s"] <= rep["wall_s"], rep
     finally:
         d.stop()
 

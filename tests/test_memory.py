@@ -594,6 +594,14 @@ def test_eight_commands_never_seen_are_admitted_at_once_on_a_fresh_node() -> Non
     assert mem.fits(gpu, req(["the eighth"]))
     gpu.tenants.append(Node().tenant(8))
     assert not mem.fits(gpu, req(["a ninth"]))  # eight unknowns fill what may be given
+    # Queued, the ninth's krex run is told why (its notice on stderr after 10 s).
+    from krex.daemon.admission import Admission
+
+    gpu.slots = 16
+    why = Admission([gpu], mem).why_queued(gpu, req(["a ninth"]))
+    assert why.startswith(
+        f"waiting for the device memory it is expected to need ({unknown / GIB:.1f} GiB"
+    ), why
 
 
 def test_a_promise_is_taken_back_exactly_when_the_expectation_changed_meanwhile(

@@ -26,6 +26,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -825,18 +826,23 @@ def _admitted(path: Path, opts: RunOptions, key: str) -> tuple[Connection, dict[
     conn.send(admit.to_wire())
     deadline = time.monotonic() + opts.queue_timeout_s
     reply = conn.recv()
-    while "queued" in reply:
-        left = deadline - time.monotonic()
-        try:
-            if left <= 0:
-                raise TimeoutError
-            reply = conn.recv(timeout_s=left)
-        except (TimeoutError, ClientError) as e:
-            if time.monotonic() < deadline:
-                raise  # the daemon went quiet before our time was up: its own error
-            raise ClientError(
-                f"no slot became free within --queue-timeout {opts.queue_timeout_s:g} s"
-            ) from e
+    notice = _queue_notice(reply, opts.queue_timeout_s)
+    try:
+        while "queued" in reply:
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0:
+                    raise TimeoutError
+                reply = conn.recv(timeout_s=left)
+            except (TimeoutError, ClientError) as e:
+                if time.monotonic() < deadline:
+                    raise  # the daemon went quiet before our time was up: its own error
+                raise ClientError(
+                    f"no slot became free within --queue-timeout {opts.queue_timeout_s:g} s"
+                ) from e
+    finally:
+        if notice is not None:
+            notice.cancel()
     theirs = reply.get("build")
     why = mismatch(identity(), theirs if isinstance(theirs, dict) else older(reply), path)
     if why:  # a daemon that did not check (older): it admitted us, we go
@@ -846,6 +852,32 @@ def _admitted(path: Path, opts: RunOptions, key: str) -> tuple[Connection, dict[
     if wire.is_number(step) and 0 < step < 3600:
         conn.step_s = float(step)
     return conn, reply
+
+
+QUEUE_NOTICE_S = 10.0  # a command queued this long gets one line on stderr saying why
+
+
+def _queue_notice(reply: dict[str, Any], timeout_s: float) -> threading.Timer | None:
+    """For a queued command: one line on stderr if it is still queued QUEUE_NOTICE_S later,
+    with the daemon's reason (a queue that lasts, say a ninth command on a fresh node whose
+    memory admission holds it, is not silent until --queue-timeout)."""
+    if "queued" not in reply:
+        return None
+    why = str(reply["why"])[:300] if isinstance(reply.get("why"), str) else "no reason given"
+    gpu = reply.get("gpu")
+
+    def say() -> None:
+        print(
+            f"krex run: queued on GPU {gpu} for {QUEUE_NOTICE_S:g} s ({why}); it waits up to "
+            f"--queue-timeout {timeout_s:g} s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    timer = threading.Timer(QUEUE_NOTICE_S, say)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def _command_env(

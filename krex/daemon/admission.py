@@ -57,6 +57,20 @@ class Admission:
             g, req, reserved=g.reserved_mem, reserved_alone=g.reserved_alone
         )
 
+    def why_queued(self, g: Gpu, req: AdmitRequest) -> str:
+        """Why a command is queued on g, as it stands when it joins the queue (for krex run's
+        notice of a long wait)."""
+        if g.admission:
+            return f"{len(g.admission)} command(s) queued before it"
+        if len(g.tenants) + g.reserved >= g.slots:
+            return f"all {g.slots} slots taken"
+        need = self.memory.need(req.key or argv_key(req.argv), req.mem, req.rerun_need)
+        return (
+            f"waiting for the device memory it is expected to need ({need / (1 << 30):.1f} GiB, "
+            "docs/memory.md: declared with --mem, learned from its earlier runs, or the node's "
+            "prior for a command never seen)"
+        )
+
     def reserve(self, g: Gpu, req: AdmitRequest, sign: int = 1) -> None:
         """Promise (sign 1) or hand on (-1) one of g's slots to the command of req: a command
         that must have the GPU's memory to itself counts as such from its promise on, so that
@@ -75,8 +89,9 @@ class Admission:
             self.reserve(g, req)
             return
         ticket = AdmissionTicket(granted=asyncio.get_running_loop().create_future(), req=req)
+        why = self.why_queued(g, req)
         g.admission.append(ticket)
-        await conn.send({"ok": True, "queued": len(g.admission), "gpu": g.index})
+        await conn.send({"ok": True, "queued": len(g.admission), "gpu": g.index, "why": why})
         try:
             await conn.until(ticket.granted)  # admit_next reserves the slot for us
             ticket.granted.result()  # or says why it could not

@@ -41,7 +41,7 @@ class DaemonWatch:
         self.path = path
         self.root = root
         self._stop = threading.Event()
-        # stop() writes here so that the thread's select returns at once: waiting out its poll
+        # stop() writes here so that the thread's poll returns at once: waiting out its time-out
         # delayed every `krex run`'s Finished, and so the daemon's freeing of its slot, by up
         # to 0.2-0.4 s (most of the wall of a short command).
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)

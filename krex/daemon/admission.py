@@ -64,6 +64,12 @@ class Admission:
             return f"{len(g.admission)} command(s) queued before it"
         if len(g.tenants) + g.reserved >= g.slots:
             return f"all {g.slots} slots taken"
+        if req.alone:
+            return "a memory rerun: it waits to have the GPU's memory to itself"
+        if g.reserved_alone or any(x.mem_alone for x in g.tenants):
+            return "a memory rerun has the GPU's memory to itself"
+        if self.memory.waiting(g.index):
+            return "commands on the GPU wait for device memory, and go first"
         need = self.memory.need(req.key or argv_key(req.argv), req.mem, req.rerun_need)
         return (
             f"waiting for the device memory it is expected to need ({need / (1 << 30):.1f} GiB, "

@@ -141,8 +141,12 @@ def test_an_older_clients_admit_with_such_arguments_is_admitted_and_queued(
             Raw(daemon, wire.encode({**ADMIT, "argv": [*argv, "2"]})) as second,
             Raw(daemon, wire.encode({**ADMIT, "argv": ["prog", "3"]})) as third,
         ):
-            assert second.reply() == {"ok": True, "queued": 1, "gpu": 0}
-            assert third.reply() == {"ok": True, "queued": 2, "gpu": 0}
+            assert second.reply() == {
+                "ok": True, "queued": 1, "gpu": 0, "why": "all 1 slots taken"
+            }  # fmt: skip
+            assert third.reply() == {
+                "ok": True, "queued": 2, "gpu": 0, "why": "1 command(s) queued before it"
+            }  # fmt: skip
             first.close()
             for conn in (second, third):
                 granted = conn.reply()

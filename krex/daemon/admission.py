@@ -70,7 +70,7 @@ class Admission:
             return "a memory rerun has the GPU's memory to itself"
         if self.memory.waiting(g.index):
             return "commands on the GPU wait for device memory, and go first"
-        need = self.memory.need(req.key or argv_key(req.argv), req.mem, req.rerun_need)
+        need = self.memory.requested(req)
         return (
             f"waiting for the device memory it is expected to need ({need / (1 << 30):.1f} GiB, "
             "docs/memory.md: declared with --mem, learned from its earlier runs, or the node's "

@@ -437,6 +437,10 @@ class Memory:
         prior (what a command never seen is expected to need)."""
         return self.need(t.mem_key or argv_key(t.argv), t.mem_declared, t.mem_rerun_need)
 
+    def requested(self, req: AdmitRequest) -> int:
+        """What the command of req, asking to be admitted, is expected to need (as expected)."""
+        return self.need(req.key or argv_key(req.argv), req.mem, req.rerun_need)
+
     def need(self, key: str, declared: int, rerun: int = 0) -> int:
         """What a command about to be admitted is expected to need (0: unknown): its declared
         budget, else its learned peak, else the node's prior; for a rerun at least what its
@@ -464,7 +468,7 @@ class Memory:
             return False  # waiters first; a memory retry has the GPU's memory to itself
         if req.alone:
             return alone
-        need = self.need(req.key or argv_key(req.argv), req.mem, req.rerun_need)
+        need = self.requested(req)
         capacity = self.state[g.index].capacity
         if need == 0 or capacity == 0 or alone:
             return True  # unknown, or alone: it gets the GPU whatever it was expected to need

@@ -514,9 +514,7 @@ def _warning_options(options: list[str]) -> None:
     at = next((i for i in range(len(now) - len(before) + 1) if now[i : i + len(before)] == before),
               None)  # fmt: skip
     if at is None:  # the preload rewrote the interpreter's filters: options go first
-        for opt in options:
-            warnings._setoption(opt)  # type: ignore[attr-defined]
-        return
+        before, at = [], 0
     filters: list[Any] = warnings.filters  # type: ignore[assignment]  # a list at run time
     filters[:] = before
     for opt in options:

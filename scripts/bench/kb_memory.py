@@ -462,11 +462,12 @@ def counts(records: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     }
     if kx:
         waits = [k["mem_wait_s"] for k in kx]
+        queues = [k.get("queue_s", 0.0) for k in kx]
         out |= {
             "reruns": sum(k["attempts"] > 0 for k in kx),
             "preempted": sum(k["preempted"] for k in kx),
-            "queue_p50_s": _q([k.get("queue_s", 0.0) for k in kx], 0.5),
-            "queue_p95_s": _q([k.get("queue_s", 0.0) for k in kx], 0.95),
+            "queue_p50_s": _q(queues, 0.5),
+            "queue_p95_s": _q(queues, 0.95),
             "mem_wait_p50_s": _q(waits, 0.5),
             "mem_wait_p95_s": _q(waits, 0.95),
             "regions": sum(k["regions"] for k in kx),

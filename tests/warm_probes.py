@@ -1495,12 +1495,26 @@ add(
     ),
     probe(
         "torch_rng",
-        "torch's RNG state at the start: its seeds and first draws on the CPU and the GPU",
+        "torch's RNG state at the start, on the CPU and the GPU: seeded from entropy (not "
+        "c10's constant) and untouched (the first draws are those of the seed). The values "
+        "themselves differ between any two runs natively; that two warm commands get seeds of "
+        "their own is tests/test_pool_exit.py's",
         """
         import json, torch
-        print(json.dumps({"seed": torch.initial_seed(), "cpu": torch.rand(3).tolist(),
-                          "cuda_seed": torch.cuda.initial_seed(),
-                          "cuda": torch.rand(3, device="cuda").tolist()}))
+        CONSTANT = 67280421310721  # c10's default_rng_seed_val
+
+
+        def state(seed, draw, reseed):
+            first = draw()
+            reseed(seed)
+            return {"constant": seed == CONSTANT, "untouched": torch.equal(first, draw())}
+
+
+        print(json.dumps({
+            "cpu": state(torch.initial_seed(), lambda: torch.rand(3), torch.manual_seed),
+            "cuda": state(torch.cuda.initial_seed(), lambda: torch.rand(3, device="cuda"),
+                          torch.cuda.manual_seed),
+        }, sort_keys=True))
         """,
         needs=TORCH,
     ),

@@ -55,9 +55,12 @@ def as_installed(tmp: Path) -> str | None:
     not put a probe's cwd (its json.py) first on krex run's own path. None where it is."""
     if (Path(sys.executable).parent / "krex").exists():
         return None
+    # krex's own dependencies too (cffi and posix_ipc are carried to the GPU box on this
+    # harness's PYTHONPATH): a probe that sets its own PYTHONPATH must not take them from krex.
+    own = [str(ROOT), *(p for p in os.environ.get("PYTHONPATH", "").split(":") if p)]
     script = tmp / "krex"
     script.write_text(
-        f"#!{sys.executable}\nimport sys\nsys.path.insert(1, {str(ROOT)!r})\n"
+        f"#!{sys.executable}\nimport sys\nsys.path[1:1] = {list(dict.fromkeys(own))!r}\n"
         "from krex.cli import main\nsys.exit(main())\n"
     )
     script.chmod(0o755)

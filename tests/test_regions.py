@@ -183,23 +183,81 @@ async def until(cond: Callable[[], bool]) -> None:
 
 
 def test_steps_run_in_protocol_order_and_exit_undoes_them() -> None:
-    """Room, close, drain, freeze, pin, grant; exit pins back, thaws and opens the gate."""
+    """Room, close, drain, freeze, grant, with the pin beside them once there is room; exit
+    pins back, thaws and opens the gate."""
 
     async def main() -> None:
         regions, node, gpus = make()
         owner, sib = tenant(gpus, 1), tenant(gpus, 2)
         r = await regions.acquire(owner, plain_wait)
         assert r.granted and r.clean and r.gpus == [0] and node.frozen == {2}
-        assert node.names() == ["room", "close", "drain", "freeze", "pin"]
-        assert node.events[4] == ("pin", 1, frozenset({10}))  # the region cores
+        assert [n for n in node.names() if n != "pin"] == ["room", "close", "drain", "freeze"]
+        assert node.names()[0] == "room" and node.names().count("pin") == 1
+        assert ("pin", 1, frozenset({10})) in node.events  # the region cores
         assert regions.held(0) is r and owner.region is r
         rec = regions.release(r, why="region_end")
         assert node.names()[5:] == ["pin", "thaw", "open"]
         assert node.events[5] == ("pin", 1, frozenset({0}))  # back on the shared cores
+        steps = {"room", "quiesce", "drain", "freeze", "pin", "audit", "settle", "sample"}
+        assert set(rec["entry_steps_s"]) == steps, rec
+        assert rec["entry_steps_s"]["drain"] == 0.002 and rec["entry_steps_s"]["quiesce"] == 0.001
+        assert set(rec["exit_steps_s"]) == {"audit", "pin_back", "thaw", "open"}, rec
+        assert all(v >= 0 for v in [*rec["entry_steps_s"].values(), *rec["exit_steps_s"].values()])
         assert rec["clean"] and not rec["revoked"] and rec["problems"] == []
         assert rec["sm_clock_mhz"] == [1980, 1980] and rec["throttled"] is False
         assert owner.regions == [rec] and region_of(owner) is None and regions.held(0) is None
         assert sib.region is None and node.frozen == set()
+
+    run(main())
+
+
+def test_the_owner_is_pinned_while_its_siblings_drain_not_after() -> None:
+    """Issue #53: the pin (moving every thread of the owner) is not on the critical path: it
+    runs beside the gate and the drain, so a drain that lasts until the pin is done ends."""
+
+    async def main() -> None:
+        regions, node, gpus = make()
+        owner, _ = tenant(gpus, 1), tenant(gpus, 2)
+        node.drain_gate = threading.Event()
+        pin = node.pin
+
+        def pin_then_let_drain(t: Tenant, cores: set[int]) -> None:
+            pin(t, cores)
+            assert node.drain_gate is not None
+            node.drain_gate.set()
+
+        node.pin = pin_then_let_drain  # type: ignore[method-assign,assignment]
+        r = await regions.acquire(owner, plain_wait)
+        assert r.granted and r.clean
+        # The pin began before the drain ended (else the drain would have waited 10 s).
+        assert node.names().index("pin") < node.names().index("freeze")
+        regions.release(r, why="region_end")
+
+    run(main())
+
+
+def test_a_drain_that_fails_after_the_early_pin_leaves_the_owner_on_its_shared_cores() -> None:
+    """The early pin ends before the pin-back that letting the GPU go does: never the other
+    way round (which would leave the owner on the region cores)."""
+
+    async def main() -> None:
+        regions, node, gpus = make()
+        owner, _ = tenant(gpus, 1), tenant(gpus, 2)
+        node.fail_drain = True
+        node.drain_gate = threading.Event()
+        pin = node.pin
+
+        def slow_pin(t: Tenant, cores: set[int]) -> None:
+            assert node.drain_gate is not None
+            node.drain_gate.set()  # the drain fails now, while this pin still runs
+            threading.Event().wait(0.2)
+            pin(t, cores)
+
+        node.pin = slow_pin  # type: ignore[method-assign,assignment]
+        with pytest.raises(ConnectionError):
+            await regions.acquire(owner, plain_wait)
+        pins = [e for e in node.events if e[0] == "pin"]
+        assert pins == [("pin", 1, frozenset({10})), ("pin", 1, frozenset({0}))], node.events
 
     run(main())
 
@@ -223,9 +281,9 @@ def test_a_record_tells_its_own_entry_and_exit_from_its_queueing() -> None:
 
 
 def test_a_region_settles_after_the_freeze_only_when_asked_and_siblings_worked() -> None:
-    """region_settle_s: after the pin, before the grant, the node idles where the siblings
-    worked just before; the record says how long. Never asked with no sibling frozen, nor
-    when the tenant's settle is 0 (the default)."""
+    """region_settle_s: after the freeze and pin, before the grant, the node idles where the
+    siblings worked just before; the record says how long. Never asked with no sibling frozen,
+    nor when the tenant's settle is 0 (the default)."""
 
     async def main() -> None:
         regions, node, gpus = make()
@@ -235,8 +293,9 @@ def test_a_region_settles_after_the_freeze_only_when_asked_and_siblings_worked()
         owner.region_settle_s = 0.4
         node.events.clear()
         r = await regions.acquire(owner, plain_wait)
-        assert node.names() == ["room", "close", "drain", "freeze", "pin", "settle"]
-        assert node.events[5] == ("settle", 0, (2,), 0.4) and r.granted
+        steps = [n for n in node.names() if n != "pin"]
+        assert steps == ["room", "close", "drain", "freeze", "settle"] and "pin" in node.names()
+        assert node.events[-1] == ("settle", 0, (2,), 0.4) and r.granted
         assert regions.release(r, why="region_end")["settle_s"] == 0.4
         node.siblings_worked = False  # they sat idle (compiling, say): no wait
         rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")

@@ -526,10 +526,16 @@ class TenantGroup:
         return f"<{type(self).__name__} {self.kind.value} {self.root}/t{self.tenant}>"
 
 
-def _wait(until: float, delay: float) -> float:
-    """Sleep a little (never past `until`); returns the next, longer, delay."""
+def _wait(until: float, delay: float, longest: float = 0.01) -> float:
+    """Sleep a little (never past `until`); returns the next, longer, delay (at most
+    `longest`)."""
     time.sleep(max(0.0, min(delay, until - time.monotonic())))
-    return min(delay * 2, 0.01)
+    return min(delay * 2, longest)
+
+
+# A freeze is on a region's critical path: its state is read at least every millisecond (a
+# read is microseconds). Doubling to 10 ms from 0.2, a freeze done 6.3 ms in was seen at 12.6.
+_FREEZE_POLL_S = 0.001
 
 
 class _CgroupGroup(TenantGroup):
@@ -621,7 +627,7 @@ class _CgroupGroup(TenantGroup):
                     _states(_procs(group)),
                 )
                 return False
-            delay = _wait(deadline, delay)
+            delay = _wait(deadline, delay, _FREEZE_POLL_S)
         return True
 
     def _nudge(self, group: str) -> None:
@@ -925,7 +931,7 @@ class _SignalGroup(TenantGroup):
                 self._stop(new)
             all_stopped = all(_fully_stopped(p) for p in want)
             if not all_stopped:
-                delay = _wait(deadline, delay)
+                delay = _wait(deadline, delay, _FREEZE_POLL_S)
 
     def _thaw(self) -> None:
         self._frozen = False

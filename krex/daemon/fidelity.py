@@ -47,7 +47,9 @@ class PowerHistory:
         """Mean power (W) from the sample nearest HISTORY_S before t until t, when the
         samples cover at least half of that window; None otherwise."""
         best = None
-        for ts, e in self._samples.get(gpu, ()):
+        # A copy (made whole under the GIL): a grant's sample reads this in a worker thread
+        # while the event loop's tick may append.
+        for ts, e in tuple(self._samples.get(gpu, ())):
             if t - ts >= HISTORY_S / 2 and (best is None or abs(t - ts - HISTORY_S) < abs(
                 t - best[0] - HISTORY_S
             )):  # fmt: skip

@@ -89,6 +89,8 @@ class Region:
     t_setup: float = 0.0  # when its set-up began (its first GPU's room step)
     room_s: float = 0.0  # waited for room in device memory before closing the gates
     exit_s: float = 0.0  # its end: audits, pin back, thaw, gates open (measured)
+    exit_steps: dict[str, float] = field(default_factory=dict)  # exit_s by step
+    steps: dict[str, float] = field(default_factory=dict)  # set-up steps' own seconds
     drain_s: float = 0.0  # measured: quiesce and drain, over its GPUs
     freeze_s: float = 0.0  # measured
     awake: int = 0  # siblings' processes its freezes left running (regions.freeze = contexts)

@@ -35,6 +35,9 @@ from krex.daemon.tasks import spawn
 
 log = logging.getLogger("krex.regions")
 
+# A record's entry_steps_s: the protocol's steps (the pin begins after the room step and
+# runs beside quiesce, drain, freeze and settle).
+ENTRY_STEPS = ("room", "quiesce", "drain", "freeze", "pin", "audit", "settle", "sample")
 GATE_GRACE_S = 30.0  # blocked threads pass on their own this long after a region's time-out
 
 
@@ -250,14 +253,23 @@ class Regions:
                 _fail(req, "the region ended while waiting")
                 return
             r.t_setup = r.t_setup or time.monotonic()
+            beside: list[asyncio.Future[Any]] = []  # the pin and the audit, beside the steps
             try:
                 r.room_s += await _make_room(self.room, gpu, t)
+                # The owner moves onto this GPU's region cores beside the gate, drain and
+                # freeze: they are nobody else's while its set-up runs (one region a GPU), and
+                # the owner only waits for its grant meanwhile.
+                cores = {c for i in {*r.gpus, gpu} for c in self.gpus[i].slice.region_cores}
+                beside.append(_step(r, "pin", self.m.pin, t, cores))
                 hold = await _close_and_drain(self.m, gpu, r, skip=self.still_frozen())
                 await self._freeze(gpu, r, siblings)
-                await self._pin(gpu, r, hold)
                 await _settle(self.m, gpu, r, siblings)
+                await self._pin(gpu, r, hold, beside)
             except Exception as e:
                 log.exception("opening a region for tenant %d on GPU %d failed", t.id, gpu)
+                # What runs beside ends first: a pin landing after _let_go's pin-back would
+                # leave the owner on the region cores.
+                await asyncio.gather(*beside, return_exceptions=True)
                 self._let_go(gpu, r, siblings)
                 if not r.gpus:
                     r.ended = True  # nothing held: the region never was
@@ -265,8 +277,6 @@ class Regions:
                         t.region = None
                 _fail(req, str(e))
                 return
-            r.clocks[gpu] = self.m.clock(gpu)
-            r.memory[gpu] = self.m.memory_split(gpu, t)
             q.pending = None
             if r.ended:
                 # Its holders left (or it was revoked) while this GPU was being taken.
@@ -310,15 +320,26 @@ class Regions:
         r.awake += sum(self.m.awake(s) for s in siblings)
         r.freeze_s += time.monotonic() - t1
 
-    async def _pin(self, gpu: int, r: Region, hold: Hold) -> None:
-        """Step 5: the GPU is r's; move the owner onto its region cores; note foreign users."""
-        loop = asyncio.get_running_loop()
+    async def _pin(
+        self, gpu: int, r: Region, hold: Hold, beside: list[asyncio.Future[Any]]
+    ) -> None:
+        """Step 5, once frozen and settled: the GPU is r's when the owner is on its region cores
+        (the pin, begun beside the earlier steps, in `beside`), the GPU audited and the grant's
+        samples read. The audit and the samples are NVML reads (a few calls each, outside the
+        GIL): at once, off the event loop."""
         r.gpus.append(gpu)
         r.epochs[gpu] = hold.epoch
-        await loop.run_in_executor(None, self.m.pin, r.tenant, self.cores(r.tenant))
+        beside += [
+            _step(r, "audit", self.m.audit, gpu, r.tenant),
+            _step(r, "sample", self.m.clock, gpu),
+            _step(r, "sample", self.m.memory_split, gpu, r.tenant),
+        ]
+        _, problems, r.clocks[gpu], r.memory[gpu] = await asyncio.gather(*beside)
         # Not gated, not drained, not frozen: the region cannot vouch for the GPU.
-        r.problems += await loop.run_in_executor(None, self.m.audit, gpu, r.tenant)
+        r.problems += problems
         r.drain_s += hold.quiesce_s + hold.drain_s
+        _add(r.steps, "quiesce", hold.quiesce_s)
+        _add(r.steps, "drain", hold.drain_s)
 
     def _grant(self, r: Region) -> None:
         """Step 6: r holds all its GPUs; its time-out starts."""
@@ -397,12 +418,17 @@ class Regions:
                     if p not in r.problems:
                         r.problems.append(f"{p} (at the region's end)")
             r.problems.extend(p for p in self.m.memory_problems(t) if p not in r.problems)
+        t1 = time.monotonic()
         self._pin_back(t)
+        t2 = time.monotonic()
         for s in r.frozen:
             self._thaw(s)
+        t3 = time.monotonic()
         for i in reversed(r.gpus):
             self.m.open_gate(i)
         r.exit_s = time.monotonic() - t_end
+        r.exit_steps = {"audit": t1 - t_end, "pin_back": t2 - t1, "thaw": t3 - t2,
+                        "open": t_end + r.exit_s - t3}  # fmt: skip
         r.record = _record(r, t_end, self.m)
         if any(w["name"] == "gpu_capped" for w in r.record["warnings"]):
             t.power_capped = True  # its later regions settle (_settle)
@@ -439,6 +465,26 @@ class Regions:
         if not t.gone:
             with contextlib.suppress(KrexError):
                 self.m.pin(t, self.cores(t))
+
+
+def _add(steps: dict[str, float], name: str, seconds: float) -> None:
+    steps[name] = steps.get(name, 0.0) + seconds
+
+
+def _step(r: Region, name: str, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+    """fn(*args) in a worker thread, begun now; its own duration is added to r.steps[name]
+    (on the event loop: steps that run beside each other each count their own)."""
+
+    def timed() -> tuple[Any, float]:
+        t0 = time.monotonic()
+        return fn(*args), time.monotonic() - t0
+
+    async def run() -> Any:
+        result, seconds = await asyncio.get_running_loop().run_in_executor(None, timed)
+        _add(r.steps, name, seconds)
+        return result
+
+    return asyncio.ensure_future(run())
 
 
 def _fail(req: RegionRequest, why: str) -> None:
@@ -499,6 +545,11 @@ async def _settle(m: Machinery, gpu: int, r: Region, siblings: list[Tenant]) -> 
     r.settle_capped = r.settle_capped or (capped and waited > 0)
 
 
+def _entry_steps(r: Region) -> dict[str, float]:
+    got = {"room": r.room_s, "freeze": r.freeze_s, "settle": r.settle_s, **r.steps}
+    return {k: got.get(k, 0.0) for k in ENTRY_STEPS}
+
+
 def _record(r: Region, t_end: float, m: Machinery) -> dict[str, Any]:
     """What region r was, for its tenant's report (docs/architecture.md, "What a region
     record says")."""
@@ -518,6 +569,11 @@ def _record(r: Region, t_end: float, m: Machinery) -> dict[str, Any]:
         **({"candidate": True} if r.candidate else {}),  # an autotuner's candidate began it
         "duration_s": t_end - r.t_grant if r.granted else 0.0,
         "exit_s": r.exit_s,
+        # Where entry_s and exit_s went, step by step (docs/architecture.md, "What a region
+        # record says"): the pin and the audit run beside the gate, drain and freeze, so the
+        # entry steps do not add up to entry_s.
+        "entry_steps_s": _entry_steps(r),
+        "exit_steps_s": dict(r.exit_steps),
         "clean": r.clean,
         "revoked": r.revoked,
         "problems": list(r.problems),

@@ -6,8 +6,9 @@ private daemon of SIBLINGS + 1 slots, SIBLINGS siblings of that kind through `kr
 once they all run, an owner that takes REGIONS short regions one after another. Per kind, from
 the owner's `krex run --report` (docs/architecture.md, "What a region record says"): p50, p95
 and max of `entry_s` (its own set-up: room to grant), `wait_s` (request to grant), `drain_s`,
-`freeze_s`, `settle_s`, `exit_s`, how many regions were clean, and the most sibling processes
-a region left running (`awake`).
+`freeze_s`, `settle_s`, `exit_s`, each step of entry and exit (`entry_steps_s`: quiesce, drain,
+freeze, pin, audit, sample; `exit_steps_s`: audit, pin_back, thaw, open), how many regions
+were clean, and the most sibling processes a region left running (`awake`).
 
     python3 scripts/bench/region_entry.py --json OUT.json [--sim]
         [--kinds idle,launching,compiling,memwait]
@@ -50,6 +51,12 @@ SIBLING = ROOT / "scripts" / "bench" / "region_sibling.py"
 KINDS = ("idle", "launching", "compiling", "memwait")
 FREEZES = ("all", "contexts")  # regions.freeze
 FIELDS = ("entry_s", "wait_s", "room_s", "drain_s", "freeze_s", "settle_s", "exit_s")
+# The records' step by step split of entry_s and exit_s (the pin and the audit run beside the
+# gate, drain and freeze: entry's steps do not add up to entry_s).
+STEPS = {
+    "entry_steps_s": ("quiesce", "drain", "freeze", "pin", "audit", "sample"),
+    "exit_steps_s": ("audit", "pin_back", "thaw", "open"),
+}
 READY_S = 240.0  # a sibling's start (torch import, a first compile) on a loaded machine
 
 
@@ -167,9 +174,15 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
         "awake": max((int(r.get("awake", 0)) for r in records), default=0),
     }
     for f in FIELDS:
-        xs = sorted(1000 * float(r.get(f, 0.0)) for r in records)
-        out[f] = {"p50_ms": _q(xs, 0.5), "p95_ms": _q(xs, 0.95), "max_ms": xs[-1] if xs else None}
+        out[f] = _ms([float(r.get(f, 0.0)) for r in records])
+    for key, steps in STEPS.items():
+        out[key] = {s: _ms([float(r.get(key, {}).get(s, 0.0)) for r in records]) for s in steps}
     return out
+
+
+def _ms(seconds: list[float]) -> dict[str, float | None]:
+    xs = sorted(1000 * x for x in seconds)
+    return {"p50_ms": _q(xs, 0.5), "p95_ms": _q(xs, 0.95), "max_ms": xs[-1] if xs else None}
 
 
 def _q(xs: list[float], q: float) -> float | None:
@@ -188,6 +201,17 @@ def table(kinds: list[dict[str, Any]]) -> str:
             continue
         cells = " ".join(f"{k[f]['p50_ms']:>8.1f}/{k[f]['p95_ms']:<8.1f}" for f in FIELDS)
         lines.append(f"{what} {k['clean']:>3}/{k['regions']:<3} {k['awake']:>5} {cells}")
+    lines += ["", "step by step, p50/p95 ms (entry: pin and audit beside the others; exit)"]
+    names = [(key, s) for key, steps in STEPS.items() for s in steps]
+    lines.append(f"{'kind':<10} {'freeze':<8} " + " ".join(
+        f"{('exit ' if key.startswith('exit') else '') + s:>13}" for key, s in names
+    ))  # fmt: skip
+    for k in kinds:
+        if "regions" in k and all(key in k for key in STEPS):
+            cells = " ".join(
+                f"{k[key][s]['p50_ms']:>6.1f}/{k[key][s]['p95_ms']:<6.1f}" for key, s in names
+            )
+            lines.append(f"{k['kind']:<10} {k.get('freeze', 'all'):<8} {cells}")
     return "\n".join(lines)
 
 
@@ -209,6 +233,8 @@ def main() -> int:
     if args.sim:
         os.environ["LD_LIBRARY_PATH"] = str(sim_library_dir())
     results = []
+    date = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    command = " ".join(["python3", "scripts/bench/region_entry.py", *sys.argv[1:]])
     with tempfile.TemporaryDirectory(prefix="krex-entry-") as d:
         memory_check.LOGS = args.json.parent
         for kind in kinds:
@@ -216,7 +242,8 @@ def main() -> int:
                 results.append(
                     run_kind(kind, args.sim, args.siblings, args.regions, Path(d), freeze)
                 )
-                doc = {"sim": args.sim, "siblings": args.siblings, "kinds": results}
+                doc = {"date": date, "command": command, "sim": args.sim,
+                       "siblings": args.siblings, "kinds": results}  # fmt: skip
                 args.json.write_text(json.dumps(doc, indent=1))  # after each: nothing lost
     print(("SIMULATED GPU (behaviour only)\n" if args.sim else "") + table(results))
     return 0 if all(k["rc"] == 0 for k in results) else 1

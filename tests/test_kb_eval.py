@@ -359,6 +359,7 @@ def test_verdicts_speedups_against_the_native_repeat_and_the_wall_clock(ke: Any)
     assert b["speedup_diff_pct"] == pytest.approx(0.1) and b["off"] is False
     assert c["speedup_diff_pct"] is None and "off" not in c and "off" not in d  # unclean
     assert (k["off"], k["off_of"]) == (1, 2)
+    assert k["off_if_native"] == 0.0  # spreads 0.1, 0.2, 0.0: none exceeds another + 0.3
     q = k["speedup_diff_pct_abs"]
     assert q["max"] == pytest.approx(10.0) and q["p50"] == pytest.approx(0.4)
     assert k["wall_ratio"] == 4.0 and k["throughput_vs_exclusive"] == 4.0
@@ -377,6 +378,36 @@ def test_verdicts_speedups_against_the_native_repeat_and_the_wall_clock(ke: Any)
     assert doc["modes"][1]["off"] == "no native repeat" and doc["modes"][1]["wall_ratio"] is None
     assert doc["modes"][1]["throughput_vs_exclusive"] == pytest.approx(2.0)
     assert doc["native_spread_pct"] is None and "no native repeat" in ke.table(doc)
+
+
+def test_how_often_a_native_run_would_be_called_off_by_the_same_rule(ke: Any) -> None:
+    """The control for `off`: over ordered pairs of the native repeat's differences, the share
+    where one exceeds the other + 0.3 points."""
+    assert ke.off_rate_if_native({"a": 0.0, "b": 1.0, "c": 2.0}) == pytest.approx(0.5)
+    assert ke.off_rate_if_native({"a": 0.1, "b": 0.35}) == 0.0  # 0.35 > 0.4: no
+    assert ke.off_rate_if_native({"a": 1.0}) is None and ke.off_rate_if_native({}) is None
+    ex, rep = native("exclusive", 1.0, 2.0, 40.0), native("exclusive2", 1.01, 2.0, 41.0)
+    krex = mode("krex8", [rec("a", raw=1.0, clean=True), rec("b", raw=2.0, clean=True)], 9.0, 8)
+    k = ke.summarise([ex, krex, rep])["modes"][1]
+    # spreads a 1.0, b 0.0, d 0.0: (a, b) and (a, d) of 6 pairs; 2 compared: 0.67
+    assert (k["off"], k["off_of"], k["off_if_native"]) == (0, 2, 0.7)
+    assert "0 of 2 (a native run: 0.7)" in ke.table({"modes": [ex, k, rep]})
+
+
+def test_table_summarises_an_earlier_run_again_and_refuses_what_is_not_one(
+    ke: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ex, rep = native("exclusive", 1.0, 2.0, 40.0), native("exclusive2", 1.01, 2.0, 41.0)
+    krex = mode("krex8", [rec("a", raw=1.0, clean=True), rec("b", raw=2.0, clean=True)], 9.0, 8)
+    saved = tmp_path / "kb_eval.json"
+    saved.write_text(json.dumps({"modes": [ex, krex, rep]}))
+    monkeypatch.setattr("sys.argv", ["kb_eval.py", "--table", str(saved)])
+    assert ke.main() == 0
+    assert "0 of 2 (a native run: 0.7)" in capsys.readouterr().out
+    monkeypatch.setattr("sys.argv", ["kb_eval.py", "--table", str(tmp_path / "none.json")])
+    with pytest.raises(SystemExit) as e:
+        ke.main()
+    assert e.value.code == 2 and "not a kb_eval.py results file" in capsys.readouterr().err
 
 
 FAKE_CANDIDATE = """

@@ -21,7 +21,10 @@ in one fixed order (a shuffle seeded with SEED) in every mode:
 Results, per mode against exclusive: the verdicts (compiled, correct) that agree; each correct
 candidate's speedup, |difference| in % (p50, p95, max), and "off" where it exceeds the native
 repeat's difference for that candidate + 0.3 points (for krex modes over candidates whose
-timing regions were clean). The speedups are from the trials' unrounded means (the `raw`
+timing regions were clean), and beside it how many a third native run would be expected to
+have by the same rule (`off_if_native`: the share of ordered pairs of the native repeat's
+differences where one exceeds the other + 0.3 points, times the candidates compared; one native
+repeat is a noisy bound). The speedups are from the trials' unrounded means (the `raw`
 figures of the candidate's line); KernelBench's own, from the 3 significant digits its
 get_timing_stats keeps, are compared too (`_kb`): their rounding alone can move a speedup by
 up to ~1 %. Then each mode's wall clock and exclusive's over it (the whole set in both, else
@@ -277,6 +280,21 @@ def versus(m: dict[str, Any], ref: dict[str, dict[str, Any]], spread: dict[str, 
     m["speedup_diff_pct_abs"], m["speedup_diff_pct_abs_kb"] = _abs_q(diffs), _abs_q(diffs_kb)
     if m["mode"] != "exclusive2":
         m["off"], m["off_of"] = (off, compared) if spread else ("no native repeat", 0)
+        rate = off_rate_if_native(spread)
+        m["off_if_native"] = None if rate is None else round(rate * compared, 1)
+
+
+def off_rate_if_native(spread: dict[str, float]) -> float | None:
+    """How often a third native run would be called off by the same rule: over every ordered
+    pair of two candidates' native-repeat differences, the share where one exceeds the other +
+    OFF_MARGIN_PTS (one native run's difference standing in for the third run's, the other's
+    for the bound). A control for `off`, computed from this run's own figures; None with fewer
+    than two candidates."""
+    xs = list(spread.values())
+    pairs = [(a, b) for i, a in enumerate(xs) for j, b in enumerate(xs) if i != j]
+    if not pairs:
+        return None
+    return sum(a > b + kb_memory.OFF_MARGIN_PTS for a, b in pairs) / len(pairs)
 
 
 def summarise(modes: list[dict[str, Any]]) -> dict[str, Any]:
@@ -347,6 +365,8 @@ def table(doc: dict[str, Any]) -> str:
         off = m.get("off")
         if off is not None and not isinstance(off, str):
             off = f"{off} of {m.get('off_of')}"
+            if m.get("off_if_native") is not None:
+                off += f" (a native run: {m['off_if_native']:.1f})"
         figures = [q.get("p50"), q.get("p95"), q.get("max"), qk.get("max")]
         lines.append(
             f"{m['mode']:10} {m['ok']:>3} {m['failed']:>4} {m['not_run']:>3} {m['wall_s']:>6.0f} "
@@ -377,9 +397,22 @@ def main() -> int:
         metavar="KERNELBENCH_CHECKOUT",
         help="copy KernelBench's package and the candidates into --kb, and exit",
     )
+    ap.add_argument(
+        "--table",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="summarise an earlier run's results again and print its table (runs nothing)",
+    )
     args = ap.parse_args()
     if args.populate is not None:
         return populated(args.populate, args.kb)
+    if args.table is not None:
+        try:
+            modes = json.loads(args.table.read_text())["modes"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            ap.error(f"--table {args.table}: not a kb_eval.py results file ({e})")
+        print(table(summarise(modes)))
+        return 0
     if args.json is None:
         ap.error("--json is required")
     names = kb_memory.mode_names(ap, args.modes)

@@ -383,9 +383,10 @@ def test_verdicts_speedups_against_the_native_repeat_and_the_wall_clock(ke: Any)
 def test_how_often_a_native_run_would_be_called_off_by_the_same_rule(ke: Any) -> None:
     """The control for `off`: over ordered pairs of the native repeat's differences, the share
     where one exceeds the other + 0.3 points."""
-    assert ke.off_rate_if_native({"a": 0.0, "b": 1.0, "c": 2.0}) == pytest.approx(0.5)
-    assert ke.off_rate_if_native({"a": 0.1, "b": 0.35}) == 0.0  # 0.35 > 0.4: no
-    assert ke.off_rate_if_native({"a": 1.0}) is None and ke.off_rate_if_native({}) is None
+    rate = ke.kb_memory.off_rate_if_native
+    assert rate({"a": 0.0, "b": 1.0, "c": 2.0}) == pytest.approx(0.5)
+    assert rate({"a": 0.1, "b": 0.35}) == 0.0  # 0.35 > 0.4: no
+    assert rate({"a": 1.0}) is None and rate({}) is None
     ex, rep = native("exclusive", 1.0, 2.0, 40.0), native("exclusive2", 1.01, 2.0, 41.0)
     krex = mode("krex8", [rec("a", raw=1.0, clean=True), rec("b", raw=2.0, clean=True)], 9.0, 8)
     k = ke.summarise([ex, krex, rep])["modes"][1]

@@ -126,6 +126,8 @@ def test_summary_throughput_percent_differences_and_the_native_repeat_rule(kb: A
     assert c["diff_pct"] == pytest.approx(25.0) and "off" not in c  # unclean: not counted
     assert "diff_pct" not in d and e["diff_pct"] == 0 and "off" not in e  # e: no report
     assert (krex8["off"], krex8["off_of"]) == (1, 2)
+    # The control: spreads a 1 %, b, c, e 0 %: 3 of 12 ordered pairs off, over 2 compared.
+    assert krex8["off_if_native"] == 0.5
     assert krex8["diff_pct_abs_max"] == pytest.approx(25.0)
     assert "off" not in ex2 and ex2["diff_pct_abs_max"] == pytest.approx(1.0)
     # Without a native repeat the rule has nothing to go by, and says so.

@@ -280,21 +280,8 @@ def versus(m: dict[str, Any], ref: dict[str, dict[str, Any]], spread: dict[str, 
     m["speedup_diff_pct_abs"], m["speedup_diff_pct_abs_kb"] = _abs_q(diffs), _abs_q(diffs_kb)
     if m["mode"] != "exclusive2":
         m["off"], m["off_of"] = (off, compared) if spread else ("no native repeat", 0)
-        rate = off_rate_if_native(spread)
+        rate = kb_memory.off_rate_if_native(spread)
         m["off_if_native"] = None if rate is None else round(rate * compared, 1)
-
-
-def off_rate_if_native(spread: dict[str, float]) -> float | None:
-    """How often a third native run would be called off by the same rule: over every ordered
-    pair of two candidates' native-repeat differences, the share where one exceeds the other +
-    OFF_MARGIN_PTS (one native run's difference standing in for the third run's, the other's
-    for the bound). A control for `off`, computed from this run's own figures; None with fewer
-    than two candidates."""
-    xs = list(spread.values())
-    pairs = [(a, b) for i, a in enumerate(xs) for j, b in enumerate(xs) if i != j]
-    if not pairs:
-        return None
-    return sum(a > b + kb_memory.OFF_MARGIN_PTS for a, b in pairs) / len(pairs)
 
 
 def summarise(modes: list[dict[str, Any]]) -> dict[str, Any]:

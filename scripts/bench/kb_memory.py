@@ -485,6 +485,19 @@ def counts(records: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     return out
 
 
+def off_rate_if_native(spread: dict[str, float]) -> float | None:
+    """How often a third native run would be called off by the same rule: over every ordered
+    pair of two commands' native-repeat differences, the share where one exceeds the other +
+    OFF_MARGIN_PTS (one native run's difference standing in for the third run's, the other's
+    for the bound). A control for `off`, computed from this run's own figures; None with fewer
+    than two candidates."""
+    xs = list(spread.values())
+    pairs = [(a, b) for i, a in enumerate(xs) for j, b in enumerate(xs) if i != j]
+    if not pairs:
+        return None
+    return sum(a > b + OFF_MARGIN_PTS for a, b in pairs) / len(pairs)
+
+
 def summarise(modes: list[dict[str, Any]], capacity_bytes: float | None = None) -> dict[str, Any]:
     """Throughput against exclusive, and each command's median against its exclusive median:
     a % difference, and whether it is off by more than the native repeat's spread (exclusive2
@@ -531,6 +544,8 @@ def summarise(modes: list[dict[str, Any]], capacity_bytes: float | None = None) 
         else:
             m["off"] = off
             m["off_of"] = compared  # clean (krex) or all (native) commands with a repeat
+            rate = off_rate_if_native(spread)
+            m["off_if_native"] = None if rate is None else round(rate * compared, 1)
     return {
         "modes": modes,
         "native_spread_pct": spread or None,
@@ -617,6 +632,8 @@ def table(doc: dict[str, Any]) -> str:
         off = m.get("off")
         if off is not None and not isinstance(off, str):
             off = f"{off} of {m.get('off_of')}"
+            if m.get("off_if_native") is not None:
+                off += f" (a native run: {m['off_if_native']:.1f})"
         lines.append(
             f"{m['mode']:10} {m['ok']:>3} {m['failed']:>4} {m['oom']:>3} {m['not_run']:>3} "
             f"{m['wall_s']:>6.0f} {m['cmds_per_min_ok']:>6.1f} "

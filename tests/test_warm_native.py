@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -366,3 +367,29 @@ def table_line(r: Any) -> str:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def test_the_gpu_harness_krex_reaches_its_own_dependencies_whatever_a_probe_sets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """scripts/gpu/warm_native_check.py on the GPU box, where krex and cffi are importable only
+    through the harness's PYTHONPATH: a probe that sets its own PYTHONPATH (sys_path,
+    sitecustomize) or a minimal environment must not take them from `krex run` itself (on the
+    H100, 2026-12-05: "No module named '_cffi_backend'", cold and warm alike)."""
+    # An interpreter of this Python's version outside this environment, without click or cffi.
+    name = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    found = [p for d in ("/usr/bin", "/usr/local/bin") if Path(p := f"{d}/{name}").exists()]
+    bare = next((p for p in found if subprocess.run([p, "-c", "import click"]).returncode), None)
+    if bare is None:
+        pytest.skip(f"needs a {name} without krex's dependencies")
+    from conftest import load_script
+
+    check = load_script("scripts/gpu/warm_native_check.py")
+    site = [p for p in sys.path if p.endswith("site-packages")]
+    monkeypatch.setattr(sys, "executable", bare)
+    monkeypatch.setenv("PYTHONPATH", ":".join(site))
+    script = check.as_installed(tmp_path)
+    assert script is not None
+    for env in ({"PYTHONPATH": str(tmp_path / "site")}, {}):
+        run = subprocess.run([script, "run", "--help"], env=env, capture_output=True, text=True)
+        assert run.returncode == 0 and "Usage" in run.stdout, run.stderr[-2000:]

@@ -114,10 +114,27 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     from krex.core.tenants import TenantsError, recover
 
     for root in _group_roots() - before:
-        if _daemon_lives(root):
+        if _daemon_lives(root) or _test_process_lives(root):
             continue  # another session's (tests of two checkouts at once): not ours to thaw
         with contextlib.suppress(TenantsError, OSError):
             recover(root)
+
+
+def _test_process_lives(root: str) -> bool:
+    """Whether `root` is a test's own group root (tests/test_tenants.py's Env: krex-test-PID-N)
+    whose process still runs: this session's workers have ended by now, so it is another
+    session's, whose groups recover() would remove under it (seen: a CI run's test failed
+    with its group gone when a second pytest on the machine ended)."""
+    parts = root.split("-")
+    if len(parts) != 4 or parts[:2] != ["krex", "test"] or not parts[2].isdigit():
+        return False
+    try:
+        os.kill(int(parts[2]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _daemon_lives(root: str) -> bool:

@@ -107,3 +107,17 @@ def test_the_size_rule_counts_what_it_limits() -> None:
     functions, classes = _sizes(ast.parse(f"@dec\ndef long():\n{body}\n\nclass C:\n{methods}\n"))
     assert functions[0] == ("long", MAX_FUNCTION_LINES + 1)
     assert classes == [("C", MAX_METHODS + 1)]
+
+
+def test_krex_run_starts_without_the_daemons_modules() -> None:
+    """Every command pays `krex run`'s start-up: the client imports neither asyncio (the
+    daemon's streams, ~20 ms of CPU) nor the daemon's package."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, krex.cli\nfrom krex.client import run\n"
+        "print(sorted(m for m in sys.modules if m == 'asyncio' or m.startswith('krex.daemon')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -12,12 +12,14 @@ client and a pool worker speak length-prefixed JSON with file descriptors (`send
 from __future__ import annotations
 
 import array
-import asyncio
 import json
 import os
 import socket
 import struct
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
+
+if TYPE_CHECKING:  # the daemon's streams; `krex run` (a client) never imports asyncio
+    import asyncio
 
 from krex.core.errors import ProtocolError
 

@@ -122,12 +122,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 def _test_process_lives(root: str) -> bool:
     """Whether `root` is a test's own group root (tests/test_tenants.py's Env: krex-test-PID-N)
-    whose process still runs: this session's workers have ended by now, so it is another
-    session's, whose groups recover() would remove under it (seen: a CI run's test failed
-    with its group gone when a second pytest on the machine ended)."""
+    whose process still runs and is not this one: this session's workers have ended by now,
+    so it is another session's, whose groups recover() would remove under it (seen: a CI
+    run's test failed with its group gone when a second pytest on the machine ended)."""
     parts = root.split("-")
     if len(parts) != 4 or parts[:2] != ["krex", "test"] or not parts[2].isdigit():
         return False
+    if int(parts[2]) == os.getpid():
+        return False  # a session without workers: its own
     try:
         os.kill(int(parts[2]), 0)
     except ProcessLookupError:

@@ -11,7 +11,13 @@ from conftest import _test_process_lives
 
 
 def test_a_test_root_of_a_live_process_is_another_sessions() -> None:
-    assert _test_process_lives(f"krex-test-{os.getpid()}-3")
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert _test_process_lives(f"krex-test-{other.pid}-3")
+    finally:
+        other.kill()
+        other.wait()
+    assert not _test_process_lives(f"krex-test-{os.getpid()}-3")  # a session without workers
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     assert not _test_process_lives(f"krex-test-{gone.pid}-3")  # its session has ended

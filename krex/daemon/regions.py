@@ -253,7 +253,7 @@ class Regions:
                 _fail(req, "the region ended while waiting")
                 return
             r.t_setup = r.t_setup or time.monotonic()
-            beside: list[asyncio.Future[Any]] = []  # the pin and the audit, beside the steps
+            beside: list[asyncio.Future[Any]] = []  # the pin (beside the steps), then the audit
             try:
                 r.room_s += await _make_room(self.room, gpu, t)
                 # The owner moves onto this GPU's region cores beside the gate, drain and
@@ -570,8 +570,8 @@ def _record(r: Region, t_end: float, m: Machinery) -> dict[str, Any]:
         "duration_s": t_end - r.t_grant if r.granted else 0.0,
         "exit_s": r.exit_s,
         # Where entry_s and exit_s went, step by step (docs/architecture.md, "What a region
-        # record says"): the pin and the audit run beside the gate, drain and freeze, so the
-        # entry steps do not add up to entry_s.
+        # record says"): the pin runs beside the gate, drain, freeze and settle, and the audit
+        # beside the samples, so the entry steps do not add up to entry_s.
         "entry_steps_s": _entry_steps(r),
         "exit_steps_s": dict(r.exit_steps),
         "clean": r.clean,

@@ -51,8 +51,8 @@ SIBLING = ROOT / "scripts" / "bench" / "region_sibling.py"
 KINDS = ("idle", "launching", "compiling", "memwait")
 FREEZES = ("all", "contexts")  # regions.freeze
 FIELDS = ("entry_s", "wait_s", "room_s", "drain_s", "freeze_s", "settle_s", "exit_s")
-# The records' step by step split of entry_s and exit_s (the pin and the audit run beside the
-# gate, drain and freeze: entry's steps do not add up to entry_s).
+# The records' step by step split of entry_s and exit_s (the pin runs beside the gate, drain
+# and freeze, the audit beside the samples: entry's steps do not add up to entry_s).
 STEPS = {
     "entry_steps_s": ("quiesce", "drain", "freeze", "pin", "audit", "sample"),
     "exit_steps_s": ("audit", "pin_back", "thaw", "open"),
@@ -201,7 +201,7 @@ def table(kinds: list[dict[str, Any]]) -> str:
             continue
         cells = " ".join(f"{k[f]['p50_ms']:>8.1f}/{k[f]['p95_ms']:<8.1f}" for f in FIELDS)
         lines.append(f"{what} {k['clean']:>3}/{k['regions']:<3} {k['awake']:>5} {cells}")
-    lines += ["", "step by step, p50/p95 ms (entry: pin and audit beside the others; exit)"]
+    lines += ["", "step by step, p50/p95 ms (entry: the pin beside the others; exit)"]
     names = [(key, s) for key, steps in STEPS.items() for s in steps]
     lines.append(f"{'kind':<10} {'freeze':<8} " + " ".join(
         f"{('exit ' if key.startswith('exit') else '') + s:>13}" for key, s in names

@@ -291,7 +291,7 @@ def test_accounting_never_frees_a_slot_it_has_not_read(
     from krex.daemon.model import Tenant
     from krex.daemon.segments import Segments
 
-    segs = Segments(unique("krex-acct"), 1, 8, root="krex-test-acct")
+    segs = Segments(unique("krex-acct"), 1, 8, root=f"krex-test-{os.getpid()}-acct")
     tenant = Tenant(id=5, gpu=0, argv=[], group=None, region_timeout_s=60.0, t_admit=0.0)  # type: ignore[arg-type]
     try:
         env = node.env(tenant=5, KREX_SHM=segs.gates.name)
@@ -337,7 +337,7 @@ def test_accounting_folds_a_dead_slot_once_and_never_one_being_claimed(
     from krex.daemon.model import Tenant
     from krex.daemon.segments import Segments
 
-    segs = Segments(unique("krex-acct"), 1, 8, root="krex-test-acct")
+    segs = Segments(unique("krex-acct"), 1, 8, root=f"krex-test-{os.getpid()}-acct")
     tenant = Tenant(id=5, gpu=0, argv=[], group=None, region_timeout_s=60.0, t_admit=0.0)  # type: ignore[arg-type]
     try:
         env = node.env(tenant=5, KREX_SHM=segs.gates.name)
@@ -386,7 +386,7 @@ def test_a_process_that_reclaims_a_dead_slot_of_its_tenant_carries_its_counters(
     from krex.daemon.model import Tenant
     from krex.daemon.segments import Segments
 
-    segs = Segments(unique("krex-reclaim"), 1, 8, root="krex-test-reclaim")
+    segs = Segments(unique("krex-reclaim"), 1, 8, root=f"krex-test-{os.getpid()}-reclaim")
     tenant = Tenant(id=5, gpu=0, argv=[], group=None, region_timeout_s=60.0, t_admit=0.0)  # type: ignore[arg-type]
     try:
         seg = segs.create(5, 1)  # the tenant's slot segment, of one slot

@@ -91,7 +91,6 @@ class Region:
     exit_s: float = 0.0  # its end: audits, pin back, thaw, gates open (measured)
     exit_steps: dict[str, float] = field(default_factory=dict)  # exit_s by step
     steps: dict[str, float] = field(default_factory=dict)  # set-up steps' own seconds
-    drain_s: float = 0.0  # measured: quiesce and drain, over its GPUs
     freeze_s: float = 0.0  # measured
     awake: int = 0  # siblings' processes its freezes left running (regions.freeze = contexts)
     settle_s: float = 0.0  # waited after the freeze for the GPU to settle (region_settle_s)
@@ -119,6 +118,11 @@ class Region:
     @property
     def granted(self) -> bool:
         return self.t_grant > 0
+
+    @property
+    def drain_s(self) -> float:
+        """Measured: quiesce and drain, over its GPUs."""
+        return self.steps.get("quiesce", 0.0) + self.steps.get("drain", 0.0)
 
     @property
     def clean(self) -> bool:

@@ -38,6 +38,7 @@ log = logging.getLogger("krex.regions")
 # A record's entry_steps_s: the protocol's steps (the pin begins after the room step and
 # runs beside quiesce, drain, freeze and settle).
 ENTRY_STEPS = ("room", "quiesce", "drain", "freeze", "pin", "audit", "settle", "sample")
+EXIT_STEPS = ("audit", "pin_back", "thaw", "open")  # a record's exit_steps_s, in order
 GATE_GRACE_S = 30.0  # blocked threads pass on their own this long after a region's time-out
 
 
@@ -99,7 +100,7 @@ class Regions:
         """Where t runs: the region cores of the GPUs its region holds, else the shared cores
         of its GPUs."""
         if t.region is not None and t.region.gpus and not t.region.ended:
-            return {c for i in t.region.gpus for c in self.gpus[i].slice.region_cores}
+            return _region_cores(self.gpus, t.region.gpus)
         return {c for i in t.gpus for c in self.gpus[i].slice.shared_cores}
 
     # Requests.
@@ -259,7 +260,7 @@ class Regions:
                 # The owner moves onto this GPU's region cores beside the gate, drain and
                 # freeze: they are nobody else's while its set-up runs (one region a GPU), and
                 # the owner only waits for its grant meanwhile.
-                cores = {c for i in {*r.gpus, gpu} for c in self.gpus[i].slice.region_cores}
+                cores = _region_cores(self.gpus, [*r.gpus, gpu])  # cores(t) once this GPU is r's
                 beside.append(_step(r, "pin", self.m.pin, t, cores))
                 hold = await _close_and_drain(self.m, gpu, r, skip=self.still_frozen())
                 await self._freeze(gpu, r, siblings)
@@ -337,7 +338,6 @@ class Regions:
         _, problems, r.clocks[gpu], r.memory[gpu] = await asyncio.gather(*beside)
         # Not gated, not drained, not frozen: the region cannot vouch for the GPU.
         r.problems += problems
-        r.drain_s += hold.quiesce_s + hold.drain_s
         _add(r.steps, "quiesce", hold.quiesce_s)
         _add(r.steps, "drain", hold.drain_s)
 
@@ -426,9 +426,9 @@ class Regions:
         t3 = time.monotonic()
         for i in reversed(r.gpus):
             self.m.open_gate(i)
-        r.exit_s = time.monotonic() - t_end
-        r.exit_steps = {"audit": t1 - t_end, "pin_back": t2 - t1, "thaw": t3 - t2,
-                        "open": t_end + r.exit_s - t3}  # fmt: skip
+        t4 = time.monotonic()
+        r.exit_s = t4 - t_end
+        r.exit_steps = dict(zip(EXIT_STEPS, (t1 - t_end, t2 - t1, t3 - t2, t4 - t3), strict=True))
         r.record = _record(r, t_end, self.m)
         if any(w["name"] == "gpu_capped" for w in r.record["warnings"]):
             t.power_capped = True  # its later regions settle (_settle)
@@ -465,6 +465,10 @@ class Regions:
         if not t.gone:
             with contextlib.suppress(KrexError):
                 self.m.pin(t, self.cores(t))
+
+
+def _region_cores(gpus: Sequence[Gpu], held: Sequence[int]) -> set[int]:
+    return {c for i in held for c in gpus[i].slice.region_cores}
 
 
 def _add(steps: dict[str, float], name: str, seconds: float) -> None:

@@ -280,8 +280,7 @@ def versus(m: dict[str, Any], ref: dict[str, dict[str, Any]], spread: dict[str, 
     m["speedup_diff_pct_abs"], m["speedup_diff_pct_abs_kb"] = _abs_q(diffs), _abs_q(diffs_kb)
     if m["mode"] != "exclusive2":
         m["off"], m["off_of"] = (off, compared) if spread else ("no native repeat", 0)
-        rate = kb_memory.off_rate_if_native(spread)
-        m["off_if_native"] = None if rate is None else round(rate * compared, 1)
+        m["off_if_native"] = kb_memory.off_if_native(spread, compared)
 
 
 def summarise(modes: list[dict[str, Any]]) -> dict[str, Any]:
@@ -349,11 +348,7 @@ def table(doc: dict[str, Any]) -> str:
     for m in modes:
         q, qk = m.get("speedup_diff_pct_abs") or {}, m.get("speedup_diff_pct_abs_kb") or {}
         agree = "-" if "verdicts_of" not in m else f"{m['verdicts_agree']}/{m['verdicts_of']}"
-        off = m.get("off")
-        if off is not None and not isinstance(off, str):
-            off = f"{off} of {m.get('off_of')}"
-            if m.get("off_if_native") is not None:
-                off += f" (a native run: {m['off_if_native']:.1f})"
+        off = kb_memory.off_cell(m)
         figures = [q.get("p50"), q.get("p95"), q.get("max"), qk.get("max")]
         lines.append(
             f"{m['mode']:10} {m['ok']:>3} {m['failed']:>4} {m['not_run']:>3} {m['wall_s']:>6.0f} "

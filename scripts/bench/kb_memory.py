@@ -485,6 +485,24 @@ def counts(records: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     return out
 
 
+def off_if_native(spread: dict[str, float], compared: int) -> float | None:
+    """How many of `compared` commands a third native run would have off (off_rate_if_native's
+    share of them, to a tenth); None where the rate is unknown."""
+    rate = off_rate_if_native(spread)
+    return None if rate is None else round(rate * compared, 1)
+
+
+def off_cell(m: dict[str, Any]) -> str | None:
+    """A mode's "off" for a table: the count of those compared, and the native run's beside it."""
+    off = m.get("off")
+    if off is None or isinstance(off, str):
+        return off
+    native = m.get("off_if_native")
+    return f"{off} of {m.get('off_of')}" + (
+        "" if native is None else f" (a native run: {native:.1f})"
+    )
+
+
 def off_rate_if_native(spread: dict[str, float]) -> float | None:
     """How often a third native run would be called off by the same rule: over every ordered
     pair of two commands' native-repeat differences, the share where one exceeds the other +
@@ -544,8 +562,7 @@ def summarise(modes: list[dict[str, Any]], capacity_bytes: float | None = None) 
         else:
             m["off"] = off
             m["off_of"] = compared  # clean (krex) or all (native) commands with a repeat
-            rate = off_rate_if_native(spread)
-            m["off_if_native"] = None if rate is None else round(rate * compared, 1)
+            m["off_if_native"] = off_if_native(spread, compared)
     return {
         "modes": modes,
         "native_spread_pct": spread or None,
@@ -629,11 +646,7 @@ def table(doc: dict[str, Any]) -> str:
                  f"{'wait p95':>8} {'regions':>7} {'unclean':>7} {'drain':>5} "
                  f"{'|d|p50%':>7} {'|d|max%':>7}  off")  # fmt: skip
     for m in modes:
-        off = m.get("off")
-        if off is not None and not isinstance(off, str):
-            off = f"{off} of {m.get('off_of')}"
-            if m.get("off_if_native") is not None:
-                off += f" (a native run: {m['off_if_native']:.1f})"
+        off = off_cell(m)
         lines.append(
             f"{m['mode']:10} {m['ok']:>3} {m['failed']:>4} {m['oom']:>3} {m['not_run']:>3} "
             f"{m['wall_s']:>6.0f} {m['cmds_per_min_ok']:>6.1f} "

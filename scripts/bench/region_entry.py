@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 import memory_check  # noqa: E402
 
 from krex.core.paths import sim_library_dir  # noqa: E402
+from krex.daemon.regions import ENTRY_STEPS, EXIT_STEPS  # noqa: E402
 from krex.sim.simnode import remove as remove_sim_node  # noqa: E402
 
 SIBLING = ROOT / "scripts" / "bench" / "region_sibling.py"
@@ -54,8 +55,8 @@ FIELDS = ("entry_s", "wait_s", "room_s", "drain_s", "freeze_s", "settle_s", "exi
 # The records' step by step split of entry_s and exit_s (the pin runs beside the gate, drain
 # and freeze, the audit beside the samples: entry's steps do not add up to entry_s).
 STEPS = {
-    "entry_steps_s": ("quiesce", "drain", "freeze", "pin", "audit", "sample"),
-    "exit_steps_s": ("audit", "pin_back", "thaw", "open"),
+    "entry_steps_s": tuple(s for s in ENTRY_STEPS if s not in ("room", "settle")),  # in FIELDS
+    "exit_steps_s": EXIT_STEPS,
 }
 READY_S = 240.0  # a sibling's start (torch import, a first compile) on a loaded machine
 

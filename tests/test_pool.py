@@ -349,28 +349,30 @@ def test_cold_fallback_says_why(pool: Daemon, tmp_path: Path) -> None:
 
 def test_plan_reasons() -> None:
     py = sys.executable
+    # The workers started with this environment (a machine's own OPENBLAS_CORETYPE, say, is
+    # theirs too): only what a command changes decides.
     env = dict(os.environ)
-    ok = plan([py, "b.py", "x"], env, py, {})
+    ok = plan([py, "b.py", "x"], env, py, env)
     assert ok.warm and ok.invocation is not None and ok.invocation.args == ["x"]
-    assert not plan([py, "-X", "dev", "b.py"], env, py, {}).warm
-    assert "interactive" in plan([py], env, py, {}).reason
-    assert "-m without" in plan([py, "-m"], env, py, {}).reason
-    w = plan([py, "-W", "error", "-uB", "b.py"], env, py, {})
+    assert not plan([py, "-X", "dev", "b.py"], env, py, env).warm
+    assert "interactive" in plan([py], env, py, env).reason
+    assert "-m without" in plan([py, "-m"], env, py, env).reason
+    w = plan([py, "-W", "error", "-uB", "b.py"], env, py, env)
     assert w.warm and w.invocation is not None
     assert (w.invocation.warnings, w.invocation.unbuffered, w.invocation.dont_write_bytecode) == (
         ["error"],
         True,
         True,
     )
-    assert "another interpreter" in plan(["/bin/sh", "b.py"], env, py, {}).reason or (
-        plan(["/bin/sh", "b.py"], env, py, {}).reason == "not a Python command"
+    assert "another interpreter" in plan(["/bin/sh", "b.py"], env, py, env).reason or (
+        plan(["/bin/sh", "b.py"], env, py, env).reason == "not a Python command"
     )
-    other = plan([py, "b.py"], {**env, "CUDA_LAUNCH_BLOCKING": "1"}, py, {})
+    other = plan([py, "b.py"], {**env, "CUDA_LAUNCH_BLOCKING": "1"}, py, env)
     assert not other.warm and "CUDA_LAUNCH_BLOCKING" in other.reason
     unset = plan([py, "b.py"], {k: v for k, v in env.items() if k != "OMP_NUM_THREADS"}, py,
-                 {"OMP_NUM_THREADS": "4"})  # fmt: skip
+                 {**env, "OMP_NUM_THREADS": "4"})  # fmt: skip
     assert not unset.warm and "OMP_NUM_THREADS" in unset.reason
-    assert plan([py, "b.py"], {**env, "CUDA_VISIBLE_DEVICES": "3"}, py, {}).warm  # ours
+    assert plan([py, "b.py"], {**env, "CUDA_VISIBLE_DEVICES": "3"}, py, env).warm  # ours
 
 
 def test_sixteen_commands_at_once_all_run_warm_from_one_worker(tmp_path: Path) -> None:

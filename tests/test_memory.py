@@ -357,6 +357,35 @@ def test_nobody_able_to_free_is_a_deadlock_broken_within_a_second() -> None:
     assert region.preempted == []
 
 
+def test_a_deadlock_beside_a_region_waiting_for_room_is_broken_for_the_room() -> None:
+    """Seen on an H100 (2026-12-05, 8 warm KernelBench commands on a fresh daemon): every
+    command holding memory waited for more while a region waited for room, and nothing broke
+    the deadlock until the room's bound (10 s) ran out, three regions in a row: 35 s lost.
+    The region has frozen nobody yet, so the waiters' deadlock is broken as any other (its
+    owner, not waiting for memory but for the room, counts as waiting, and is no victim),
+    preempting as many as the room needs; on eaabccf nothing was preempted."""
+    node = Node(deadlock_s=30.0, owner=9, room=2)
+    node.view = [
+        slot(0, 1, held=3, want=3, since=1 * S),
+        slot(1, 2, held=1, want=3, since=2 * S),
+        slot(2, 3, held=1.5, want=3, since=3 * S),
+        slot(3, 9, held=4),  # the region's owner: in region_begin, waiting for room
+    ]
+    node.mem.state[0].room_for, node.mem.state[0].room_want = 9, 2 * GIB
+    node.mem.tick(10 * S)
+    node.mem.tick(10 * S + S // 2)
+    assert node.preempted == []  # not before ALL_WAITING_S
+    node.mem.tick(11 * S + 1)
+    # 0.5 GiB free: the youngest waiting holder (1.5 GiB) is enough for the 2 GiB of room.
+    assert [tid for tid, _ in node.preempted] == [3]
+    assert "every process holding memory waits" in node.preempted[0][1]
+    held = Node(deadlock_s=30.0, owner=9, room=2)
+    held.view = list(node.view)  # the same, but the region holds the GPU: nobody preempted
+    held.mem.tick(10 * S)
+    held.mem.tick(20 * S)
+    assert held.preempted == []
+
+
 def test_a_rerun_is_preempted_last() -> None:
     node = Node(reruns={3})
     node.view = [

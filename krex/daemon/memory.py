@@ -22,7 +22,8 @@ could have had the memory (shim/preload, docs/shim.md). This module is the daemo
 - Room for a region: before a region's gate closes, its owner waits (at most `room_wait_s`)
   until the GPU has room for it free: `room` bytes, or what its processes gave back since
   their peak if more, since once its siblings are frozen nobody can free for it; meanwhile
-  memory freed is not handed to other waiters.
+  memory freed is not handed to other waiters, and a deadlock of the waiters is broken as
+  above (the owner counts as waiting), preempting as many as the room needs.
 - Admission: a GPU with waiters admits nobody; otherwise a command is admitted when the memory
   it is expected to need (`--mem`, else the peak learned from earlier runs of the same command,
   else the median of all learned peaks, else an eighth of the GPU less the headroom) fits
@@ -207,7 +208,8 @@ class Memory:
             if s.mem_want:
                 owner = self.node.region_owner(s.gpu)
                 waiters[s.gpu].append(Waiter(seg, s, owner is not None and owner.id == s.tenant))
-            elif s.mem_bytes and not freeing[s.gpu]:
+            elif s.mem_bytes and s.tenant != self.state[s.gpu].room_for:
+                # (A command whose region waits for room waits too: for that memory.)
                 freeing[s.gpu] = True
         self._forget_ended(waiters)
         anyone = False
@@ -395,8 +397,11 @@ class Memory:
                 st.preempted_ns = now_ns
                 self.node.owner_stuck(gpu, (now_ns - head.slot.mem_since_ns) / 1e9)
             return
-        if self.node.region_owner(gpu) is not None:
+        owner = self.node.region_owner(gpu)
+        if owner is not None and owner.id != st.room_for:
             return  # a region holds the GPU: its frozen siblings free once it ends
+        # (A region still waiting for room has frozen nobody: the waiters' deadlock is broken
+        # as any other, else the region would wait its room_wait_s for memory nobody frees.)
         period = self.deadlock_ns if st.others_can_free else int(ALL_WAITING_S * 1e9)
         if stuck < period:
             return
@@ -405,7 +410,9 @@ class Memory:
         # command a period. The head's own command only if no other holds anything.
         waiting = {w.slot.tenant for w in st.waiters}
         holds = {t: self._others(gpu, t, by_tenant, pids, users)[0] for t in waiting}
-        short = _want(head.slot) - free
+        # (For a region waiting for room, that room: what is freed goes to it first, and the
+        # head's wait, frozen beside the region, is the next period's.)
+        short = (st.room_want if st.room_for else _want(head.slot)) - free
         chosen: list[int] = []
         for t in self.node.victims(gpu):
             if t.id not in waiting or holds.get(t.id, 0) <= 0 or t.id == head.slot.tenant:

@@ -209,6 +209,21 @@ def test_a_region_owner_stuck_behind_frozen_holders_ends_its_region() -> None:
     assert node.stuck == [(0, 2.000000001)] and node.preempted == [] and node.seg.denied == []
 
 
+def test_a_region_owner_joining_a_long_wait_is_let_retry_before_its_region_ends() -> None:
+    """Others have waited for seconds with nothing freed when the region's owner begins to
+    wait: it is let retry first, and its region ends only after ALL_WAITING_S of its own wait
+    (on the H100, 2026-12-05, three regions were revoked at the owner's first tick, "the owner
+    waited 0.0 s", before the retry it was granted could run)."""
+    node = Node(owner=7)
+    node.view = [slot(1, 2, held=5, want=4, since=1 * S)]  # 2 waits, frozen by 7's region
+    node.mem.tick(2 * S)
+    node.view.append(slot(0, 7, held=1, want=1, since=9 * S))
+    node.mem.tick(9 * S + S // 10)
+    assert node.seg.granted[-1] == 0 and node.stuck == []  # 4 GiB free: its retry may succeed
+    node.mem.tick(10 * S + 1)
+    assert node.stuck == [(0, 1.000000001)]
+
+
 def test_memory_coming_back_is_progress() -> None:
     node = Node()
     node.view = [slot(0, 1, held=4, want=3, since=1 * S), slot(1, 2, held=6, want=1, since=2 * S)]

@@ -392,8 +392,10 @@ class Memory:
         head = st.waiters[0]
         if head.owner:
             # A region's owner waits, and its frozen siblings cannot free until the region
-            # ends: end it (revoked, with the reason), so that they run and free.
-            if stuck >= ALL_WAITING_S * 1e9:
+            # ends: end it (revoked, with the reason), so that they run and free. Counted from
+            # its own wait's start, not from the others' (it is let retry first: what is free
+            # may serve it).
+            if now_ns - max(st.progress_ns, head.slot.mem_since_ns) >= ALL_WAITING_S * 1e9:
                 st.preempted_ns = now_ns
                 self.node.owner_stuck(gpu, (now_ns - head.slot.mem_since_ns) / 1e9)
             return

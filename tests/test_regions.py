@@ -657,8 +657,51 @@ def test_problems_make_a_region_unclean_with_the_reason() -> None:
         r = await regions.acquire(owner, plain_wait)
         assert not r.clean
         assert "tenant 2 did not freeze" in r.problems
-        assert any("4242" in p for p in r.problems)
-        assert regions.release(r, why="region_end")["clean"] is False
+        # The grant's audit runs beside the grant: what it found is in the record at the end.
+        rec = regions.release(r, why="region_end")
+        assert rec["clean"] is False and any("4242" in p for p in rec["problems"])
+        assert any("(at the region's end)" not in p and "4242" in p for p in rec["problems"])
+
+    run(main())
+
+
+def test_the_grant_does_not_wait_for_the_audit_and_the_record_has_what_it_found() -> None:
+    """Issue #53: the grant's audit and samples (NVML reads: tens of ms at the p95 beside busy
+    siblings on an H100, 2026-12-05) run beside the grant, not before it. Here the audit
+    blocks until the region is granted (before the change the grant waited for it: this
+    timed out); what it found is in the record when the region ends; an audit that fails
+    makes the region unclean, saying so."""
+
+    async def main() -> None:
+        regions, node, gpus = make()
+        owner = tenant(gpus, 1)
+        tenant(gpus, 2)
+        granted = threading.Event()
+        audit = node.audit
+
+        def slow_audit(gpu: int, t: Tenant, since: float | None = None) -> list[str]:
+            if since is None:  # the grant's, not the end's
+                assert granted.wait(10), "the grant waited for the audit"
+                node.foreigners[0] = {777}
+            return audit(gpu, t, since)
+
+        node.audit = slow_audit  # type: ignore[method-assign]
+        r = await regions.acquire(owner, plain_wait)
+        granted.set()
+        rec = regions.release(r, why="region_end")
+        assert rec["clean"] is False and any("[777]" in p for p in rec["problems"])
+        assert rec["sm_clock_mhz"] == [1980, 1980]  # the grant's sample, joined
+
+        def broken(gpu: int, t: Tenant, since: float | None = None) -> list[str]:
+            if since is None:
+                raise OSError("NVML went away")
+            return []
+
+        node.foreigners.clear()
+        node.audit = broken  # type: ignore[method-assign]
+        rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
+        assert rec["clean"] is False
+        assert any("audit did not complete (NVML went away)" in p for p in rec["problems"])
 
     run(main())
 

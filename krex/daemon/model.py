@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,9 @@ class Region:
     deferred: list[Tenant] = field(default_factory=list)
     clocks: dict[int, dict[str, int] | None] = field(default_factory=dict)  # at each grant
     memory: dict[int, tuple[int, int] | None] = field(default_factory=dict)  # at each grant
+    # The grant's audit and samples per GPU, running beside the grant (krex/daemon/regions.py,
+    # _join_checks): joined into problems, clocks and memory when the region ends.
+    checks: list[Future[Any]] = field(default_factory=list)
     holders: int = 1  # connections of the owner in it (other threads nest)
     pids: list[int] = field(default_factory=list)  # the owner's processes that asked, in order
     calls: dict[str, int] = field(default_factory=dict)  # what its holders' markers were

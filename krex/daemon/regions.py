@@ -21,6 +21,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from krex.core import wire
@@ -36,8 +37,10 @@ from krex.daemon.tasks import spawn
 log = logging.getLogger("krex.regions")
 
 # A record's entry_steps_s: the protocol's steps (the pin begins after the room step and
-# runs beside quiesce, drain, freeze and settle).
+# runs beside quiesce, drain, freeze and settle; the audit and the sample run beside the grant).
 ENTRY_STEPS = ("room", "quiesce", "drain", "freeze", "pin", "audit", "settle", "sample")
+# The grant's audit and samples are joined at the region's end; past this they count as failed.
+CHECKS_WAIT_S = 5.0
 EXIT_STEPS = ("audit", "pin_back", "thaw", "open")  # a record's exit_steps_s, in order
 GATE_GRACE_S = 30.0  # blocked threads pass on their own this long after a region's time-out
 
@@ -74,6 +77,9 @@ class Regions:
         self.room = room
         self.on_record = on_record  # each ended region's record (metrics)
         self._q = [_Queue() for _ in gpus]
+        # The grant's audit and samples (NVML reads), off the event loop and off the grant's
+        # path: their own threads, joined when the region ends.
+        self._checks = ThreadPoolExecutor(max_workers=4, thread_name_prefix="krex-grant-check")
 
     # What others read.
     def held(self, gpu: int) -> Region | None:
@@ -325,19 +331,15 @@ class Regions:
         self, gpu: int, r: Region, hold: Hold, beside: list[asyncio.Future[Any]]
     ) -> None:
         """Step 5, once frozen and settled: the GPU is r's when the owner is on its region cores
-        (the pin, begun beside the earlier steps, in `beside`), the GPU audited and the grant's
-        samples read. The audit and the samples are NVML reads (a few calls each, outside the
-        GIL): at once, off the event loop."""
+        (the pin, begun beside the earlier steps, in `beside`). The GPU's audit and the grant's
+        samples (NVML reads, a few ms each, tens beside busy siblings on an H100) begin now and
+        run beside the grant: what they find goes into the record when the region ends
+        (_join_checks), so they never delay the owner. The siblings are frozen and drained
+        by now, so what the audit sees a few ms later is what was there at the grant."""
         r.gpus.append(gpu)
         r.epochs[gpu] = hold.epoch
-        beside += [
-            _step(r, "audit", self.m.audit, gpu, r.tenant),
-            _step(r, "sample", self.m.clock, gpu),
-            _step(r, "sample", self.m.memory_split, gpu, r.tenant),
-        ]
-        _, problems, r.clocks[gpu], r.memory[gpu] = await asyncio.gather(*beside)
-        # Not gated, not drained, not frozen: the region cannot vouch for the GPU.
-        r.problems += problems
+        r.checks.append(self._checks.submit(_grant_checks, self.m, gpu, r.tenant))
+        await asyncio.gather(*beside)
         _add(r.steps, "quiesce", hold.quiesce_s)
         _add(r.steps, "drain", hold.drain_s)
 
@@ -400,6 +402,7 @@ class Regions:
         t, t_end = r.tenant, time.monotonic()
         if r.timer is not None:
             r.timer.cancel()
+        _join_checks(r)
         r.revoked = r.revoked or revoked
         if revoked and r.granted and why not in r.problems:
             # Its owner still times: what ran after the gate opened was not protected.
@@ -473,6 +476,43 @@ def _region_cores(gpus: Sequence[Gpu], held: Sequence[int]) -> set[int]:
 
 def _add(steps: dict[str, float], name: str, seconds: float) -> None:
     steps[name] = steps.get(name, 0.0) + seconds
+
+
+def _grant_checks(
+    m: Machinery, gpu: int, owner: Tenant
+) -> tuple[int, list[str], Any, Any, dict[str, float]]:
+    """In a worker thread, beside the grant: the grant's clock sample first (nearest the grant),
+    then the owner's and others' memory, then the audit (what may run beside the owner without
+    krex's say: foreign processes, processes with no shim). Returns them with each one's own
+    seconds."""
+    t0 = time.monotonic()
+    clock = m.clock(gpu)
+    memory = m.memory_split(gpu, owner)
+    t2 = time.monotonic()
+    problems = m.audit(gpu, owner)
+    t3 = time.monotonic()
+    return gpu, problems, clock, memory, {"sample": t2 - t0, "audit": t3 - t2}
+
+
+def _join_checks(r: Region) -> None:
+    """At the region's end, on the event loop: the grant's checks into r (they take a few ms,
+    so they are done unless the region was shorter; then this waits for them, at most
+    CHECKS_WAIT_S: one that fails or does not end makes the region unclean, with the reason)."""
+    for f in r.checks:
+        try:
+            gpu, problems, clock, memory, took = f.result(timeout=CHECKS_WAIT_S)
+        except Exception as e:  # any failure is the record's, not the daemon's
+            r.problems.append(f"the grant's audit did not complete ({e or type(e).__name__})")
+            continue
+        r.clocks[gpu], r.memory[gpu] = clock, memory
+        # Not gated, not drained, not frozen: the region cannot vouch for the GPU.
+        r.problems += problems
+        if problems:
+            why = "; ".join(problems)
+            log.warning("region of tenant %d on GPU %d is unclean: %s", r.tenant.id, gpu, why)
+        for name, seconds in took.items():
+            _add(r.steps, name, seconds)
+    r.checks.clear()
 
 
 def _step(r: Region, name: str, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:

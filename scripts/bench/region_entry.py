@@ -53,7 +53,8 @@ KINDS = ("idle", "launching", "compiling", "memwait")
 FREEZES = ("all", "contexts")  # regions.freeze
 FIELDS = ("entry_s", "wait_s", "room_s", "drain_s", "freeze_s", "settle_s", "exit_s")
 # The records' step by step split of entry_s and exit_s (the pin runs beside the gate, drain
-# and freeze, the audit beside the samples: entry's steps do not add up to entry_s).
+# and freeze; the audit and the samples beside the grant since 2026-12-05, so not in entry_s:
+# entry's steps do not add up to entry_s).
 STEPS = {
     "entry_steps_s": tuple(s for s in ENTRY_STEPS if s not in ("room", "settle")),  # in FIELDS
     "exit_steps_s": EXIT_STEPS,
@@ -202,7 +203,8 @@ def table(kinds: list[dict[str, Any]]) -> str:
             continue
         cells = " ".join(f"{k[f]['p50_ms']:>8.1f}/{k[f]['p95_ms']:<8.1f}" for f in FIELDS)
         lines.append(f"{what} {k['clean']:>3}/{k['regions']:<3} {k['awake']:>5} {cells}")
-    lines += ["", "step by step, p50/p95 ms (entry: the pin beside the others; exit)"]
+    head = "step by step, p50/p95 ms (entry: the pin beside the others, audit and sample beside"
+    lines += ["", f"{head} the grant; exit)"]
     names = [(key, s) for key, steps in STEPS.items() for s in steps]
     lines.append(f"{'kind':<10} {'freeze':<8} " + " ".join(
         f"{('exit ' if key.startswith('exit') else '') + s:>13}" for key, s in names

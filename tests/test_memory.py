@@ -430,6 +430,23 @@ def test_a_region_waiting_for_room_keeps_freed_memory() -> None:
     assert node.seg.granted == [1]  # 6.5 GiB free: room enough, the waiter may retry
 
 
+def test_a_waiter_is_not_let_take_the_room_a_region_waits_for() -> None:
+    """While a region waits for 2 GiB of room, 3 GiB are free: enough for the head's 3 GiB or
+    for the room, not both. The head is not let retry (before, it was, whenever the room alone
+    was free, and a retry that won took the room away again)."""
+    node = Node(room=2)
+    node.view = [slot(0, 1, held=4, want=3, since=1 * S), slot(1, 2, held=3)]
+    node.mem.state[0].room_for, node.mem.state[0].room_want = 9, 2 * GIB
+    node.mem.tick(10 * S)
+    assert node.seg.granted == []
+    node.view[1] = dataclasses.replace(node.view[1], mem_bytes=int(1.5 * GIB))  # 4.5 free
+    node.mem.tick(10 * S + 1)
+    assert node.seg.granted == []  # 4.5 - 2 < 3
+    node.view[1] = dataclasses.replace(node.view[1], mem_bytes=GIB)  # 5 free: both fit
+    node.mem.tick(10 * S + 2)
+    assert node.seg.granted == [0]
+
+
 def test_a_wait_the_whole_command_could_not_win_alone_is_denied_at_once() -> None:
     """Issue #47, 6: "would it fit alone" is judged for the command, all its processes: its
     child holds 6 GiB of 10, its parent waits for 5 more; natively that fails at once, so under

@@ -298,6 +298,74 @@ def test_a_region_waits_for_room_before_it_freezes_the_holders(
     assert "waited" in d.log.read_text() and "room in device memory" in d.log.read_text()
 
 
+# Holds FIRST MiB, then once the file GO exists asks for SECOND more (a caching allocator's
+# next block: what it holds it keeps), then frees both.
+GATED_HOG = textwrap.dedent("""
+    import ctypes, os, sys, time
+    from ctypes import byref, c_int, c_size_t, c_uint64, c_void_p
+    cu = ctypes.CDLL("libcuda.so.1")
+    assert cu.cuInit(0) == 0
+    dev, ctx = c_int(), c_void_p()
+    assert cu.cuDeviceGet(byref(dev), 0) == 0
+    assert cu.cuDevicePrimaryCtxRetain(byref(ctx), dev) == 0
+    assert cu.cuCtxSetCurrent(ctx) == 0
+    first, second, go = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    a, b = c_uint64(), c_uint64()
+    assert cu.cuMemAlloc_v2(byref(a), c_size_t(first << 20)) == 0
+    while not os.path.exists(go):
+        time.sleep(0.02)
+    assert cu.cuMemAlloc_v2(byref(b), c_size_t(second << 20)) == 0
+    time.sleep(0.2)
+    assert cu.cuMemFree_v2(a) == 0 and cu.cuMemFree_v2(b) == 0
+""")
+
+
+def test_a_deadlock_beside_a_region_waiting_for_room_is_broken_for_the_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #47, as an H100 showed it (docs/results/h100-wave3/2026-12-05-c/): two commands
+    hold 400 MiB each of 1 GiB; a third asks for a region with room for 300 MiB (not free:
+    it waits for room); then the two ask for 400 MiB more each: every holder waits. The
+    arbiter used to stand aside while a region was being set up, so the region waited out its
+    whole room_wait_s (60 s here) with nobody able to free. Now the deadlock is broken for the
+    room (one of the two preempted and run again): the region is granted long before its
+    bound, and every command succeeds."""
+    monkeypatch.setenv("KREX_SIM_MEM_BYTES", str(CAPACITY))
+    cfg = tmp_path / "krex.toml"
+    cfg.write_text("[memory]\ndeadlock_s = 30\nroom_gib = 0.3\nroom_wait_s = 60\n")
+    go = tmp_path / "go"
+    d = Daemon(tmp_path / "krex.sock", "--slots", "4", "--config", str(cfg))
+    d.start()
+    try:
+        with ThreadPoolExecutor(3) as ex:
+            hog = [sys.executable, "-c", GATED_HOG, "400", "400", str(go)]
+            hogs = [ex.submit(through, d, hog, tmp_path / f"hog{i}.json") for i in range(2)]
+            until(lambda: held(d) >= 800 * MIB, 60, "the two holders' 800 MiB", every_s=0.1)
+            owner = ex.submit(
+                through, d, memhog([10, 300], hold=0.1, region=True), tmp_path / "owner.json"
+            )
+
+            def room_wait() -> bool:
+                g = (d.status() or {})["gpus"][0]
+                return bool(g["memory"].get("region_waits_for_room"))
+
+            until(room_wait, 60, "the owner's region waiting for room", every_s=0.05)
+            go.touch()  # now every holder asks for more: nobody can free
+            rh, ro = [h.result() for h in hogs], owner.result()
+    finally:
+        d.stop()
+    assert [r["rc"] for r in rh] == [0, 0] and ro["rc"] == 0, [r["err"][-400:] for r in rh]
+    # Before: the room's 60 s ran out, the region was revoked at once and its owner
+    # preempted with the others, its rerun's region clean: so the owner must have run once.
+    assert not ro["report"].get("attempts"), ro["report"].get("attempts")
+    (region,) = ro["report"]["regions"]
+    assert region["room_s"] < 30, region  # broken for the room, not its 60 s bound run out
+    assert region["clean"] and not region["revoked"], region
+    preempted = [r["report"] for r in rh if r["report"].get("attempts")]
+    assert preempted, [r["report"] for r in rh]  # one of the two ran again
+    assert "every process holding memory waits" in d.log.read_text()
+
+
 def test_a_wait_for_memory_shows_in_status_and_top(memd: Daemon, tmp_path: Path) -> None:
     """While one command holds 800 MiB, another's 400 MiB allocation waits: `krex status`
     shows who waits and for how long, and `krex top` shows it in its tables."""

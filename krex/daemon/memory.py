@@ -247,8 +247,9 @@ class Memory:
         over is told so: it waits for its turn instead of retrying on its own."""
         granted: set[int] = set()
         head = live[0]
-        if not st.room_for or head.owner or free >= st.room_want:
-            # (While a region waits for room, what is freed stays free for it.)
+        if not st.room_for or head.owner or free - st.room_want >= _want(head.slot):
+            # (While a region waits for room, what is freed stays free for it: the head may
+            # retry only where what it asks for leaves that room.)
             granted.add(id(head))
             left = free - _want(head.slot) if _want(head.slot) <= free else free
             pack = not (head.owner or st.room_for or _want(head.slot) <= free)

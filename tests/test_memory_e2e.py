@@ -31,16 +31,19 @@ CAPACITY = 1024 * MIB
 # then frees everything. "cache": like a caching allocator, on an out-of-memory error it frees
 # what it keeps cached (its first allocation) and tries again, once; "retry": tries again once
 # with nothing to free (PyTorch's allocator with an empty cache); "plain" just fails.
-MEMHOG = textwrap.dedent("""
-    import ctypes, json, sys, time
+# (The simulated driver, a context current: how each program here begins.)
+CONTEXT = textwrap.dedent("""
+    import ctypes, json, os, sys, time
     from ctypes import byref, c_int, c_size_t, c_uint64, c_void_p
-    import krex
     cu = ctypes.CDLL("libcuda.so.1")
     assert cu.cuInit(0) == 0
     dev, ctx = c_int(), c_void_p()
     assert cu.cuDeviceGet(byref(dev), 0) == 0
     assert cu.cuDevicePrimaryCtxRetain(byref(ctx), dev) == 0
     assert cu.cuCtxSetCurrent(ctx) == 0
+""")
+MEMHOG = CONTEXT + textwrap.dedent("""
+    import krex
     steps = [int(x) for x in sys.argv[1].split(",")]
     hold, kind, region = float(sys.argv[2]), sys.argv[3], sys.argv[4] == "region"
     ptrs, cached = [], None
@@ -300,15 +303,7 @@ def test_a_region_waits_for_room_before_it_freezes_the_holders(
 
 # Holds FIRST MiB, then once the file GO exists asks for SECOND more (a caching allocator's
 # next block: what it holds it keeps), then frees both.
-GATED_HOG = textwrap.dedent("""
-    import ctypes, os, sys, time
-    from ctypes import byref, c_int, c_size_t, c_uint64, c_void_p
-    cu = ctypes.CDLL("libcuda.so.1")
-    assert cu.cuInit(0) == 0
-    dev, ctx = c_int(), c_void_p()
-    assert cu.cuDeviceGet(byref(dev), 0) == 0
-    assert cu.cuDevicePrimaryCtxRetain(byref(ctx), dev) == 0
-    assert cu.cuCtxSetCurrent(ctx) == 0
+GATED_HOG = CONTEXT + textwrap.dedent("""
     first, second, go = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     a, b = c_uint64(), c_uint64()
     assert cu.cuMemAlloc_v2(byref(a), c_size_t(first << 20)) == 0

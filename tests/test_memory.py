@@ -394,6 +394,12 @@ def test_a_deadlock_beside_a_region_waiting_for_room_is_broken_for_the_room() ->
     # 0.5 GiB free: the youngest waiting holder (1.5 GiB) is enough for the 2 GiB of room.
     assert [tid for tid, _ in node.preempted] == [3]
     assert "every process holding memory waits" in node.preempted[0][1]
+    own = Node(deadlock_s=30.0, owner=9, room=2)
+    own.view = [*node.view[:3], slot(3, 9, held=4, want=1, since=4 * S)]  # 9's child waits too
+    own.mem.state[0].room_for, own.mem.state[0].room_want = 9, 2 * GIB
+    own.mem.tick(10 * S)
+    own.mem.tick(11 * S + 1)
+    assert [tid for tid, _ in own.preempted] == [3] and own.stuck == []
     held = Node(deadlock_s=30.0, owner=9, room=2)
     held.view = list(node.view)  # the same, but the region holds the GPU: nobody preempted
     held.mem.tick(10 * S)

@@ -391,7 +391,7 @@ class Memory:
     ) -> None:
         stuck = now_ns - max(st.progress_ns, st.preempted_ns)
         head = st.waiters[0]
-        if head.owner:
+        if head.owner and head.slot.tenant != st.room_for:
             # A region's owner waits, and its frozen siblings cannot free until the region
             # ends: end it (revoked, with the reason), so that they run and free. Counted from
             # its own wait's start, not from the others' (it is let retry first: what is free
@@ -404,7 +404,8 @@ class Memory:
         if owner is not None and owner.id != st.room_for:
             return  # a region holds the GPU: its frozen siblings free once it ends
         # (A region still waiting for room has frozen nobody: the waiters' deadlock is broken
-        # as any other, else the region would wait its room_wait_s for memory nobody frees.)
+        # as any other, else the region would wait its room_wait_s for memory nobody frees;
+        # so too where a process of its own owner is the head.)
         period = self.deadlock_ns if st.others_can_free else int(ALL_WAITING_S * 1e9)
         if stuck < period:
             return

@@ -679,11 +679,11 @@ def test_the_grant_does_not_wait_for_the_audit_and_the_record_has_what_it_found(
         granted = threading.Event()
         audit = node.audit
 
-        def slow_audit(gpu: int, t: Tenant, since: float | None = None) -> list[str]:
+        def slow_audit(gpu: int, owner: Tenant, since: float | None = None) -> list[str]:
             if since is None:  # the grant's, not the end's
                 assert granted.wait(10), "the grant waited for the audit"
                 node.foreigners[0] = {777}
-            return audit(gpu, t, since)
+            return audit(gpu, owner, since)
 
         node.audit = slow_audit  # type: ignore[method-assign]
         r = await regions.acquire(owner, plain_wait)
@@ -692,7 +692,7 @@ def test_the_grant_does_not_wait_for_the_audit_and_the_record_has_what_it_found(
         assert rec["clean"] is False and any("[777]" in p for p in rec["problems"])
         assert rec["sm_clock_mhz"] == [1980, 1980]  # the grant's sample, joined
 
-        def broken(gpu: int, t: Tenant, since: float | None = None) -> list[str]:
+        def broken(gpu: int, owner: Tenant, since: float | None = None) -> list[str]:
             if since is None:
                 raise OSError("NVML went away")
             return []

@@ -453,6 +453,26 @@ def test_a_waiter_is_not_let_take_the_room_a_region_waits_for() -> None:
     assert node.seg.granted == [0]
 
 
+def test_a_room_found_stays_kept_until_its_region_ends() -> None:
+    """The room found, the region's gate closes, its siblings drain and freeze: until then a
+    waiter let retry could take the room again (on the simulated GPU under load, the owner then
+    waited inside its region and the region was revoked). So once found it stays kept for that
+    owner until its region ends, and only then is it anyone's."""
+    node = Node(room=2, owner=9)
+    node.view = [slot(0, 1, held=4, want=3.5, since=1 * S), slot(1, 9, held=1)]
+
+    async def found() -> float:
+        return await node.mem.make_room(0, owner=9)  # 5 GiB free: found at once
+
+    assert asyncio.run(found()) == pytest.approx(0.0, abs=0.5)
+    assert node.mem.state[0].room_kept == (9, 2 * GIB)
+    node.mem.tick(10 * S)
+    assert node.seg.granted == []  # 5 - 2 < 3.5: the head waits while 9's region is on
+    node.owner = None  # 9's region ended
+    node.mem.tick(10 * S + 1)
+    assert node.seg.granted == [0] and node.mem.state[0].room_kept == (0, 0)
+
+
 def test_a_wait_the_whole_command_could_not_win_alone_is_denied_at_once() -> None:
     """Issue #47, 6: "would it fit alone" is judged for the command, all its processes: its
     child holds 6 GiB of 10, its parent waits for 5 more; natively that fails at once, so under

@@ -295,7 +295,7 @@ def test_a_region_waits_for_room_before_it_freezes_the_holders(
         d.stop()
     assert rs["rc"] == 0 and ro["rc"] == 0, (rs["err"][-400:], ro["err"][-400:])
     (region,) = ro["report"]["regions"]
-    assert region["clean"] and not region["revoked"], region
+    assert region["clean"] and not region["revoked"], json.dumps(region) + d.log.read_text()[-4000:]
     assert region["wait_s"] >= 0.5  # it waited for the sibling's 800 MiB to go
     assert ro["report"]["memory"]["waits"] == 0, ro["report"]["memory"]
     assert "waited" in d.log.read_text() and "room in device memory" in d.log.read_text()
@@ -355,7 +355,7 @@ def test_a_deadlock_beside_a_region_waiting_for_room_is_broken_for_the_room(
     assert not ro["report"].get("attempts"), ro["report"].get("attempts")
     (region,) = ro["report"]["regions"]
     assert region["room_s"] < 30, region  # broken for the room, not its 60 s bound run out
-    assert region["clean"] and not region["revoked"], region
+    assert region["clean"] and not region["revoked"], json.dumps(region) + d.log.read_text()[-4000:]
     preempted = [r["report"] for r in rh if r["report"].get("attempts")]
     assert preempted, [r["report"] for r in rh]  # one of the two ran again
     assert "every process holding memory waits" in d.log.read_text()

@@ -22,8 +22,9 @@ could have had the memory (shim/preload, docs/shim.md). This module is the daemo
 - Room for a region: before a region's gate closes, its owner waits (at most `room_wait_s`)
   until the GPU has room for it free: `room` bytes, or what its processes gave back since
   their peak if more, since once its siblings are frozen nobody can free for it; meanwhile
-  memory freed is not handed to other waiters, and a deadlock of the waiters is broken as
-  above (the owner counts as waiting), preempting as many as the room needs.
+  memory freed is not handed to other waiters (nor, once found, until the region ends), and
+  a deadlock of the waiters is broken as above (the owner counts as waiting), preempting as
+  many as the room needs.
 - Admission: a GPU with waiters admits nobody; otherwise a command is admitted when the memory
   it is expected to need (`--mem`, else the peak learned from earlier runs of the same command,
   else the median of all learned peaks, else an eighth of the GPU less the headroom) fits
@@ -147,6 +148,9 @@ class GpuMemory:
     denials: int = 0
     room_for: int = 0  # a tenant whose region waits for room before its gate closes (0: none)
     room_want: int = 0  # the bytes free it waits for
+    # Once found, the room stays kept for that tenant until its region ends (until its
+    # siblings are frozen nobody else is let take it): (tenant, bytes), (0, 0) for none.
+    room_kept: tuple[int, int] = (0, 0)
     others_can_free: bool = True  # some process holding memory here is running, not waiting
 
     def status(self, now_ns: int) -> dict[str, Any]:
@@ -236,6 +240,9 @@ class Memory:
             if not live:
                 continue
             free = self.free(i, users)
+            kept = self.node.region_owner(i)
+            if kept is None or kept.id != st.room_kept[0]:
+                st.room_kept = (0, 0)  # its region ended (or never was): the room is anyone's
             self._grant(st, live, free, now_ns)
             self._break_deadlock(i, st, now_ns, free, by_tenant, pids, users)
         return anyone
@@ -247,12 +254,13 @@ class Memory:
         over is told so: it waits for its turn instead of retrying on its own."""
         granted: set[int] = set()
         head = live[0]
-        if not st.room_for or head.owner or free - st.room_want >= _want(head.slot):
-            # (While a region waits for room, what is freed stays free for it: the head may
-            # retry only where what it asks for leaves that room.)
+        room = st.room_want if st.room_for else st.room_kept[1]
+        if not room or head.owner or free - room >= _want(head.slot):
+            # (While a region waits for room, and once found until the region ends, what is
+            # free stays free for it: the head may retry only where its ask leaves that room.)
             granted.add(id(head))
             left = free - _want(head.slot) if _want(head.slot) <= free else free
-            pack = not (head.owner or st.room_for or _want(head.slot) <= free)
+            pack = not (head.owner or room or _want(head.slot) <= free)
             if pack and now_ns - head.slot.mem_since_ns < STARVE_S * 1e9:
                 for w in live[1:]:
                     if _want(w.slot) <= left:
@@ -364,6 +372,8 @@ class Memory:
         try:
             while self.free(gpu) < st.room_want and time.monotonic() - t0 < self.room_wait_s:
                 await asyncio.sleep(_ROOM_POLL_S)
+            if self.free(gpu) >= st.room_want:
+                st.room_kept = (owner, st.room_want)
         finally:
             st.room_for = st.room_want = 0
         return time.monotonic() - t0

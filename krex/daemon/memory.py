@@ -368,6 +368,7 @@ class Memory:
         if self.room <= 0 or st.capacity <= 0 or st.room_for:
             return 0.0
         t0 = time.monotonic()
+        st.room_kept = (0, 0)  # (one kept by an earlier region of the same owner is not this one)
         st.room_for, st.room_want = owner, self.room_for(gpu, owner)
         try:
             while self.free(gpu) < st.room_want and time.monotonic() - t0 < self.room_wait_s:

@@ -31,6 +31,7 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # (scripts/gpu/linger_check.py: a timing right after Triton's autotune gets its own region;
 # LINGER_SIBLINGS=N: the suite's 8192^3 matmul beside N bursty siblings), settle
 # (scripts/gpu/settle_check.py: the settle step's trigger, time-sliced and under MPS),
+# gapsettle (scripts/bench/gap_settle.py: the capped settle's gap rule, natively; GAP_SETTLE_ARGS),
 # autotune (scripts/bench/autotune_check.py; AUTOTUNE_REPEATS, AUTOTUNE_FIRST_REPEAT (a run
 # split over calls keeps its rotation), AUTOTUNE_SIBLINGS, AUTOTUNE_PARTS,
 # AUTOTUNE_SHARING=mps, AUTOTUNE_LINGER, AUTOTUNE_ALONE=1 adds krex with no siblings
@@ -93,6 +94,10 @@ fi
 if [[ " $PARTS " == *" settle "* ]]; then
     echo "== the settle step's trigger, time-sliced and under MPS (scripts/gpu/settle_check.py)"
     python3 scripts/gpu/settle_check.py --out "$OUT" || rc=1
+fi
+if [[ " $PARTS " == *" gapsettle "* ]]; then
+    echo "== the capped settle's gap rule, natively: own capped work, siblings' gap, idle (gap_settle.py)"
+    python3 scripts/bench/gap_settle.py --out "$OUT/gap_settle.jsonl" ${GAP_SETTLE_ARGS:-} || rc=1
 fi
 if [[ " $PARTS " == *" linger "* ]]; then
     echo "== a timing right after Triton's autotune: its own region (scripts/gpu/linger_check.py)"

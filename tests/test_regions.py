@@ -332,6 +332,8 @@ def test_a_command_whose_region_ran_into_the_power_limit_settles_its_later_regio
         node.samples = [grant, grant | {"throttle_reasons": 0x4}]
         rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
         assert rec["settle_s"] == 0.0 and owner.power_capped
+        # The sibling's region since (not capped): the whole capped settle, not the gap rule's.
+        regions.release(await regions.acquire(sib, plain_wait), why="region_end")
         node.events.clear()
         rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
         assert ("settle", 0, (2,), 2.0) in node.events
@@ -348,6 +350,7 @@ def test_a_command_whose_region_ran_into_the_power_limit_settles_its_later_regio
         rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
         assert rec["settle_s"] == 0.0 and "settle_capped" not in rec
         node.siblings_worked = True
+        regions.release(await regions.acquire(sib, plain_wait), why="region_end")
         owner.region_settle_s = 3.0  # its own --settle is longer: that one, not the rule's
         node.events.clear()
         rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
@@ -360,6 +363,50 @@ def test_a_command_whose_region_ran_into_the_power_limit_settles_its_later_regio
         node.events.clear()
         rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
         assert "settle" not in node.names() and rec["settle_s"] == 0.0
+
+    run(main())
+
+
+def test_the_capped_settle_after_the_owners_own_capped_region_lasts_the_siblings_gap() -> None:
+    """The gap rule (capped_settle): where the GPU's last region was the owner's own and ran
+    into the power limit, the siblings had the GPU only since it ended, so the capped settle
+    idles that long, not its whole region_capped_settle_s; the whole one where that region was
+    not capped, or another command's region came between. Fails where every capped settle is
+    the whole one."""
+
+    async def main() -> None:
+        regions, node, gpus = make()
+        owner, sib = tenant(gpus, 1), tenant(gpus, 2)
+        owner.region_capped_settle_s = 2.0
+        grant = {"sm_clock_mhz": 1980, "throttle_reasons": 0, "power_capped_ns": 0}
+        capped = grant | {"throttle_reasons": 0x4}
+        node.samples = [grant, capped]  # an autotuner's candidate runs into the limit
+        r = await regions.acquire(owner, plain_wait, candidate=True)
+        regions.release(r, why="region_end")
+        assert owner.power_capped
+        await asyncio.sleep(0.3)  # the siblings have the GPU back for 0.3 s
+        node.samples = [grant, capped]
+        node.events.clear()
+        rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
+        (settle,) = [e[3] for e in node.events if e[0] == "settle"]
+        assert 0.3 <= settle < 1.5 and rec["settle_s"] == settle and rec["settle_capped"]
+        # Right after its own capped region again: a settle as short as that gap.
+        node.samples = [grant, grant]  # this one stays below the limit
+        node.events.clear()
+        rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
+        (settle,) = [e[3] for e in node.events if e[0] == "settle"]
+        assert 0 <= settle < 0.3, settle
+        # Its last region was not capped: the heat since may be the siblings' own.
+        node.events.clear()
+        rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
+        assert ("settle", 0, (2,), 2.0) in node.events and rec["settle_s"] == 2.0
+        # Another command's region between: the whole settle, though the owner's was capped.
+        node.samples = [grant, capped]
+        regions.release(await regions.acquire(owner, plain_wait), why="region_end")
+        regions.release(await regions.acquire(sib, plain_wait), why="region_end")
+        node.events.clear()
+        rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
+        assert ("settle", 0, (2,), 2.0) in node.events and rec["settle_capped"] is True
 
     run(main())
 

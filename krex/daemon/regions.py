@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from krex.core import wire
 from krex.core.errors import KrexError, ProtocolError
@@ -45,6 +45,15 @@ EXIT_STEPS = ("audit", "pin_back", "thaw", "open")  # a record's exit_steps_s, i
 GATE_GRACE_S = 30.0  # blocked threads pass on their own this long after a region's time-out
 
 
+class _Last(NamedTuple):
+    """A GPU's last region to end: whose, when its siblings had the GPU back (the thaw,
+    time.monotonic()), and whether it ran into the power limit (_settle's gap rule)."""
+
+    tenant: int
+    t_back: float
+    capped: bool
+
+
 class _Queue:
     """Region state of one GPU."""
 
@@ -52,6 +61,7 @@ class _Queue:
         self.requests: deque[RegionRequest] = deque()
         self.region: Region | None = None  # holds this GPU
         self.pending: Region | None = None  # being set up on this GPU
+        self.last: _Last | None = None  # the last region to end here
 
 
 class Room(Protocol):
@@ -270,7 +280,7 @@ class Regions:
                 beside.append(_step(r, "pin", self.m.pin, t, cores))
                 hold = await _close_and_drain(self.m, gpu, r, skip=self.still_frozen())
                 await self._freeze(gpu, r, siblings)
-                await _settle(self.m, gpu, r, siblings)
+                await _settle(self.m, gpu, r, siblings, q.last)
                 await self._pin(gpu, r, hold, beside)
             except Exception as e:
                 log.exception("opening a region for tenant %d on GPU %d failed", t.id, gpu)
@@ -433,8 +443,11 @@ class Regions:
         r.exit_s = t4 - t_end
         r.exit_steps = dict(zip(EXIT_STEPS, (t1 - t_end, t2 - t1, t3 - t2, t4 - t3), strict=True))
         r.record = _record(r, t_end, self.m)
-        if any(w["name"] == "gpu_capped" for w in r.record["warnings"]):
+        capped = any(w["name"] == "gpu_capped" for w in r.record["warnings"])
+        if capped:
             t.power_capped = True  # its later regions settle (_settle)
+        for i in r.gpus:
+            self._q[i].last = _Last(t.id, t2, capped)
         t.regions.append(r.record)
         self.on_record(t, r.record)
         log.info(
@@ -566,27 +579,45 @@ async def _close_and_drain(m: Machinery, gpu: int, r: Region, skip: set[int]) ->
     return hold
 
 
-async def _settle(m: Machinery, gpu: int, r: Region, siblings: list[Tenant]) -> None:
+async def _settle(
+    m: Machinery, gpu: int, r: Region, siblings: list[Tenant], last: _Last | None
+) -> None:
     """Step 5b (the tenant's region_settle_s; once one of its regions ran into the power
-    limit, at least its region_capped_settle_s, unless an autotuner's candidate benchmark
-    began this one; 0: none): where the GPU's siblings worked on it in the last second or
-    two, idle before the grant. On the H200 the suite's power-limited conv timed 0.25-0.5 s
-    after 4 s of matmuls read 0.65 % slower than on the rested GPU, after 1 s 0.49 %, after
-    2 or 3 s 0.24-0.29 % (docs/user-guide.md, "Power-limited kernels"); kernels that stay
-    below the limit do not read the heat, so only such a command waits. Candidates are left
-    out: the winners were the exclusive ones without a settle, and with it every Inductor
-    choice cost 2 s, 74 s a command (docs/results.md)."""
+    limit, at least the capped settle, unless an autotuner's candidate benchmark began this
+    one; 0: none): where the GPU's siblings worked on it in the last second or two, idle
+    before the grant. On the H200 the suite's power-limited conv timed 0.25-0.5 s after 4 s
+    of matmuls read 0.65 % slower than on the rested GPU, after 1 s 0.49 %, after 2 or 3 s
+    0.24-0.29 % (docs/user-guide.md, "Power-limited kernels"); kernels that stay below the
+    limit do not read the heat, so only such a command waits. Candidates are left out: the
+    winners were the exclusive ones without a settle, and with it every Inductor choice cost
+    2 s, 74 s a command (docs/results.md)."""
     t = r.tenant
     settle = t.region_settle_s
-    capped = t.power_capped and not r.candidate and t.region_capped_settle_s > settle
-    if capped:
-        settle = t.region_capped_settle_s
+    capped = capped_settle(t, last, time.monotonic()) if not r.candidate else 0.0
+    by_cap = capped > settle  # the power-capped rule chose it, not the command's --settle
+    if by_cap:
+        settle = capped
     if settle <= 0 or not siblings:
         return
     loop = asyncio.get_running_loop()
     waited = await loop.run_in_executor(None, m.settle_idle, gpu, siblings, settle)
     r.settle_s += waited
-    r.settle_capped = r.settle_capped or (capped and waited > 0)
+    r.settle_capped = r.settle_capped or (by_cap and waited > 0)
+
+
+def capped_settle(t: Tenant, last: _Last | None, now: float) -> float:
+    """The power-capped settle of t's next region (0: none): its region_capped_settle_s once
+    one of its regions ran into the power limit, but no longer than the siblings had the GPU
+    where the GPU's last region was t's own and ran into the limit (the gap rule: they ran
+    only since then, at no more than the power the owner itself ran at, so an idle as long
+    takes their share of the heat away; an autotuner's candidates, then its timing, wait tens
+    of ms, not seconds: docs/user-guide.md, "Power-limited kernels")."""
+    if not t.power_capped:
+        return 0.0
+    full = t.region_capped_settle_s
+    if last is None or last.tenant != t.id or not last.capped:
+        return full
+    return min(full, max(0.0, now - last.t_back))
 
 
 def _entry_steps(r: Region) -> dict[str, float]:

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 HOST_GAP_S = 0.005  # a command's own gap between its autotune and its timing, natively
 
 
@@ -94,20 +95,10 @@ def main() -> int:
         return 2
 
     import torch
-    import torch.nn.functional as F
     import triton.testing
+    from settle_sweep import suite_conv
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    # The bench suite's conv candidate (krex/bench/tasks/conv.py), as settle_sweep.py times it.
-    x = torch.randn(256, 128, 64, 64, device="cuda", generator=gen)
-    w = torch.randn(128, 128, 3, 3, device="cuda", generator=gen) / (3 * 128**0.5)
-    bias = 0.1 * torch.randn(128, device="cuda", generator=gen)
-    torch.backends.cudnn.benchmark = True
-
-    def conv() -> Any:
-        return F.relu(F.conv2d(x, w, bias, padding=1))
-
-    conv()  # cuDNN's search
+    conv, gen = suite_conv()  # the conv settle_sweep.py times, cuDNN's search done
     a = torch.randn(4096, 4096, device="cuda", generator=gen)
     c = torch.empty_like(a)
     torch.cuda.synchronize()

@@ -24,6 +24,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,25 @@ def summary(points: list[dict[str, Any]]) -> dict[str, Any]:
             for s, ms in sorted(by.items())
         },
     }
+
+
+def suite_conv() -> tuple[Callable[[], Any], Any]:
+    """The bench suite's conv candidate (krex/bench/tasks/conv.py), as autotune_check times
+    it, on GPU 0, cuDNN's benchmark mode on and its search done; and the seeded generator."""
+    import torch
+    import torch.nn.functional as F
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(256, 128, 64, 64, device="cuda", generator=gen)
+    w = torch.randn(128, 128, 3, 3, device="cuda", generator=gen) / (3 * 128**0.5)
+    bias = 0.1 * torch.randn(128, device="cuda", generator=gen)
+    torch.backends.cudnn.benchmark = True
+
+    def conv() -> Any:
+        return F.relu(F.conv2d(x, w, bias, padding=1))
+
+    conv()
+    return conv, gen
 
 
 def idle_trace(nvml: Any, seconds: float, every: float = 0.1) -> list[dict[str, Any]]:
@@ -101,23 +121,12 @@ def main() -> int:
         return 2
 
     import torch
-    import torch.nn.functional as F
     import triton.testing
 
     from krex.core.nvml import Nvml
 
     nvml = Nvml.open()
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    # The bench suite's conv candidate (krex/bench/tasks/conv.py), as autotune_check times it.
-    x = torch.randn(256, 128, 64, 64, device="cuda", generator=gen)
-    w = torch.randn(128, 128, 3, 3, device="cuda", generator=gen) / (3 * 128**0.5)
-    bias = 0.1 * torch.randn(128, device="cuda", generator=gen)
-    torch.backends.cudnn.benchmark = True
-
-    def conv() -> Any:
-        return F.relu(F.conv2d(x, w, bias, padding=1))
-
-    conv()  # cuDNN's search, on the rested GPU
+    conv, gen = suite_conv()  # cuDNN's search, on the rested GPU
     a = torch.randn(8192, 8192, device="cuda", generator=gen)
     c = torch.empty_like(a)
     torch.cuda.synchronize()

@@ -131,6 +131,8 @@ def run_one(
         regions = [r for a in attempts for r in a.get("regions", [])]
         out["regions"] = len(regions)
         out["unclean"] = sum(not r.get("clean") for r in regions)
+        if out["unclean"]:  # why, as the records say
+            out["unclean_problems"] = [r.get("problems") for r in regions if not r.get("clean")]
         out["drains_timed_out"] = sum(
             any("drain" in p for p in r.get("problems", [])) for r in regions
         )

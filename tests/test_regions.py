@@ -734,8 +734,13 @@ def test_the_grant_does_not_wait_for_the_audit_and_the_record_has_what_it_found(
 
         node.audit = slow_audit  # type: ignore[method-assign]
         r = await regions.acquire(owner, plain_wait)
+        # Its audit still reads the segments in its thread: none may be unmapped meanwhile
+        # (Segments.account asks busy(); else "'NoneType' object has no attribute 'slots'",
+        # the simulated memory mix, 2026-12-06).
+        assert regions.busy() and not any(q.pending for q in regions._q)
         granted.set()
         rec = regions.release(r, why="region_end")
+        assert not regions.busy()
         assert rec["clean"] is False and any("[777]" in p for p in rec["problems"])
         assert rec["sm_clock_mhz"] == [1980, 1980]  # the grant's sample, joined
 

@@ -21,7 +21,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple, Protocol
 
 from krex.core import wire
@@ -90,6 +90,7 @@ class Regions:
         # The grant's audit and samples (NVML reads), off the event loop and off the grant's
         # path: their own threads, joined when the region ends.
         self._checks = ThreadPoolExecutor(max_workers=4, thread_name_prefix="krex-grant-check")
+        self._checking: list[Future[Any]] = []  # those begun and perhaps not ended (busy())
 
     # What others read.
     def held(self, gpu: int) -> Region | None:
@@ -103,8 +104,10 @@ class Regions:
         return len(self._q[gpu].requests)
 
     def busy(self) -> bool:
-        """Whether a region is being set up anywhere (its threads use the segments)."""
-        return any(q.pending is not None for q in self._q)
+        """Whether a region is being set up anywhere, or a grant's checks still run (their
+        threads use the segments: none may be unmapped meanwhile, Segments.account)."""
+        self._checking = [f for f in self._checking if not f.done()]
+        return bool(self._checking) or any(q.pending is not None for q in self._q)
 
     def still_frozen(self) -> set[int]:
         """Tenants listed frozen by a live region. Such a region closed its gate to them and
@@ -348,7 +351,9 @@ class Regions:
         by now, so what the audit sees a few ms later is what was there at the grant."""
         r.gpus.append(gpu)
         r.epochs[gpu] = hold.epoch
-        r.checks.append(self._checks.submit(_grant_checks, self.m, gpu, r.tenant))
+        checks = self._checks.submit(_grant_checks, self.m, gpu, r.tenant)
+        r.checks.append(checks)
+        self._checking.append(checks)  # until it ends, even past _join_checks's wait
         await asyncio.gather(*beside)
         _add(r.steps, "quiesce", hold.quiesce_s)
         _add(r.steps, "drain", hold.drain_s)

@@ -446,3 +446,29 @@ def test_a_memory_wait_cut_short_counts_in_its_tenants_report() -> None:
     _fold(cut, slot(mem_want=1 << 30, mem_since_ns=since, mem_kind=launch))
     assert cut.mem_waits == 3 and cut.mem_wait_ns >= 5_000_000 + 3_000_000_000
     assert cut.mem_kind_waits[launch] == 1 and cut.mem_kind_waits[0] == 2
+
+
+def test_a_discarded_segment_is_unmapped_only_when_no_region_is_being_set_up() -> None:
+    """A tenant that was never set up loses its segment's name at once, but the mapping only
+    at an `account` pass outside a region's set-up or a grant's checks: their worker threads
+    read every segment, and one unmapped under them failed ("'NoneType' object has no
+    attribute 'slots'", 2026-12-06) or could read freed memory."""
+    from conftest import remove_shm, unique
+
+    from krex.daemon.segments import Segments
+
+    segs = Segments(unique("krex-disc"), 1, 8, root=f"krex-test-{os.getpid()}-disc")
+    try:
+        tid, seg = segs.new_tenant(8)
+        segs.discard(tid)
+        assert not os.path.exists(f"/dev/shm/{seg.name.lstrip('/')}")  # its name went at once
+        assert seg.slots() == [] and seg in segs.all()  # still mapped, still readable
+        segs.account({}, draining=True)
+        assert seg.slots() == [] and seg in segs.all()  # not while a region is set up
+        segs.account({}, draining=False)
+        assert seg not in segs.all()
+        with pytest.raises(AttributeError):
+            seg.slots()  # unmapped now
+    finally:
+        segs.close()
+        remove_shm(segs.gates.name)

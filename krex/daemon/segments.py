@@ -153,11 +153,16 @@ class Segments:
         )
 
     def discard(self, tid: int) -> None:
-        """A tenant that was never set up: its new segment goes (no process ever mapped it)."""
+        """A tenant that was never set up: its new segment goes (no process ever mapped it).
+        Its name at once; its mapping with the next `account` pass (a worker thread may be
+        reading every segment now: a region's drain, a grant's audit)."""
         seg = self.tenants.pop(tid, None)
         if seg is not None:
             seg.unlink()
-            seg.close()
+            if self.closed:
+                seg.close()
+            else:
+                self.orphans.append(seg)
 
     def retire(self, tid: int) -> None:
         """Its tenant is gone: the segment stays (and is drained) until its last process exits."""

@@ -18,8 +18,13 @@ Each condition `--rounds` times, shuffled, each G of `--gaps`; per condition the
 reading against native's median (per cent), and native's own spread. One JSON line per
 timing, written as it is taken, then the summary.
 
+`--own-work idle`: the owner's own work is `--own` seconds of an idle GPU instead (a command
+whose last region stayed below the power limit, such as Inductor's candidates of small
+kernels): whether the gap rule could hold after an uncapped region too (it does not apply
+there today: docs/user-guide.md, "Power-limited kernels").
+
     python3 scripts/bench/gap_settle.py --out OUT.jsonl [--own 1] [--gaps 0.02,0.05,0.1,0.25]
-        [--rounds 4] [--full 2]
+        [--rounds 4] [--full 2] [--own-work conv|idle]
 """
 
 from __future__ import annotations
@@ -84,6 +89,10 @@ def main() -> int:
     ap.add_argument("--gaps", default="0.02,0.05,0.1,0.25", help="sibling seconds, comma-separated")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--full", type=float, default=2.0, help="the full capped settle, seconds")
+    ap.add_argument(
+        "--own-work", choices=("conv", "idle"), default="conv",
+        help="the owner's own work before the gap: its conv, or an idle GPU",
+    )  # fmt: skip
     args = ap.parse_args()
     try:
         gaps = [float(s) for s in args.gaps.split(",") if s.strip()]
@@ -126,14 +135,20 @@ def main() -> int:
     conds = conditions(gaps, args.full)
     rng = random.Random(0)
     order = [c for _ in range(args.rounds) for c in rng.sample(conds, len(conds))]
-    run_for(5.0, own)  # the GPU at its working state first
+    idle = args.own_work == "idle"
+    if not idle:
+        run_for(5.0, own)  # the GPU at its working state first
     for label, heat_s, idle_s in order:
-        run_for(args.own, own)
+        if idle:
+            time.sleep(args.own)
+        else:
+            run_for(args.own, own)
         if heat_s > 0:
             run_for(heat_s, sibling)
         time.sleep(idle_s)
         ms = float(triton.testing.do_bench(conv, return_mode="median"))
-        point = {"label": label, "gap_s": heat_s, "idle_s": idle_s, "ms": ms}
+        point = {"label": label, "own_work": args.own_work, "gap_s": heat_s, "idle_s": idle_s,
+                 "ms": ms}  # fmt: skip
         points.append(point)
         emit(point)
         print(json.dumps(point), flush=True)

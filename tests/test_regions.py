@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, cast
 
@@ -407,6 +408,46 @@ def test_the_capped_settle_after_the_owners_own_capped_region_lasts_the_siblings
         node.events.clear()
         rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
         assert ("settle", 0, (2,), 2.0) in node.events and rec["settle_capped"] is True
+
+    run(main())
+
+
+def test_an_end_audit_that_does_not_return_makes_the_region_unclean_not_the_daemon_hang(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The end audit reads NVML, which can block while a GPU is in trouble: the region ends
+    within CHECKS_WAIT_S all the same, unclean, saying why (before, the event loop waited on
+    it for as long as it blocked: here, forever)."""
+    import krex.daemon.regions as regions_mod
+
+    monkeypatch.setattr(regions_mod, "CHECKS_WAIT_S", 0.3)
+
+    async def main() -> None:
+        regions, node, gpus = make()
+        owner = tenant(gpus, 1)
+        tenant(gpus, 2)
+        stuck = threading.Event()
+        audit = node.audit
+
+        def hung(gpu: int, owner: Tenant, since: float | None = None) -> list[str]:
+            if since is not None:  # the end's
+                stuck.wait(30)
+            return audit(gpu, owner, since)
+
+        node.audit = hung  # type: ignore[method-assign]
+        r = await regions.acquire(owner, plain_wait)
+        t0 = time.monotonic()
+        rec = regions.release(r, why="region_end")
+        assert time.monotonic() - t0 < 10
+        assert rec["clean"] is False
+        assert any("audit did not complete (no answer in 0.3 s)" in p for p in rec["problems"])
+        assert ("thaw", 2) in node.events and ("open", 0) in node.events  # undone all the same
+        assert regions.busy()  # its thread still runs: no segment may go under it
+        stuck.set()
+        deadline = time.monotonic() + 10
+        while regions.busy() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert not regions.busy()
 
     run(main())
 

@@ -432,7 +432,7 @@ class Regions:
             # (a foreign process, a tenant's process with no shim) makes the region unclean.
             since = time.time() - (t_end - r.t_grant)
             for i in r.gpus:
-                for p in self.m.audit(i, t, since):
+                for p in self._end_audit(i, t, since):
                     if p not in r.problems:
                         r.problems.append(f"{p} (at the region's end)")
             r.problems.extend(p for p in self.m.memory_problems(t) if p not in r.problems)
@@ -467,6 +467,17 @@ class Regions:
         return r.record
 
     # Helpers.
+    def _end_audit(self, gpu: int, owner: Tenant, since: float) -> list[str]:
+        """The region's end audit (NVML reads, which can block while a GPU is in trouble), at
+        most CHECKS_WAIT_S on the event loop: one that fails or does not end in time is a
+        problem of the region, not a hung daemon (its thread counts in busy() until it ends)."""
+        f = self._checks.submit(self.m.audit, gpu, owner, since)
+        self._checking.append(f)
+        try:
+            return f.result(timeout=CHECKS_WAIT_S)
+        except Exception as e:  # the record's, not the daemon's
+            return [f"the audit did not complete ({_why(e)})"]
+
     def _live(self, gpus: list[int] | None = None) -> list[Region]:
         """Regions not ended that hold or are taking a GPU (of `gpus`), each once."""
         found: list[Region] = []
@@ -520,7 +531,7 @@ def _join_checks(r: Region) -> None:
         try:
             gpu, problems, clock, memory, took = f.result(timeout=CHECKS_WAIT_S)
         except Exception as e:  # any failure is the record's, not the daemon's
-            r.problems.append(f"the grant's audit did not complete ({e or type(e).__name__})")
+            r.problems.append(f"the grant's audit did not complete ({_why(e)})")
             continue
         r.clocks[gpu], r.memory[gpu] = clock, memory
         # Not gated, not drained, not frozen: the region cannot vouch for the GPU.
@@ -531,6 +542,13 @@ def _join_checks(r: Region) -> None:
         for name, seconds in took.items():
             _add(r.steps, name, seconds)
     r.checks.clear()
+
+
+def _why(e: Exception) -> str:
+    """Why a check did not complete, for a region's problems."""
+    if isinstance(e, TimeoutError):
+        return f"no answer in {CHECKS_WAIT_S:g} s"
+    return str(e) or type(e).__name__
 
 
 def _step(r: Region, name: str, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:

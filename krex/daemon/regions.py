@@ -432,7 +432,7 @@ class Regions:
             # (a foreign process, a tenant's process with no shim) makes the region unclean.
             since = time.time() - (t_end - r.t_grant)
             for i in r.gpus:
-                for p in self._end_audit(i, t, since):
+                for p in _end_audit(self._checks, self._checking, self.m.audit, (i, t, since)):
                     if p not in r.problems:
                         r.problems.append(f"{p} (at the region's end)")
             r.problems.extend(p for p in self.m.memory_problems(t) if p not in r.problems)
@@ -467,17 +467,6 @@ class Regions:
         return r.record
 
     # Helpers.
-    def _end_audit(self, gpu: int, owner: Tenant, since: float) -> list[str]:
-        """The region's end audit (NVML reads, which can block while a GPU is in trouble), at
-        most CHECKS_WAIT_S on the event loop: one that fails or does not end in time is a
-        problem of the region, not a hung daemon (its thread counts in busy() until it ends)."""
-        f = self._checks.submit(self.m.audit, gpu, owner, since)
-        self._checking.append(f)
-        try:
-            return f.result(timeout=CHECKS_WAIT_S)
-        except Exception as e:  # the record's, not the daemon's
-            return [f"the audit did not complete ({_why(e)})"]
-
     def _live(self, gpus: list[int] | None = None) -> list[Region]:
         """Regions not ended that hold or are taking a GPU (of `gpus`), each once."""
         found: list[Region] = []
@@ -542,6 +531,24 @@ def _join_checks(r: Region) -> None:
         for name, seconds in took.items():
             _add(r.steps, name, seconds)
     r.checks.clear()
+
+
+def _end_audit(
+    pool: ThreadPoolExecutor,
+    running: list[Future[Any]],
+    audit: Callable[[int, Tenant, float], list[str]],
+    args: tuple[int, Tenant, float],
+) -> list[str]:
+    """A region's end audit (NVML reads, which can block while a GPU is in trouble) in a
+    thread of `pool`, at most CHECKS_WAIT_S on the event loop: one that fails or does not end
+    in time is a problem of the region, not a hung daemon (its future joins `running`, which
+    Regions.busy() counts until it ends)."""
+    f = pool.submit(audit, *args)
+    running.append(f)
+    try:
+        return f.result(timeout=CHECKS_WAIT_S)
+    except Exception as e:  # the record's, not the daemon's
+        return [f"the audit did not complete ({_why(e)})"]
 
 
 def _why(e: Exception) -> str:

@@ -105,7 +105,7 @@ def main() -> int:
 
     import torch
     import triton.testing
-    from settle_sweep import suite_conv
+    from settle_sweep import emit, report, suite_conv
 
     conv, gen = suite_conv()  # the conv settle_sweep.py times, cuDNN's search done
     a = torch.randn(4096, 4096, device="cuda", generator=gen)
@@ -128,10 +128,6 @@ def main() -> int:
     out = Path(args.out)
     points: list[dict[str, Any]] = []
 
-    def emit(line: dict[str, Any]) -> None:
-        with out.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(line) + "\n")
-
     conds = conditions(gaps, args.full)
     rng = random.Random(0)
     order = [c for _ in range(args.rounds) for c in rng.sample(conds, len(conds))]
@@ -150,12 +146,9 @@ def main() -> int:
         point = {"label": label, "own_work": args.own_work, "gap_s": heat_s, "idle_s": idle_s,
                  "ms": ms}  # fmt: skip
         points.append(point)
-        emit(point)
+        emit(out, point)
         print(json.dumps(point), flush=True)
-    result = summary(points)
-    emit({"summary": result})
-    print(json.dumps(result, indent=1))
-    return 0
+    return report(out, summary(points))
 
 
 if __name__ == "__main__":

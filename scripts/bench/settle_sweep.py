@@ -60,6 +60,19 @@ def summary(points: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def emit(out: Path, line: dict[str, Any]) -> None:
+    """One JSON line of `out`, written as it is taken (a run cut short keeps what it took)."""
+    with out.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def report(out: Path, result: dict[str, Any]) -> int:
+    """The summary: `out`'s last line, and on stdout; the exit status."""
+    emit(out, {"summary": result})
+    print(json.dumps(result, indent=1))
+    return 0
+
+
 def suite_conv() -> tuple[Callable[[], Any], Any]:
     """The bench suite's conv candidate (krex/bench/tasks/conv.py), as autotune_check times
     it, on GPU 0, cuDNN's benchmark mode on and its search done; and the seeded generator."""
@@ -141,11 +154,6 @@ def main() -> int:
     out = Path(args.out)
     points: list[dict[str, Any]] = []
 
-    def emit(line: dict[str, Any]) -> None:
-        """One JSON line of --out, written as it is taken."""
-        with out.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(line) + "\n")
-
     def timing(settle_s: float | None, label: str) -> None:
         before = nvml.sample(0) if nvml else None
         t0 = time.monotonic()
@@ -163,7 +171,7 @@ def main() -> int:
                 capped = after["power_capped_ns"] - before["power_capped_ns"]
                 point["power_capped_ms"] = round(capped / 1e6, 1)
         points.append(point)
-        emit(point)
+        emit(out, point)
         print(json.dumps(point), flush=True)
 
     timing(None, "rested (before any heat)")
@@ -176,15 +184,12 @@ def main() -> int:
         timing(settle, f"{args.heat:g} s of matmuls, then {settle:g} s idle")
     if args.trace > 0 and nvml:
         heat(args.heat)
-        emit({"trace": idle_trace(nvml, args.trace)})
+        emit(out, {"trace": idle_trace(nvml, args.trace)})
         time.sleep(max(0.0, args.rest - args.trace))
     else:
         time.sleep(args.rest)
     timing(None, f"rested ({args.rest:g} s idle after the sweep)")
-    result = summary(points)
-    emit({"summary": result})
-    print(json.dumps(result, indent=1))
-    return 0
+    return report(out, summary(points))
 
 
 if __name__ == "__main__":

@@ -89,12 +89,17 @@ def test_bench_mode(node: Node) -> None:
 
 def test_concurrent_processes_share_the_device(node: Node) -> None:
     """Processor sharing across processes: next to two hammering processes a kernel takes about
-    three times its length (each of the three progresses at 1/3), and the hammers both ran."""
-    hammers = [hammer(node, 2.0), hammer(node, 2.0)]
+    three times its length (each of the three progresses at 1/3), and the hammers both ran.
+    Polled: on a loaded machine a hammer's host thread may wait for a core while its queue
+    runs dry (a CI run read 4.45 ms, two sharers not three), so the kernel is measured again,
+    within the hammers' time, until one reading shows all three sharing."""
+    hammers = [hammer(node, 3.0), hammer(node, 3.0)]
     try:
         time.sleep(0.05)
-        shared = measure(node)
-        assert shared >= 2.5 * KERNEL_NS / 1e6, f"not shared with the two hammers: {shared} ms"
+        readings = [measure(node)]
+        while readings[-1] < 2.5 * KERNEL_NS / 1e6 and len(readings) < 10:
+            readings.append(measure(node))
+        assert readings[-1] >= 2.5 * KERNEL_NS / 1e6, f"not shared with the two hammers: {readings}"
     finally:
         outs = [h.communicate(timeout=30) for h in hammers]
     for h, (out, err) in zip(hammers, outs, strict=True):

@@ -293,6 +293,20 @@ def test_peaks_are_learned_per_argv_and_used_for_admission(tmp_path: Path) -> No
     assert again.mem.fits(again.gpu, req(["python", "small.py"], 0))
 
 
+def test_admission_counts_the_drivers_own_memory_beside_the_shims(tmp_path: Path) -> None:
+    """A tenant's context and modules (the driver's figure beyond the shim's count, as last
+    sampled) hold memory as its allocations do: 2 GiB allocated + 1.5 GiB the driver's own
+    leave no room for 6 GiB more within 9 (before, only the 2 GiB were counted)."""
+    node = Node(tmp_path)
+    node.mem.learn(node.tenant(5, argv=["python", "six.py"]), 6 * GIB)
+    t = node.tenant(1)
+    node.gpu.tenants.append(t)
+    node.view = [slot(0, 1, held=2)]
+    assert node.mem.fits(node.gpu, req(["python", "six.py"], 0))  # 2 + 6 <= 9
+    t.driver_bytes = int(1.5 * GIB)
+    assert not node.mem.fits(node.gpu, req(["python", "six.py"], 0))  # 3.5 + 6 > 9
+
+
 def test_a_damaged_peaks_file_is_ignored(tmp_path: Path) -> None:
     (tmp_path / "peaks.json").write_text('{"a": -1, "b": "x", "c": 5} trailing')
     assert Node(tmp_path).mem.learned == {}

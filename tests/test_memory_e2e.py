@@ -149,6 +149,37 @@ def test_a_mix_of_three_times_the_gpu_all_succeeds_under_krex(
     assert_nothing_left(memd)
 
 
+# Holds 100 MiB long enough for the daemon's once-a-second look at the driver's figure, then
+# peaks at 300 MiB for an instant and ends.
+BRIEF_PEAK = CONTEXT + textwrap.dedent("""
+    def alloc(mib):
+        p = c_uint64()
+        assert cu.cuMemAlloc_v2(byref(p), c_size_t(mib << 20)) == 0
+        return p
+    first = alloc(100)
+    time.sleep(2.5)
+    cu.cuMemFree_v2(alloc(200))
+    print(json.dumps({"ok": True}), flush=True)
+""")
+
+
+def test_a_learned_peak_counts_the_drivers_own_memory(
+    memd: Daemon, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #47, 5: what a command is learned to need is its allocations' peak plus what the
+    driver took for itself (a 200 MiB context here), though the daemon's look at the driver's
+    figure saw it only before that peak. Before, the larger of the two figures (300 MiB), by
+    which later commands of the same key were admitted beside others as if they needed less."""
+    monkeypatch.setenv("KREX_SIM_CTX_BYTES", "200M")
+    r = through(memd, [sys.executable, "-c", BRIEF_PEAK], tmp_path / "r.json")
+    assert r["rc"] == 0, r["err"][-500:]
+    mem = r["report"]["memory"]
+    assert mem["peak_bytes"] == 300 * MIB
+    assert mem["device_peak_bytes"] == 300 * MIB  # the look saw 100 + the context
+    peaks = json.loads(Path(f"{memd.socket}.peaks.json").read_text())
+    assert list(peaks.values()) == [500 * MIB]
+
+
 @pytest.fixture
 def memd2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
     """As memd, over two simulated GPUs of 1 GiB each, 8 slots each."""

@@ -516,7 +516,7 @@ class Memory:
 
     def _held_by(self, t: Tenant) -> int:
         shim = sum(s.mem_bytes for _, s in self.node.slots() if s.tenant == t.id and s.alive)
-        return max(shim, t.device_bytes or 0)
+        return max(shim + t.driver_bytes, t.device_bytes or 0)
 
     def learn(self, t: Tenant, peak: int) -> None:
         """Remember a finished command's peak (the most of its runs) under its key."""

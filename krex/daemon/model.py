@@ -66,6 +66,10 @@ class Tenant:
     # driver's): what it really takes, contexts and modules included; None where unknown.
     device_bytes: int | None = None
     device_peak: int | None = None
+    # The driver's part of that beyond the shim's count (its contexts, modules, local memory),
+    # at the last sample and the most seen: a command's peak is the shim's (exact) plus this.
+    driver_bytes: int = 0
+    driver_peak: int = 0
     # Preempted by the memory arbiter to break a deadlock (why; "" when not): its processes
     # were killed and `krex run` runs it again (docs/memory.md).
     preempted: str = ""

@@ -30,7 +30,7 @@ from krex.core.paths import (
     sim_hip_available,
     sim_library_dir,
 )
-from krex.core.shm import MEM_KINDS, SegmentError
+from krex.core.shm import MEM_KINDS, SegmentError, SlotView
 from krex.core.slices import Slice, SliceError, default_slices, validate_slices
 from krex.core.tenants import FreezerKind, TenantGroup, TenantsError, detect_freezer, prune
 from krex.daemon.admission import Admission
@@ -311,7 +311,7 @@ class Node:
         """What `finished` is answered with (docs/protocol.md)."""
         self.account()
         total = self.segments.totals(t)
-        self.memory.learn(t, max(total.mem_peak, total.device_peak or 0))
+        self.memory.learn(t, max(total.mem_peak + t.driver_peak, total.device_peak or 0))
         report: dict[str, Any] = {
             "tenant": t.id,
             "gpu": t.gpu,
@@ -337,10 +337,20 @@ class Node:
             used = self.machinery.device_users(g.index)
             if used is None:
                 continue
+            after = self.segments.live_by_tenant()
             for t in g.tenants:
                 n = sum(used.get(s.pid, 0) for s in live.get(t.id, []))
                 t.device_bytes = n
                 t.device_peak = max(t.device_peak or 0, n)
+                if len(t.gpus) == 1:
+                    # The driver's own part (contexts, modules, local memory): what it counts
+                    # beyond the shim. The shim's count read before and after the driver's, the
+                    # larger kept: an allocation between the reads is never taken for the
+                    # driver's. A sample can miss a short peak; this part added to the shim's
+                    # peak (exact) does not.
+                    shim = max(_shim_bytes(live, t.id), _shim_bytes(after, t.id))
+                    t.driver_bytes = max(0, n - shim)
+                    t.driver_peak = max(t.driver_peak, t.driver_bytes)
                 if self.nvml is not None:
                     t.nvml_bytes = n
                     t.nvml_peak = max(t.nvml_peak or 0, n)
@@ -370,6 +380,10 @@ class Node:
             self.mps.stop()
         if self.nvml is not None:
             self.nvml.close()
+
+
+def _shim_bytes(live: dict[int, list[SlotView]], tenant: int) -> int:
+    return sum(s.mem_bytes for s in live.get(tenant, []))
 
 
 def _memory_report(t: Tenant) -> dict[str, Any]:

@@ -104,7 +104,12 @@ def mix(n: int, capacity: int, seed: int = 47) -> list[tuple[int, int]]:
 
 
 def run_one(
-    cmd: tuple[int, int], sock: Path | None, env: dict[str, str], report: Path, compile_s: float
+    cmd: tuple[int, int],
+    sock: Path | None,
+    env: dict[str, str],
+    report: Path,
+    compile_s: float,
+    base: float = 0.0,
 ) -> dict[str, Any]:
     argv = [sys.executable, "-c", COMMAND, str(cmd[0]), str(cmd[1]), str(compile_s), LOCAL]
     if sock is not None:
@@ -114,6 +119,7 @@ def run_one(
     p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
     out: dict[str, Any] = {"input_mib": cmd[0], "ws_mib": cmd[1], "rc": p.returncode}
     out["wall_s"] = time.monotonic() - t0
+    out["start_s"], out["end_s"] = t0 - base, time.monotonic() - base  # since the mode began
     lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
     if lines:
         out |= json.loads(lines[-1])  # a rerun prints again: the last attempt's
@@ -124,6 +130,7 @@ def run_one(
         rep = json.loads(report.read_text())
         attempts = [*rep.get("attempts", []), rep]
         out["memory"] = rep.get("memory")
+        out["queue_s"] = sum(a.get("queue_s") or 0.0 for a in attempts)
         out["reruns"] = len(attempts) - 1
         out["preemptions"] = sum(bool(a.get("preempted")) for a in attempts)
         out["oom_shared"] = sum((a.get("memory") or {}).get("oom_shared", 0) for a in attempts)
@@ -157,9 +164,11 @@ def node(capacity: int) -> Iterator[dict[str, str]]:
 
 
 def run_mode(
-    name: str, cmds: list[tuple[int, int]], capacity: int, compile_s: float
+    name: str, cmds: list[tuple[int, int]], capacity: int, compile_s: float, clients: int = 0
 ) -> dict[str, Any]:
     concurrency, slots = MODES[name]
+    if slots and clients:  # krex modes: this many `krex run` clients at once instead
+        concurrency = clients
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     with tempfile.TemporaryDirectory(prefix=f"krex-simmem-{name}-") as d, node(capacity) as env:
         tmp = Path(d)
@@ -174,7 +183,7 @@ def run_mode(
             t0 = time.monotonic()
             with ThreadPoolExecutor(concurrency) as ex:
                 futs = [
-                    ex.submit(run_one, c, sock, env, tmp / f"{i}.json", compile_s)
+                    ex.submit(run_one, c, sock, env, tmp / f"{i}.json", compile_s, t0)
                     for i, c in enumerate(cmds)
                 ]
                 results = [f.result() for f in futs]
@@ -235,6 +244,11 @@ def main() -> int:
     ap.add_argument("--commands", type=int, default=32)
     ap.add_argument("--capacity", default="4G", help="the simulated GPU's memory")
     ap.add_argument("--compile-s", type=float, default=1.0)
+    ap.add_argument(
+        "--clients", type=int, default=0,
+        help="krex modes: `krex run` clients at once (default: as many as slots; the GPU "
+        "benchmark kb_memory.py submits every command at once)",
+    )  # fmt: skip
     args = ap.parse_args()
     names = [m for m in args.modes.split(",") if m]
     if unknown := [m for m in names if m not in MODES]:
@@ -243,14 +257,14 @@ def main() -> int:
         capacity = parse_size(args.capacity)
     except ValueError as e:
         ap.error(f"--capacity: {e}")
-    if args.commands < 1 or not args.compile_s >= 0:
-        ap.error("--commands must be >= 1 and --compile-s >= 0")
+    if args.commands < 1 or not args.compile_s >= 0 or args.clients < 0:
+        ap.error("--commands must be >= 1, --compile-s >= 0 and --clients >= 0")
     cmds = mix(args.commands, capacity)
     memory_check.LOGS = args.json.resolve().parent  # the daemons' logs
     modes = []
     for name in names:
         print(f"== {name} (simulated GPU)", flush=True)
-        modes.append(run_mode(name, cmds, capacity, args.compile_s))
+        modes.append(run_mode(name, cmds, capacity, args.compile_s, args.clients))
         args.json.write_text(json.dumps({"partial": True, "modes": modes}, indent=1))
     summarise(modes)
     doc = {

@@ -675,7 +675,9 @@ def run(opts: RunOptions) -> int:
     one's `attempts`: one the daemon preempted to break a memory deadlock, once its memory fits
     (a second preemption: with the GPU's memory to itself); one that an out-of-memory error
     only sharing caused reached (its report's `memory.oom_shared`: it may have gone down a
-    slower path, whatever its exit status), with the GPU's memory to itself."""
+    slower path, whatever its exit status), with the GPU's memory to itself; one whose region
+    the daemon revoked while its owner waited for memory its frozen siblings held (its report's
+    `memory.revoked_regions`: what it timed there ran unprotected), as a preempted one."""
     if opts.report is not None:
         try:
             _report_target(opts.report)
@@ -697,6 +699,15 @@ def _again(report: dict[str, Any], attempts: list[dict[str, Any]]) -> tuple[str,
         return f"was preempted to break a memory deadlock ({preempted.get('why', '')})", twice
     if shared:
         return f"got {shared} out-of-memory error(s) only sharing caused", True
+    revoked = (report.get("memory") or {}).get("revoked_regions", 0)
+    if wire.is_int(revoked) and revoked > 0:
+        # What it timed there was not what it would time alone; a second time, alone.
+        twice = any((a.get("memory") or {}).get("revoked_regions") for a in attempts)
+        return (
+            f"had {revoked} region(s) revoked while it waited for device memory its frozen "
+            "siblings held",
+            twice,
+        )
     return None
 
 

@@ -57,6 +57,7 @@ class Tenant:
     mem_waits: int = 0
     mem_oom_alone: int = 0
     mem_oom_shared: int = 0
+    mem_revoked: int = 0  # its regions revoked: it waited for memory its frozen siblings held
     mem_kind_waits: list[int] = field(default_factory=list)  # waits per kind (shm.MEM_KINDS)
     # NVML's per-process figure over its processes (the cross-check of the shim's count):
     # sampled once a second, None where NVML gives none (simulated GPU, no pynvml).

@@ -138,7 +138,8 @@ class Node:
 
     def owner_stuck(self, gpu: int, waited_s: float) -> None:
         r = self.regions.held(gpu)
-        if r is not None and r.granted:
+        if r is not None and r.granted and not r.ended:
+            r.tenant.mem_revoked += 1  # its command runs again (krex/client/run.py)
             self.regions.revoke(
                 r, f"the owner waited {waited_s:.1f} s for device memory its frozen siblings hold"
             )
@@ -403,6 +404,7 @@ def _memory_report(t: Tenant) -> dict[str, Any]:
         },
         "oom_alone": t.mem_oom_alone,
         "oom_shared": t.mem_oom_shared,
+        "revoked_regions": t.mem_revoked,
     }
 
 

@@ -12,7 +12,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -266,6 +266,20 @@ def test_every_tenant_waiting_at_once_ends(memd: Daemon, tmp_path: Path, kind: s
     assert_nothing_left(memd)
 
 
+def sibling_holding(d: Daemon, ex: ThreadPoolExecutor, tmp_path: Path) -> Future[dict[str, Any]]:
+    """A sibling command holding 800 MiB for 5 s, once it holds them (a fixed second was
+    outlasted on a loaded machine: the owner then allocated first and never waited; and a
+    loaded machine started the owner after a 2 s hold had ended)."""
+    sib = ex.submit(through, d, memhog([800], hold=5.0), tmp_path / "sib.json")
+    until(
+        lambda: (d.status() or {})["gpus"][0]["memory"]["held_bytes"] >= 800 << 20,
+        30,
+        "the sibling holding its memory",
+        every_s=0.05,
+    )
+    return sib
+
+
 def test_a_region_owner_allocating_while_frozen_siblings_hold_memory_ends(
     memd: Daemon, tmp_path: Path
 ) -> None:
@@ -273,16 +287,7 @@ def test_a_region_owner_allocating_while_frozen_siblings_hold_memory_ends(
     the region waits, and the wait ends (the region's time-out thaws the sibling, which then
     finishes and frees)."""
     with ThreadPoolExecutor(2) as ex:
-        # Held 5 s: a loaded machine started the owner after a 2 s hold had ended.
-        sib = ex.submit(through, memd, memhog([800], hold=5.0), tmp_path / "sib.json")
-        # Until the sibling holds its 800 MiB (a fixed second was outlasted on a loaded machine:
-        # the owner then allocated first and never waited).
-        until(
-            lambda: (memd.status() or {})["gpus"][0]["memory"]["held_bytes"] >= 800 << 20,
-            30,
-            "the sibling holding its memory",
-            every_s=0.05,
-        )
+        sib = sibling_holding(memd, ex, tmp_path)
         owner = ex.submit(
             through,
             memd,
@@ -314,13 +319,7 @@ def test_a_region_revoked_for_memory_runs_its_command_again(
         configured(tmp_path, "[memory]\ndeadlock_s = 60\nwait_s = 60\n", slots=16) as memd,
         ThreadPoolExecutor(2) as ex,
     ):
-        sib = ex.submit(through, memd, memhog([800], hold=5.0), tmp_path / "sib.json")
-        until(
-            lambda: (memd.status() or {})["gpus"][0]["memory"]["held_bytes"] >= 800 << 20,
-            30,
-            "the sibling holding its memory",
-            every_s=0.05,
-        )
+        sib = sibling_holding(memd, ex, tmp_path)
         owner = ex.submit(
             through, memd, memhog([100, 400], hold=0.1, region=True), tmp_path / "owner.json"
         )

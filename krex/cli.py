@@ -236,7 +236,8 @@ def _names(value: str) -> bool:
 @click.option(
     "--no-memory-retry",
     is_flag=True,
-    help="Do not run CMD again when it failed only because others held the GPU's memory.",
+    help="Do not run CMD again when sharing the GPU's memory ended or bent it (preempted, an "
+    "error only sharing caused, a region revoked while it waited for memory).",
 )
 @click.option(
     "--no-pool", is_flag=True, help="Never run in a warm pool worker: start CMD as its own process."

@@ -118,8 +118,9 @@ def run_one(
     t0 = time.monotonic()
     p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
     out: dict[str, Any] = {"input_mib": cmd[0], "ws_mib": cmd[1], "rc": p.returncode}
-    out["wall_s"] = time.monotonic() - t0
-    out["start_s"], out["end_s"] = t0 - base, time.monotonic() - base  # since the mode began
+    t1 = time.monotonic()
+    out["wall_s"] = t1 - t0
+    out["start_s"], out["end_s"] = t0 - base, t1 - base  # since the mode began
     lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
     if lines:
         out |= json.loads(lines[-1])  # a rerun prints again: the last attempt's

@@ -433,6 +433,58 @@ def test_a_rerun_is_preempted_last() -> None:
     assert [tid for tid, _ in node.preempted] == [2]
 
 
+def test_a_running_process_freeing_what_it_just_took_is_not_progress() -> None:
+    """On an H100 (2026-12-06, a fresh daemon's first wave of KernelBench commands) compiling
+    commands held memory and allocated and freed scratch all along while every other command
+    waited: each free counted as progress, and nothing was preempted for 48 s. Memory is back
+    only below the lowest seen since the last progress (before: any decrease since the last
+    tick, and the deadlock below was never broken)."""
+    node = Node(deadlock_s=5.0)
+    waiting = [slot(0, 1, held=4, want=3, since=1 * S), slot(1, 2, held=3, want=3, since=2 * S)]
+    for i in range(60):  # 6 s of ticks; tenant 3 compiles: 2 GiB, then 2.5, then 2 again
+        node.view = [*waiting, slot(2, 3, held=2.5 if i % 2 else 2)]
+        node.mem.tick(10 * S + i * S // 10)
+    assert [tid for tid, _ in node.preempted] == [2]  # the youngest waiting holder
+    freed = Node(deadlock_s=5.0)
+    for i in range(60):  # the same, but tenant 3 gives back 0.5 GiB for good each second
+        freed.view = [*waiting, slot(2, 3, held=8 - 0.5 * (i // 10))]
+        freed.mem.tick(10 * S + i * S // 10)
+    assert freed.preempted == []
+
+
+def test_a_region_waiting_for_room_beside_a_running_holder_preempts_within_its_bound() -> None:
+    """A region waits for room; the waiters hold memory and a running command holds some too
+    (so the deadlock's period is deadlock_s, 30 s). On an H100 (2026-12-06) each such region
+    went ahead at its room bound (10 s) without the room, its owner then waited for memory its
+    frozen siblings held, and the region was revoked: four in a row, their commands run again,
+    nothing freed. Now, at half the bound, the youngest waiting holder is preempted for the
+    room (before: nobody, for as long as deadlock_s)."""
+    node = Node(deadlock_s=30.0, owner=9, room=2)
+    node.view = [
+        slot(0, 1, held=3, want=3, since=1 * S),
+        slot(1, 2, held=1.5, want=3, since=2 * S),
+        slot(2, 3, held=2),  # running: it may free
+        slot(3, 9, held=2),  # the region's owner, waiting for room
+    ]
+    st = node.mem.state[0]
+    st.room_for, st.room_want, st.room_since_ns = 9, 2 * GIB, 10 * S
+    node.mem.tick(10 * S)
+    node.mem.tick(12 * S)
+    assert node.preempted == []  # within the first half of the room's 5 s bound
+    node.mem.tick(12 * S + S // 2 + 1)
+    assert [tid for tid, _ in node.preempted] == [2]
+    assert "while tenant 9's region waits for room" in node.preempted[0][1]
+    late = Node(deadlock_s=30.0, owner=9, room=2)  # the waiters were stuck before the room
+    late.view = list(node.view)
+    late.mem.tick(1 * S)
+    st = late.mem.state[0]
+    st.room_for, st.room_want, st.room_since_ns = 9, 2 * GIB, 10 * S
+    late.mem.tick(10 * S + S // 10)
+    assert late.preempted == []  # the room's own wait has just begun
+    late.mem.tick(12 * S + S // 2 + 1)
+    assert [tid for tid, _ in late.preempted] == [2]
+
+
 def test_a_region_waiting_for_room_keeps_freed_memory() -> None:
     """While tenant 9's region waits for 2 GiB free, the head waiter is not let retry (what is
     freed stays free for the region); once there is room, it is."""

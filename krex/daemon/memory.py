@@ -14,7 +14,9 @@ could have had the memory (shim/preload, docs/shim.md). This module is the daemo
   what it asks for exceed the GPU, or when nobody else holds any memory there and a retry
   granted since has failed too.
 - Deadlocks: when nobody who holds memory on the GPU can free it (every holder waits), or
-  nothing was freed for `deadlock_s` while some could, one waiting command is preempted: its
+  nothing was freed for `deadlock_s` while some could (for half `room_wait_s` while a region
+  waits for room; freed means below the lowest seen since the last progress, so a running
+  process freeing what it just took does not count), one waiting command is preempted: its
   processes are killed and `krex run` runs it again from the start, its report saying so. No
   surviving command ever sees an error it would not have seen alone, so none takes a slower
   path (a library's low-workspace fallback) that a region would then time. Youngest first (it
@@ -58,6 +60,10 @@ GIB = 1 << 30
 _LEARNED_MAX = 10_000  # command keys kept in the learned-peaks file
 _PRIOR_MIN = 3  # learned peaks needed before their median stands for an unknown command
 ALL_WAITING_S = 1.0  # nobody can free: the preemption period (time for a free in flight)
+# Memory back by less than this below the lowest seen since the last progress is not progress:
+# a running process that frees what it just allocated (a compiler's scratch, an allocator's
+# cache) gives the waiters nothing.
+PROGRESS_MIN = 64 << 20
 ALONE_CHECK_S = 0.3  # nobody else holds memory this long, a retry granted: the wait is denied
 STARVE_S = 10.0  # the head waited this long: no other waiter is let retry before it
 # What the driver takes for a context, a module or a launch's local memory, for the verdict
@@ -143,11 +149,15 @@ class GpuMemory:
     used: int = 0  # bytes in use by the driver's count where known (else `held`)
     waiters: list[Waiter] = field(default_factory=list)
     progress_ns: int = 0  # last time memory was freed (or nobody waited)
+    # The lowest held and used bytes seen since then: memory is back only below them.
+    low_held: int = 0
+    low_used: int = 0
     preempted_ns: int = 0  # last preemption
     preemptions: int = 0
     denials: int = 0
     room_for: int = 0  # a tenant whose region waits for room before its gate closes (0: none)
     room_want: int = 0  # the bytes free it waits for
+    room_since_ns: int = 0  # when that wait began
     # Once found, the room stays kept for that tenant until its region ends (until its
     # siblings are frozen nobody else is let take it): (tenant, bytes), (0, 0) for none.
     room_kept: tuple[int, int] = (0, 0)
@@ -220,13 +230,19 @@ class Memory:
         for i, st in enumerate(self.state):
             users = self.node.device_users(i) if waiters[i] or st.waiters else None
             used = sum(users.values()) if users is not None else None
-            came_back = held[i] < st.held or (used is not None and used < st.used)
+            now_used = used if used is not None else held[i]
+            came_back = held[i] < st.low_held - PROGRESS_MIN or (
+                used is not None and used < st.low_used - PROGRESS_MIN
+            )
             if came_back or not st.waiters or len(waiters[i]) < len(st.waiters):
                 # Memory came back (by the shims' count or the driver's: a process that held
                 # only its context exited), a waiter was served, or the waiting just began.
-                st.progress_ns = now_ns
+                # (Back below the lowest since the last progress: on an H100, 2026-12-06,
+                # compiling commands' own alloc-free cycles counted as progress for 48 s while
+                # every other command waited.)
+                st.progress_ns, st.low_held, st.low_used = now_ns, held[i], now_used
             st.held, st.others_can_free = held[i], freeing[i]
-            st.used = used if used is not None else held[i]
+            st.used = now_used
             st.waiters = sorted(waiters[i], key=lambda w: (not w.owner, w.slot.mem_since_ns))
             if st.room_for:
                 anyone = True
@@ -370,6 +386,7 @@ class Memory:
         t0 = time.monotonic()
         st.room_kept = (0, 0)  # (one kept by an earlier region of the same owner is not this one)
         st.room_for, st.room_want = owner, self.room_for(gpu, owner)
+        st.room_since_ns = time.monotonic_ns()
         try:
             while self.free(gpu) < st.room_want and time.monotonic() - t0 < self.room_wait_s:
                 await asyncio.sleep(_ROOM_POLL_S)
@@ -418,7 +435,7 @@ class Memory:
         # as any other, else the region would wait its room_wait_s for memory nobody frees;
         # so too where a process of its own owner is the head.)
         period = self.deadlock_ns if st.others_can_free else int(ALL_WAITING_S * 1e9)
-        if stuck < period:
+        if stuck < period and not self._room_stuck(st, stuck, now_ns):
             return
         # Preempt, youngest first, as many waiting commands that hold memory as it takes for
         # what they give back (with what is free) to serve the head: one period, not one
@@ -442,10 +459,24 @@ class Memory:
             f"a memory deadlock on GPU {gpu}: {len(st.waiters)} waiting for device memory "
             f"and none freed for {stuck / 1e9:.1f} s"
             + ("" if st.others_can_free else " (every process holding memory waits)")
+            + (f" while tenant {st.room_for}'s region waits for room" if st.room_for else "")
         )
         done = [tid for tid in chosen if self.node.preempt(tid, why)]
         if done:
             st.preempted_ns, st.preemptions = now_ns, st.preemptions + len(done)
+
+    def _room_stuck(self, st: GpuMemory, stuck: int, now_ns: int) -> bool:
+        """A region has waited half its room_wait_s for room, and nothing came back for as
+        long. At its bound it goes ahead without the room, its owner then waits for memory its
+        frozen siblings hold: revoked, its command run again, and nothing freed (on an H100,
+        2026-12-06: four regions in a row, 48 s, while compiling commands held memory and so
+        the deadlock waited for deadlock_s). One waiting holder preempted instead, within the
+        bound: what a running holder frees in the first half comes first; the second is for
+        the preempted command's memory to come back."""
+        if not st.room_for:
+            return False
+        half = max(int(self.room_wait_s * 1e9 / 2), int(ALL_WAITING_S * 1e9))
+        return min(stuck, now_ns - st.room_since_ns) >= half
 
     def waiting(self, gpu: int) -> bool:
         return bool(self.state[gpu].waiters)

@@ -237,7 +237,8 @@ def _names(value: str) -> bool:
     "--no-memory-retry",
     is_flag=True,
     help="Do not run CMD again when sharing the GPU's memory ended or bent it (preempted, an "
-    "error only sharing caused, a region revoked while it waited for memory).",
+    "error only sharing caused, a region revoked while it waited for memory; such a region "
+    "then leaves CMD running, its record unclean).",
 )
 @click.option(
     "--no-pool", is_flag=True, help="Never run in a warm pool worker: start CMD as its own process."

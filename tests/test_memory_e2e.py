@@ -305,33 +305,41 @@ def test_a_region_owner_allocating_while_frozen_siblings_hold_memory_ends(
     assert_nothing_left(memd)
 
 
+@pytest.mark.parametrize("retry", [True, False], ids=["retry", "no-memory-retry"])
 def test_a_region_revoked_for_memory_runs_its_command_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, retry: bool
 ) -> None:
     """Issue #47, 3: a region revoked because its owner waited for memory its frozen siblings
     held timed its work unprotected (on an H100, 2026-12-06: 4 of 41 regions of a KernelBench
     mix, one of them reading 22.5 ms against 9.8 ms in the same command's cold run). The command
     runs again from the start once its memory fits: its final regions clean, its first
-    attempt's report counting the revoked region, krex run saying why on stderr. (No deadlock
-    release here: the owner's wait outside its region ends when the sibling frees.)"""
+    attempt's report counting the revoked region, krex run saying why on stderr. Its first
+    attempt is preempted at the revocation (on an H100 later that day such owners went on
+    holding their memory and waiting, the siblings with them, for seconds); with
+    --no-memory-retry nothing runs again, so nothing is preempted: the command finishes, its
+    region unclean. (No deadlock release here: the sibling frees once it thaws.)"""
     monkeypatch.setenv("KREX_SIM_MEM_BYTES", str(CAPACITY))
     with (
         configured(tmp_path, "[memory]\ndeadlock_s = 60\nwait_s = 60\n", slots=16) as memd,
         ThreadPoolExecutor(2) as ex,
     ):
         sib = sibling_holding(memd, ex, tmp_path)
-        owner = ex.submit(
-            through, memd, memhog([100, 400], hold=0.1, region=True), tmp_path / "owner.json"
-        )
+        flags = [] if retry else ["--no-memory-retry"]
+        hog = memhog([100, 400], hold=0.1, region=True)
+        owner = ex.submit(through, memd, hog, tmp_path / "owner.json", *flags)
         rs, ro = sib.result(), owner.result()
         assert_nothing_left(memd)
     assert rs["rc"] == 0 and ro["rc"] == 0, (rs["err"][-400:], ro["err"][-400:])
     rep = ro["report"]
-    first = rep["attempts"][0]
+    first = rep["attempts"][0] if retry else rep
     assert first["memory"]["revoked_regions"] == 1, json.dumps(first)[-2000:]
     (region,) = first["regions"]
     assert region["revoked"] and not region["clean"]
-    assert "region(s) revoked while it waited for device memory" in ro["err"]
+    if not retry:
+        assert "attempts" not in rep and "preempted" not in rep, json.dumps(rep)[-2000:]
+        return
+    assert "its region was revoked" in first["preempted"]["why"], json.dumps(first)[-2000:]
+    assert "its region was revoked" in ro["err"]
     assert rep["memory"]["revoked_regions"] == 0 and all(r["clean"] for r in rep["regions"])
 
 

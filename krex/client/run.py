@@ -235,6 +235,7 @@ class RunOptions:
     mem_alone: bool = False  # admitted only with the GPU's memory to itself (a memory retry)
     mem_rerun: int = 0  # a first memory rerun: its failed run's peak (bytes)
     no_memory_retry: bool = False
+    mem_attempt: int = 0  # the attempts before this one (krex run's memory retries)
     sim: bool = False
     socket: str | None = None
     queue_timeout_s: float = 3600.0
@@ -711,13 +712,18 @@ def _again(report: dict[str, Any], attempts: list[dict[str, Any]]) -> tuple[str,
     return None
 
 
+def _retries(opts: RunOptions) -> bool:
+    """Whether this attempt, preempted or revoked for memory, would be run again."""
+    return not (opts.no_memory_retry or opts.mem_alone or opts.mem_attempt >= MEMORY_RETRIES)
+
+
 def _run(opts: RunOptions) -> int:
     attempts: list[dict[str, Any]] = []
     key = command_key(opts.argv, os.getcwd())
     while True:
         code, report = _run_once(opts, key)
         again = None if opts.no_memory_retry else _again(report, attempts)
-        if again is None or len(attempts) >= MEMORY_RETRIES or opts.mem_alone:
+        if again is None or not _retries(opts):
             break
         why, alone = again
         how = "with the GPU's memory to itself" if alone else "once its memory fits"
@@ -730,7 +736,12 @@ def _run(opts: RunOptions) -> int:
         need = preempted.get("need_bytes", 0) if isinstance(preempted, dict) else 0
         peak = (report.get("memory") or {}).get("peak_bytes", 0)
         need = max(int(need or 0) if wire.is_int(need) else 0, int(peak or 0))
-        opts = dataclasses.replace(opts, mem_alone=alone, mem_rerun=0 if alone else max(1, need))
+        opts = dataclasses.replace(
+            opts,
+            mem_alone=alone,
+            mem_rerun=0 if alone else max(1, need),
+            mem_attempt=len(attempts),
+        )
     if attempts:
         report["attempts"] = attempts
     report = _complete(report, opts, code)
@@ -833,6 +844,7 @@ def _admitted(path: Path, opts: RunOptions, key: str) -> tuple[Connection, dict[
         mem_alone=opts.mem_alone,
         mem_rerun=opts.mem_rerun,
         mem_key=key or None,
+        mem_retry=_retries(opts),
     )
     conn.send(admit.to_wire())
     deadline = time.monotonic() + opts.queue_timeout_s

@@ -125,6 +125,9 @@ class Admit(Message):
     mem_alone: bool = field(default=False, metadata=OMIT)
     mem_rerun: int = field(default=0, metadata=OMIT)  # a rerun: what its last attempt needed
     mem_key: str | None = field(default=None, metadata=OMIT)  # identity for learned peaks
+    # `krex run` runs the command again when it is preempted or a region of it is revoked for
+    # memory (false: --no-memory-retry, or its last attempt).
+    mem_retry: bool = field(default=True, metadata=OMIT)
 
     @staticmethod
     def build_of(msg: dict[str, Any]) -> dict[str, Any] | None:
@@ -164,6 +167,9 @@ class Admit(Message):
         rerun = msg.get("mem_rerun", 0)
         if not wire.is_int(rerun) or not 0 <= rerun <= MAX_BYTES:
             raise ProtocolError(f"mem_rerun must be an integer 0..{MAX_BYTES} (bytes)")
+        retry = msg.get("mem_retry", True)
+        if not isinstance(retry, bool):
+            raise ProtocolError("mem_retry must be true or false")
         settle, capped = (_settle(msg, key) for key in ("settle_s", "capped_settle_s"))
         mem_key = msg.get("mem_key")
         if mem_key is not None and not is_key(mem_key):
@@ -182,6 +188,7 @@ class Admit(Message):
             mem_alone=alone,
             mem_rerun=rerun,
             mem_key=mem_key,
+            mem_retry=retry,
         )
 
 

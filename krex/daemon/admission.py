@@ -162,4 +162,5 @@ def admit_request(
         key=admit.mem_key or argv_key(admit.argv),
         settle=float(cfg.region_settle_s if settle is None else settle),
         capped_settle=float(cfg.region_capped_settle_s if capped is None else capped),
+        retry=admit.mem_retry,
     )

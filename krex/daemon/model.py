@@ -58,6 +58,7 @@ class Tenant:
     mem_oom_alone: int = 0
     mem_oom_shared: int = 0
     mem_revoked: int = 0  # its regions revoked: it waited for memory its frozen siblings held
+    mem_retry: bool = True  # krex run runs it again if preempted or revoked (Admit.mem_retry)
     mem_kind_waits: list[int] = field(default_factory=list)  # waits per kind (shm.MEM_KINDS)
     # NVML's per-process figure over its processes (the cross-check of the shim's count):
     # sampled once a second, None where NVML gives none (simulated GPU, no pynvml).
@@ -181,6 +182,7 @@ class AdmitRequest:
     key: str = ""  # the command's identity for learned peaks (the client's, else its argv's)
     settle: float = 0.0  # its regions' settle (krex run --settle, else regions.settle_s)
     capped_settle: float = 0.0  # once power-capped (--capped-settle, else regions.capped_settle_s)
+    retry: bool = True  # krex run runs the command again if preempted or revoked for memory
 
 
 @dataclass(eq=False)

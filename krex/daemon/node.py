@@ -137,12 +137,20 @@ class Node:
         return r.tenant if r is not None else None
 
     def owner_stuck(self, gpu: int, waited_s: float) -> None:
+        """The region's owner waits for memory its frozen siblings hold: the region is revoked
+        and, where `krex run` will run the command again anyway (what it times now is not what
+        it would time alone), the command is preempted at once: what it holds goes back to the
+        waiting siblings instead of being held while it finishes a run whose figures are void
+        (on an H100, 2026-12-06, such owners went on waiting for memory, and the siblings with
+        them, until a deadlock was broken seconds later)."""
         r = self.regions.held(gpu)
         if r is not None and r.granted and not r.ended:
-            r.tenant.mem_revoked += 1  # its command runs again (krex/client/run.py)
-            self.regions.revoke(
-                r, f"the owner waited {waited_s:.1f} s for device memory its frozen siblings hold"
-            )
+            t = r.tenant
+            t.mem_revoked += 1  # its command runs again (krex/client/run.py)
+            why = f"the owner waited {waited_s:.1f} s for device memory its frozen siblings hold"
+            self.regions.revoke(r, why)
+            if t.mem_retry:
+                self.preempt(t.id, f"its region was revoked: {why}")
 
     def victims(self, gpu: int) -> list[Tenant]:
         """The commands on a GPU the memory arbiter may preempt, in the order it would: the
@@ -260,6 +268,7 @@ class Node:
             mem_rerun=req.rerun,
             mem_rerun_need=req.rerun_need,
             mem_key=req.key,
+            mem_retry=req.retry,
         )
         self.tenants[tid] = t
         for x in gpus:

@@ -20,7 +20,7 @@ not, regions and those unclean, drains that timed out, preemptions, reruns, memo
 throughput over successful commands (and as a multiple of `alone`'s).
 
     python3 scripts/bench/sim_memory.py --json OUT.json [--modes alone,shared8,krex8,krex16]
-        [--commands 32] [--capacity 4G] [--compile-s 1.0]
+        [--commands 32] [--capacity 4G] [--compile-s 1.0] [--clients N] [--output-in-region S]
 """
 
 from __future__ import annotations
@@ -71,10 +71,10 @@ COMMAND = textwrap.dedent("""
     import krex
     from krex.sim.simgpu import SimGPU
     input_mib, ws_mib = int(sys.argv[1]), int(sys.argv[2])
-    compile_s, local = float(sys.argv[3]), sys.argv[4]
+    compile_s, local, out_mib = float(sys.argv[3]), sys.argv[4], int(sys.argv[5])
     g = SimGPU()                                  # a context: the driver's own memory
     fn = g.function(g.load_module(), f"k@local={local}")   # lazy: the module loads here
-    data = g.alloc(input_mib << 20)               # the input, held from here on
+    data = g.alloc((input_mib - out_mib) << 20)   # the input, held from here on
     time.sleep(compile_s)                         # import, torch.compile: off the GPU
     for _ in range(4):
         g.launch_fn(fn, 200_000)                  # first launch: its local memory
@@ -83,6 +83,7 @@ COMMAND = textwrap.dedent("""
     rc = g.cu.cuMemAlloc_v2(byref(ws), c_size_t(ws_mib << 20))  # a library's workspace
     ns = %d if rc == 0 else %d                    # no workspace: the slower path
     with krex.region():
+        out = g.alloc(out_mib << 20) if out_mib else None  # an eager op's output, first call
         ms = statistics.median(g.measure(ns, reps=5))
     print(json.dumps({"ms": ms, "fallback": rc != 0}), flush=True)
 """) % (FAST_NS, SLOW_NS)
@@ -110,8 +111,10 @@ def run_one(
     report: Path,
     compile_s: float,
     base: float = 0.0,
+    out_share: float = 0.0,
 ) -> dict[str, Any]:
-    argv = [sys.executable, "-c", COMMAND, str(cmd[0]), str(cmd[1]), str(compile_s), LOCAL]
+    out_mib = str(int(cmd[0] * out_share))
+    argv = [sys.executable, "-c", COMMAND, str(cmd[0]), str(cmd[1]), str(compile_s), LOCAL, out_mib]
     if sock is not None:
         argv = [sys.executable, "-m", "krex.cli", "run", "--sim", "--socket", str(sock),
                 "--report", str(report), "--", *argv]  # fmt: skip
@@ -139,6 +142,7 @@ def run_one(
         regions = [r for a in attempts for r in a.get("regions", [])]
         out["regions"] = len(regions)
         out["unclean"] = sum(not r.get("clean") for r in regions)
+        out["revoked"] = sum(bool(r.get("revoked")) for r in regions)
         if out["unclean"]:  # why, as the records say
             out["unclean_problems"] = [r.get("problems") for r in regions if not r.get("clean")]
         out["drains_timed_out"] = sum(
@@ -165,7 +169,12 @@ def node(capacity: int) -> Iterator[dict[str, str]]:
 
 
 def run_mode(
-    name: str, cmds: list[tuple[int, int]], capacity: int, compile_s: float, clients: int = 0
+    name: str,
+    cmds: list[tuple[int, int]],
+    capacity: int,
+    compile_s: float,
+    clients: int = 0,
+    out_share: float = 0.0,
 ) -> dict[str, Any]:
     concurrency, slots = MODES[name]
     if slots and clients:  # krex modes: this many `krex run` clients at once instead
@@ -184,7 +193,7 @@ def run_mode(
             t0 = time.monotonic()
             with ThreadPoolExecutor(concurrency) as ex:
                 futs = [
-                    ex.submit(run_one, c, sock, env, tmp / f"{i}.json", compile_s, t0)
+                    ex.submit(run_one, c, sock, env, tmp / f"{i}.json", compile_s, t0, out_share)
                     for i, c in enumerate(cmds)
                 ]
                 results = [f.result() for f in futs]
@@ -210,6 +219,7 @@ def counts(results: list[dict[str, Any]], wall: float) -> dict[str, Any]:
         "clean_fallbacks": sum(bool(r.get("clean_fallback")) for r in ok),
         "regions": sum(r.get("regions", 0) for r in results),
         "unclean": sum(r.get("unclean", 0) for r in results),
+        "revoked": sum(r.get("revoked", 0) for r in results),
         "drains_timed_out": sum(r.get("drains_timed_out", 0) for r in results),
         "preemptions": sum(r.get("preemptions", 0) for r in results),
         "reruns": sum(r.get("reruns", 0) for r in results),
@@ -250,6 +260,12 @@ def main() -> int:
         help="krex modes: `krex run` clients at once (default: as many as slots; the GPU "
         "benchmark kb_memory.py submits every command at once)",
     )  # fmt: skip
+    ap.add_argument(
+        "--output-in-region", type=float, default=0.0, metavar="SHARE",
+        help="the share (0..0.9) of each command's input it allocates inside its timing region "
+        "instead of before it, as an eager op allocates its output at the first timed call "
+        "(the H100's revoked regions, docs/results/h100-wave3/2026-12-06-d/); default 0",
+    )  # fmt: skip
     args = ap.parse_args()
     names = [m for m in args.modes.split(",") if m]
     if unknown := [m for m in names if m not in MODES]:
@@ -260,12 +276,16 @@ def main() -> int:
         ap.error(f"--capacity: {e}")
     if args.commands < 1 or not args.compile_s >= 0 or args.clients < 0:
         ap.error("--commands must be >= 1, --compile-s >= 0 and --clients >= 0")
+    if not 0 <= args.output_in_region <= 0.9:
+        ap.error("--output-in-region must be a share from 0 to 0.9")
     cmds = mix(args.commands, capacity)
     memory_check.LOGS = args.json.resolve().parent  # the daemons' logs
     modes = []
     for name in names:
         print(f"== {name} (simulated GPU)", flush=True)
-        modes.append(run_mode(name, cmds, capacity, args.compile_s, args.clients))
+        modes.append(
+            run_mode(name, cmds, capacity, args.compile_s, args.clients, args.output_in_region)
+        )
         args.json.write_text(json.dumps({"partial": True, "modes": modes}, indent=1))
     summarise(modes)
     doc = {
@@ -278,12 +298,13 @@ def main() -> int:
         "modes": modes,
     }
     args.json.write_text(json.dumps(doc, indent=1))
-    cols = ("ok", "fail", "oom", "fallbk", "not-alone", "regions", "unclean", "drain-to",
+    cols = ("ok", "fail", "oom", "fallbk", "not-alone", "regions", "unclean", "revoked", "drain-to",
             "preempt", "reruns", "wait p95", "wall s", "cpu s", "ok/min", "x alone")  # fmt: skip
     print("simulated GPU; mode    " + " ".join(f"{c:>9}" for c in cols))
     for m in modes:
         vals = (m["succeeded"], m["failed"], m["oom"], m["fallbacks"],
-                m.get("fallbacks_not_alone"), m["regions"], m["unclean"], m["drains_timed_out"],
+                m.get("fallbacks_not_alone"), m["regions"], m["unclean"], m["revoked"],
+                m["drains_timed_out"],
                 m["preemptions"], m["reruns"], m["wait_p95_s"], m["wall_s"], m.get("cpu_s"),
                 m["ok_per_min"], m.get("x_alone"))  # fmt: skip
         cells = ["-" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v) for v in vals]

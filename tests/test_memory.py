@@ -434,11 +434,10 @@ def test_a_rerun_is_preempted_last() -> None:
 
 
 def test_a_running_process_freeing_what_it_just_took_is_not_progress() -> None:
-    """On an H100 (2026-12-06, a fresh daemon's first wave of KernelBench commands) compiling
-    commands held memory and allocated and freed scratch all along while every other command
-    waited: each free counted as progress, and nothing was preempted for 48 s. Memory is back
-    only below the lowest seen since the last progress (before: any decrease since the last
-    tick, and the deadlock below was never broken)."""
+    """A compiling command holds memory and allocates and frees scratch all along while the
+    others wait (on an H100, 2026-12-06, a fresh daemon's first wave waited 48 s beside three
+    compiling commands). Memory is back only below the lowest seen since the last progress
+    (before: any decrease since the last tick, and the deadlock below was never broken)."""
     node = Node(deadlock_s=5.0)
     waiting = [slot(0, 1, held=4, want=3, since=1 * S), slot(1, 2, held=3, want=3, since=2 * S)]
     for i in range(60):  # 6 s of ticks; tenant 3 compiles: 2 GiB, then 2.5, then 2 again

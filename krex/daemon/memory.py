@@ -237,9 +237,8 @@ class Memory:
             if came_back or not st.waiters or len(waiters[i]) < len(st.waiters):
                 # Memory came back (by the shims' count or the driver's: a process that held
                 # only its context exited), a waiter was served, or the waiting just began.
-                # (Back below the lowest since the last progress: on an H100, 2026-12-06,
-                # compiling commands' own alloc-free cycles counted as progress for 48 s while
-                # every other command waited.)
+                # (Back below the lowest since the last progress: a running command freeing
+                # what it just took, a compiler's scratch, serves no waiter.)
                 st.progress_ns, st.low_held, st.low_used = now_ns, held[i], now_used
             st.held, st.others_can_free = held[i], freeing[i]
             st.used = now_used

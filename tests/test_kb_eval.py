@@ -380,6 +380,30 @@ def test_verdicts_speedups_against_the_native_repeat_and_the_wall_clock(ke: Any)
     assert doc["native_spread_pct"] is None and "no native repeat" in ke.table(doc)
 
 
+def test_the_timing_order_of_the_same_model_thrice(ke: Any) -> None:
+    """Per mode, the median % of the candidate's time over the eval's reference time, and of
+    that over the final reference's (the speedup's numerator): a lean of one timing shows
+    apart from the speedups; incorrect candidates and missing figures are left out."""
+
+    def timed(problem: str, cand: float, ref1: float, ref2: float) -> dict[str, Any]:
+        r = rec(problem)
+        r["result"]["raw"] |= {"runtime_ms": cand, "eval_ref_runtime_ms": ref1,
+                               "ref_runtime_ms": ref2}  # fmt: skip
+        return r
+
+    rows = [timed("a", 1.01, 1.0, 1.0), timed("b", 2.0, 2.02, 2.0), timed("c", 3.0, 3.0, 2.97)]
+    wrong = rec("d", "incorrect", None, None)
+    wrong["result"]["raw"] = {"runtime_ms": 9.0, "eval_ref_runtime_ms": 1.0, "ref_runtime_ms": 1.0}
+    m = mode("krex8", [*rows, wrong, rec("e")], 10.0, slots=8)  # e: no timings recorded
+    o = ke.timing_order(m)
+    assert o["candidate_over_eval_reference"] == pytest.approx(0.0)  # -0.99, 0, +1: median 0
+    assert o["eval_reference_over_final_reference"] == pytest.approx(1.0)  # 0, +1, +1.01
+    doc = ke.summarise([mode("exclusive", [rec("a")], 20.0), m])
+    assert doc["modes"][1]["timing_order_pct"] == o
+    assert "krex8        +0.00   +1.00" in ke.table(doc)
+    assert ke.timing_order(mode("x", [], 1.0)) == dict.fromkeys(ke.TIMING_ORDER)
+
+
 def test_how_often_a_native_run_would_be_called_off_by_the_same_rule(ke: Any) -> None:
     """The control for `off`: over ordered pairs of the native repeat's differences, the share
     where one exceeds the other + 0.3 points."""

@@ -283,6 +283,30 @@ def versus(m: dict[str, Any], ref: dict[str, dict[str, Any]], spread: dict[str, 
         m["off_if_native"] = kb_memory.off_if_native(spread, compared)
 
 
+TIMING_ORDER = ("candidate_over_eval_reference", "eval_reference_over_final_reference")
+
+
+def timing_order(m: dict[str, Any]) -> dict[str, float | None]:
+    """Each eval times the same model three times, in one order: the candidate, the eval's
+    reference, the final reference (whose time over the candidate's is the speedup). Per
+    mode, the median % of each over the next, over correct candidates: about 0 natively;
+    where one reads off under krex, the speedups move by as much (on an H100, 2026-12-06,
+    krex8's eval reference read 0.62 % over the final one, natively 0.22 and -0.00 %; the
+    H100 the day before: -0.15 %, natively 0.07 and -0.01 %)."""
+    first, second = [], []
+    for r in m["commands"]:
+        raw = _result(r).get("raw") if _result(r).get("correctness") else None
+        if not isinstance(raw, dict):
+            continue
+        a, b, c = (raw.get(k) for k in ("runtime_ms", "eval_ref_runtime_ms", "ref_runtime_ms"))
+        if (d := _pct(a, b)) is not None:
+            first.append(d)
+        if (d := _pct(b, c)) is not None:
+            second.append(d)
+    med = kb_memory._q
+    return dict(zip(TIMING_ORDER, (med(sorted(first), 0.5), med(sorted(second), 0.5)), strict=True))
+
+
 def summarise(modes: list[dict[str, Any]]) -> dict[str, Any]:
     """Each mode against exclusive: verdicts, speedups (versus), wall clock (the module's
     text); the native repeat's spread by candidate."""
@@ -297,6 +321,7 @@ def summarise(modes: list[dict[str, Any]]) -> dict[str, Any]:
     for m in modes:
         results = [_result(r).get(RESULT) for r in m["commands"]]
         m["verdicts"] = {v: results.count(v) for v in sorted({v for v in results if v})}
+        m["timing_order_pct"] = timing_order(m)
         if base is None or m is base:
             continue
         versus(m, ref, spread)
@@ -356,6 +381,15 @@ def table(doc: dict[str, Any]) -> str:
             f"{agree:>8} " + " ".join(f"{_f(x, '.2f'):>7}" for x in figures) + " "
             f"{_f(m.get('regions'), 'd'):>7} {_f(m.get('unclean'), 'd'):>7}  {off or '-'}"
         )
+    lines.append("")
+    lines.append(
+        "timing order, the same model thrice (median %): candidate over the eval's reference,"
+    )
+    lines.append("that over the final reference (about 0 natively; the speedup moves by either)")
+    for m in modes:
+        o = m.get("timing_order_pct") or {}
+        first, second = (o.get(k) for k in TIMING_ORDER)
+        lines.append(f"{m['mode']:10} {_f(first, '+.2f'):>7} {_f(second, '+.2f'):>7}")
     return "\n".join(lines)
 
 

@@ -408,8 +408,10 @@ class Config:
         "1, at most 1/16 of the GPU", ", at most the GPU's memory (checked at the start)",
     )  # fmt: skip
     memory_room_wait_s: float = _seconds(
-        10.0, "memory.room_wait_s", "the longest that wait lasts (then the region goes ahead)"
-    )
+        10.0, "memory.room_wait_s",
+        "the longest that wait lasts (then the region goes ahead); after half of it with no "
+        "memory back, a waiting command that holds memory is preempted for the room",
+    )  # fmt: skip
     memory_unknown_gib: float | None = _gib(
         "memory.unknown_gib",
         "what a command never seen is expected to need until a few peaks are learned (0: "

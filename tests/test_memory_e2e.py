@@ -435,6 +435,49 @@ def test_a_deadlock_beside_a_region_waiting_for_room_is_broken_for_the_room(
     assert "every process holding memory waits" in d.log.read_text()
 
 
+def test_a_region_waiting_for_room_beside_a_running_holder_gets_it_within_its_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #47, as an H100 showed it (docs/results/h100-wave3/2026-12-06-d/): as above, but a
+    third command holds memory and runs (a compiling command), so the deadlock's period is
+    deadlock_s (30 s), longer than the room's bound (20 s here): the region used to go ahead
+    without its room, its owner then waited for memory its frozen siblings held and the region
+    was revoked (its command run again). Now, half-way through the bound, a waiting holder is
+    preempted for the room: the region gets it, clean, on the owner's first run."""
+    monkeypatch.setenv("KREX_SIM_MEM_BYTES", str(CAPACITY))
+    cfg = tmp_path / "krex.toml"
+    cfg.write_text("[memory]\ndeadlock_s = 30\nroom_gib = 0.3\nroom_wait_s = 20\n")
+    go = tmp_path / "go"
+    d = Daemon(tmp_path / "krex.sock", "--slots", "4", "--config", str(cfg))
+    d.start()
+    try:
+        with ThreadPoolExecutor(4) as ex:
+            runner = ex.submit(through, d, memhog([50], hold=25.0), tmp_path / "runner.json")
+            hog = [sys.executable, "-c", GATED_HOG, "350", "350", str(go)]
+            hogs = [ex.submit(through, d, hog, tmp_path / f"hog{i}.json") for i in range(2)]
+            until(lambda: held(d) >= 750 * MIB, 60, "the holders' 750 MiB", every_s=0.1)
+            owner = ex.submit(
+                through, d, memhog([10, 300], hold=0.1, region=True), tmp_path / "owner.json"
+            )
+
+            def room_wait() -> bool:
+                g = (d.status() or {})["gpus"][0]
+                return bool(g["memory"].get("region_waits_for_room"))
+
+            until(room_wait, 60, "the owner's region waiting for room", every_s=0.05)
+            go.touch()  # the two holders ask for more; the runner could free, but does not
+            rh, ro, rr = [h.result() for h in hogs], owner.result(), runner.result()
+    finally:
+        d.stop()
+    assert [r["rc"] for r in rh] == [0, 0] and ro["rc"] == 0 and rr["rc"] == 0, ro["err"][-400:]
+    assert not ro["report"].get("attempts"), json.dumps(ro["report"])[-3000:]
+    (region,) = ro["report"]["regions"]
+    assert region["room_s"] < 18, region  # before its 20 s bound ran out
+    assert region["clean"] and not region["revoked"], json.dumps(region) + d.log.read_text()[-4000:]
+    assert any(r["report"].get("attempts") for r in rh)  # one of the two ran again
+    assert "region waits for room" in d.log.read_text()
+
+
 def test_a_wait_for_memory_shows_in_status_and_top(memd: Daemon, tmp_path: Path) -> None:
     """While one command holds 800 MiB, another's 400 MiB allocation waits: `krex status`
     shows who waits and for how long, and `krex top` shows it in its tables."""

@@ -389,6 +389,26 @@ GATED_HOG = CONTEXT + textwrap.dedent("""
 """)
 
 
+def owner_beside_gated_hogs(
+    d: Daemon, ex: ThreadPoolExecutor, tmp_path: Path, mib: int, held_mib: int
+) -> tuple[list[Future[dict[str, Any]]], Future[dict[str, Any]]]:
+    """Two GATED_HOGs holding `mib` MiB each (once the daemon sees `held_mib` held), then an
+    owner whose region asks for room (300 MiB in it); once that region waits for room, the
+    hogs are let ask for `mib` more each. Returns (the hogs' runs, the owner's)."""
+    go = tmp_path / "go"
+    hog = [sys.executable, "-c", GATED_HOG, str(mib), str(mib), str(go)]
+    hogs = [ex.submit(through, d, hog, tmp_path / f"hog{i}.json") for i in range(2)]
+    until(lambda: held(d) >= held_mib * MIB, 60, f"the holders' {held_mib} MiB", every_s=0.1)
+    owner = ex.submit(through, d, memhog([10, 300], hold=0.1, region=True), tmp_path / "owner.json")
+
+    def room_wait() -> bool:
+        return bool((d.status() or {})["gpus"][0]["memory"].get("region_waits_for_room"))
+
+    until(room_wait, 60, "the owner's region waiting for room", every_s=0.05)
+    go.touch()
+    return hogs, owner
+
+
 def test_a_deadlock_beside_a_region_waiting_for_room_is_broken_for_the_room(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -402,24 +422,12 @@ def test_a_deadlock_beside_a_region_waiting_for_room_is_broken_for_the_room(
     monkeypatch.setenv("KREX_SIM_MEM_BYTES", str(CAPACITY))
     cfg = tmp_path / "krex.toml"
     cfg.write_text("[memory]\ndeadlock_s = 30\nroom_gib = 0.3\nroom_wait_s = 60\n")
-    go = tmp_path / "go"
     d = Daemon(tmp_path / "krex.sock", "--slots", "4", "--config", str(cfg))
     d.start()
     try:
         with ThreadPoolExecutor(3) as ex:
-            hog = [sys.executable, "-c", GATED_HOG, "400", "400", str(go)]
-            hogs = [ex.submit(through, d, hog, tmp_path / f"hog{i}.json") for i in range(2)]
-            until(lambda: held(d) >= 800 * MIB, 60, "the two holders' 800 MiB", every_s=0.1)
-            owner = ex.submit(
-                through, d, memhog([10, 300], hold=0.1, region=True), tmp_path / "owner.json"
-            )
-
-            def room_wait() -> bool:
-                g = (d.status() or {})["gpus"][0]
-                return bool(g["memory"].get("region_waits_for_room"))
-
-            until(room_wait, 60, "the owner's region waiting for room", every_s=0.05)
-            go.touch()  # now every holder asks for more: nobody can free
+            # Once the region waits for room, every holder asks for more: nobody can free.
+            hogs, owner = owner_beside_gated_hogs(d, ex, tmp_path, 400, 800)
             rh, ro = [h.result() for h in hogs], owner.result()
     finally:
         d.stop()
@@ -447,25 +455,13 @@ def test_a_region_waiting_for_room_beside_a_running_holder_gets_it_within_its_bo
     monkeypatch.setenv("KREX_SIM_MEM_BYTES", str(CAPACITY))
     cfg = tmp_path / "krex.toml"
     cfg.write_text("[memory]\ndeadlock_s = 30\nroom_gib = 0.3\nroom_wait_s = 20\n")
-    go = tmp_path / "go"
     d = Daemon(tmp_path / "krex.sock", "--slots", "4", "--config", str(cfg))
     d.start()
     try:
         with ThreadPoolExecutor(4) as ex:
             runner = ex.submit(through, d, memhog([50], hold=25.0), tmp_path / "runner.json")
-            hog = [sys.executable, "-c", GATED_HOG, "350", "350", str(go)]
-            hogs = [ex.submit(through, d, hog, tmp_path / f"hog{i}.json") for i in range(2)]
-            until(lambda: held(d) >= 750 * MIB, 60, "the holders' 750 MiB", every_s=0.1)
-            owner = ex.submit(
-                through, d, memhog([10, 300], hold=0.1, region=True), tmp_path / "owner.json"
-            )
-
-            def room_wait() -> bool:
-                g = (d.status() or {})["gpus"][0]
-                return bool(g["memory"].get("region_waits_for_room"))
-
-            until(room_wait, 60, "the owner's region waiting for room", every_s=0.05)
-            go.touch()  # the two holders ask for more; the runner could free, but does not
+            # The two holders ask for more; the runner could free, but does not.
+            hogs, owner = owner_beside_gated_hogs(d, ex, tmp_path, 350, 750)
             rh, ro, rr = [h.result() for h in hogs], owner.result(), runner.result()
     finally:
         d.stop()

@@ -420,17 +420,11 @@ def test_a_deadlock_beside_a_region_waiting_for_room_is_broken_for_the_room(
     room (one of the two preempted and run again): the region is granted long before its
     bound, and every command succeeds."""
     monkeypatch.setenv("KREX_SIM_MEM_BYTES", str(CAPACITY))
-    cfg = tmp_path / "krex.toml"
-    cfg.write_text("[memory]\ndeadlock_s = 30\nroom_gib = 0.3\nroom_wait_s = 60\n")
-    d = Daemon(tmp_path / "krex.sock", "--slots", "4", "--config", str(cfg))
-    d.start()
-    try:
-        with ThreadPoolExecutor(3) as ex:
-            # Once the region waits for room, every holder asks for more: nobody can free.
-            hogs, owner = owner_beside_gated_hogs(d, ex, tmp_path, 400, 800)
-            rh, ro = [h.result() for h in hogs], owner.result()
-    finally:
-        d.stop()
+    config = "[memory]\ndeadlock_s = 30\nroom_gib = 0.3\nroom_wait_s = 60\n"
+    with configured(tmp_path, config) as d, ThreadPoolExecutor(3) as ex:
+        # Once the region waits for room, every holder asks for more: nobody can free.
+        hogs, owner = owner_beside_gated_hogs(d, ex, tmp_path, 400, 800)
+        rh, ro = [h.result() for h in hogs], owner.result()
     assert [r["rc"] for r in rh] == [0, 0] and ro["rc"] == 0, [r["err"][-400:] for r in rh]
     # Before: the room's 60 s ran out, the region was revoked at once and its owner
     # preempted with the others, its rerun's region clean: so the owner must have run once.
@@ -453,18 +447,12 @@ def test_a_region_waiting_for_room_beside_a_running_holder_gets_it_within_its_bo
     was revoked (its command run again). Now, half-way through the bound, a waiting holder is
     preempted for the room: the region gets it, clean, on the owner's first run."""
     monkeypatch.setenv("KREX_SIM_MEM_BYTES", str(CAPACITY))
-    cfg = tmp_path / "krex.toml"
-    cfg.write_text("[memory]\ndeadlock_s = 30\nroom_gib = 0.3\nroom_wait_s = 20\n")
-    d = Daemon(tmp_path / "krex.sock", "--slots", "4", "--config", str(cfg))
-    d.start()
-    try:
-        with ThreadPoolExecutor(4) as ex:
-            runner = ex.submit(through, d, memhog([50], hold=25.0), tmp_path / "runner.json")
-            # The two holders ask for more; the runner could free, but does not.
-            hogs, owner = owner_beside_gated_hogs(d, ex, tmp_path, 350, 750)
-            rh, ro, rr = [h.result() for h in hogs], owner.result(), runner.result()
-    finally:
-        d.stop()
+    config = "[memory]\ndeadlock_s = 30\nroom_gib = 0.3\nroom_wait_s = 20\n"
+    with configured(tmp_path, config) as d, ThreadPoolExecutor(4) as ex:
+        runner = ex.submit(through, d, memhog([50], hold=25.0), tmp_path / "runner.json")
+        # The two holders ask for more; the runner could free, but does not.
+        hogs, owner = owner_beside_gated_hogs(d, ex, tmp_path, 350, 750)
+        rh, ro, rr = [h.result() for h in hogs], owner.result(), runner.result()
     assert [r["rc"] for r in rh] == [0, 0] and ro["rc"] == 0 and rr["rc"] == 0, ro["err"][-400:]
     assert not ro["report"].get("attempts"), json.dumps(ro["report"])[-3000:]
     (region,) = ro["report"]["regions"]

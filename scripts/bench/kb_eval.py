@@ -295,7 +295,8 @@ def timing_order(m: dict[str, Any]) -> dict[str, float | None]:
     H100 the day before: -0.15 %, natively 0.07 and -0.01 %)."""
     first, second = [], []
     for r in m["commands"]:
-        raw = _result(r).get("raw") if _result(r).get("correctness") else None
+        res = _result(r)
+        raw = res.get("raw") if res.get("correctness") else None
         if not isinstance(raw, dict):
             continue
         a, b, c = (raw.get(k) for k in ("runtime_ms", "eval_ref_runtime_ms", "ref_runtime_ms"))

@@ -135,6 +135,11 @@ _lock = threading.Lock()
 _reaped = threading.Condition(_lock)  # notified when a region starts lingering
 _open: set[socket.socket] = set()  # every thread's region connection, for the fork hook
 _lingering: set[_Held] = set()  # regions left by their threads, held until `until`
+# Regions the reaper took and is ending (region_end in flight): whoever needs them ended (exit,
+# a record asked for) waits for them on _ended, at most ENDING_WAIT_S.
+_reaping: set[_Held] = set()
+_ended = threading.Condition(_lock)
+ENDING_WAIT_S = 10.0
 _reaper: threading.Thread | None = None
 _last: dict[str, Any] | None = None
 
@@ -142,10 +147,12 @@ _last: dict[str, Any] | None = None
 def _forget_after_fork() -> None:
     # A forked child must not end its parent's region (region_end on the shared connection),
     # nor keep the connection open: the daemon learns the owner died from EOF.
-    global _state, _lock, _reaped, _reaper
+    global _state, _lock, _reaped, _ended, _reaper
     _lock = threading.Lock()
     _reaped = threading.Condition(_lock)
+    _ended = threading.Condition(_lock)
     _reaper = None
+    _reaping.clear()
     for conn in _open:
         conn.close()
     _open.clear()
@@ -182,6 +189,8 @@ def end_lingering() -> None:
             mine = held in _lingering
             if mine:
                 _take(held)
+            else:  # the reaper may be ending it: its record is complete once it has
+                _ended.wait_for(lambda: held not in _reaping, ENDING_WAIT_S)
         if mine:
             _state.held = None
             _end_quietly(held)
@@ -322,8 +331,14 @@ def _reap() -> None:
                 continue
             for held in due:
                 _take(held)
+                _reaping.add(held)
         for held in due:
-            _end_quietly(held)
+            try:
+                _end_quietly(held)
+            finally:
+                with _lock:
+                    _reaping.discard(held)
+                    _ended.notify_all()
 
 
 def _end_quietly(held: _Held) -> None:
@@ -335,13 +350,17 @@ def _end_quietly(held: _Held) -> None:
 
 def flush() -> None:
     """End now every region of this process that lingers (auto-regions whose calls returned),
-    so that their records are complete: at a command's end, and at exit."""
+    so that their records are complete: at a command's end, and at exit. Those the reaper is
+    ending already are waited for (at exit, its daemon thread would otherwise be stopped
+    half-way, and the region end by EOF instead of region_end)."""
     with _lock:
         due = list(_lingering)
         for held in due:
             _take(held)
     for held in due:
         _end_quietly(held)
+    with _lock:
+        _ended.wait_for(lambda: not _reaping, ENDING_WAIT_S)
 
 
 atexit.register(flush)

@@ -32,11 +32,20 @@ class FakeDaemon:
     """A threaded unix-socket server; a context manager that listens while entered."""
 
     def __init__(
-        self, path: Path, *, grant_delay_s: float = 0.0, refuse: str | None = None
+        self,
+        path: Path,
+        *,
+        grant_delay_s: float = 0.0,
+        refuse: str | None = None,
+        revoke: int = 0,
     ) -> None:
         self.path = path
         self.grant_delay_s = grant_delay_s
         self.refuse = refuse
+        # The first `revoke` regions begun with `retake` are revoked for memory at once: the
+        # `revoked` event after the grant, a revoked record at region_end.
+        self.revoke = revoke
+        self.retakes: list[tuple[bool, bool]] = []  # each region_begin's (retake, retaken)
         self.received: list[Received] = []
         self.calls: list[dict[str, int]] = []  # each region_end's `calls` ({} without)
         self.candidate: list[bool] = []  # each region_begin's `candidate` (False without)
@@ -110,6 +119,7 @@ class FakeDaemon:
         tenant: int | None = None
         pid: int | None = None
         began = 0.0
+        revoked = False
         # A client gone before its reply: _reply let the write fail, and closing the stream
         # would try it again; the conversation is over either way.
         with contextlib.suppress(OSError), client, client.makefile("rwb") as stream:
@@ -125,8 +135,12 @@ class FakeDaemon:
                     self._reply(stream, {"ok": True, "version": "0.1.0", "pid": os.getpid()})
                 elif op == "region_begin":
                     tenant, pid = request.get("tenant"), request.get("pid")
+                    retake = request.get("retake", False)
                     with self._changed:
                         self.candidate.append(request.get("candidate", False))
+                        self.retakes.append((retake, request.get("retaken", False)))
+                        revoked = retake and self.revoke > 0
+                        self.revoke -= revoked
                     self._record(op, tenant, pid)
                     if self.refuse is not None:
                         self._reply(stream, {"ok": False, "error": self.refuse})
@@ -138,13 +152,18 @@ class FakeDaemon:
                     self._epoch += 1
                     grant = {"epoch": self._epoch, "wait_s": self.grant_delay_s}
                     self._reply(stream, {"ok": True, **grant, **_COSTS, "clean": True})
+                    if revoked:
+                        self._reply(stream, {"event": "revoked", "why": "the owner waited"})
                 elif op == "region_end" and tenant is not None:
                     with self._changed:  # before the record: wait_for() then sees both
                         self.calls.append(dict(request.get("calls") or {}))
                     self._record(op, tenant, pid)
                     record: dict[str, Any] = {"wait_s": self.grant_delay_s, **_COSTS}
                     record.update(
-                        duration_s=time.monotonic() - began, clean=True, revoked=False, problems=[]
+                        duration_s=time.monotonic() - began,
+                        clean=not revoked,
+                        revoked=revoked,
+                        problems=["revoked before its owner ended it"] if revoked else [],
                     )
                     if "calls" in request:  # the markers that held it, as the daemon records them
                         record["calls"] = request["calls"]

@@ -4,6 +4,7 @@ of libkrex.so, and auto-regions in an unmodified child Python process."""
 from __future__ import annotations
 
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -1452,6 +1453,7 @@ FAKE_TUNABLE = {
     "cuda/__init__.py": "from torch.cuda import tunable\n",
     "cuda/tunable.py": """
 import os
+import select
 _on = os.environ.get("PYTORCH_TUNABLEOP_ENABLED") == "1"
 _tuning = os.environ.get("PYTORCH_TUNABLEOP_TUNING", "1") != "0"
 
@@ -1524,3 +1526,86 @@ def test_the_gpu_linger_check_tells_a_timing_in_a_candidates_region() -> None:
     assert not all(check.judge(0, "ok 1.0", before).values())
     assert all(check.judge(0, "ok 1.0", after).values())
     assert not check.judge(1, "", after)["ran"]
+
+
+# Retakes: a timing whose region is revoked for memory is timed again (docs/memory.md)
+
+
+@pytest.fixture
+def revoking(
+    outside: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[FakeDaemon]:
+    """This test process is a tenant of a fake daemon that revokes, for memory, the first
+    region begun with `retake`."""
+    with FakeDaemon(tmp_path / "krex.sock", revoke=1) as d:
+        for name, value in d.env(TENANT).items():
+            monkeypatch.setenv(name, value)
+        markers._environment.cache_clear()
+        yield d
+
+
+def told() -> None:
+    """Wait until this thread's region has the daemon's unasked line (the fake sends it right
+    after the grant; a loaded machine may deliver it later than the call would return)."""
+    held = markers._state.held
+    assert held is not None
+    until(lambda: bool(select.select([held.conn], [], [], 0)[0]), 10, "the revoked event")
+
+
+def test_a_timing_whose_region_is_revoked_for_memory_is_timed_again_in_a_new_region(
+    revoking: FakeDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #47: a timer's region revoked because its owner waited for memory its frozen
+    siblings held (on an H100, 3 of 8 commands' first calls, each then run again from the
+    start) is timed again, once, in a new region that says `retaken`; the call's result is the
+    second one's and the last record is the new region's."""
+    linger(monkeypatch, "0")
+    calls: list[int] = []
+
+    def bench() -> int:
+        calls.append(1)
+        if len(calls) == 1:
+            told()
+        return len(calls)
+
+    timed = markers.auto_region("triton.testing.do_bench", retakes=True)(bench)
+    assert timed() == 2
+    assert revoking.retakes == [(True, False), (False, True)]
+    assert revoking.ops() == ["region_begin", "region_end"] * 2
+    record = last_region() or {}
+    assert record["clean"] and not record["revoked"], record
+    assert timed() == 3  # the next call: one region, nothing to retake
+    assert revoking.retakes[-1] == (True, False) and len(revoking.retakes) == 3
+
+
+def test_a_call_that_is_not_a_known_timer_is_neither_retaken_nor_asks_to_be(
+    revoking: FakeDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A region() or an auto-region of a callable the user named may do more than time: its
+    region_begin does not ask for a retake (the daemon preempts and reruns the command
+    instead), and its call is made once."""
+    linger(monkeypatch, "0")
+    calls: list[int] = []
+    markers.auto_region("mylib.bench")(lambda: calls.append(1))()
+    with region():
+        calls.append(1)
+    assert calls == [1, 1]
+    assert revoking.retakes == [(False, False), (False, False)]
+
+
+def test_a_lingering_region_revoked_meanwhile_is_not_continued(
+    revoking: FakeDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next timing does not continue a lingering region the daemon revoked (it would run
+    unprotected): that region is ended (its reply read past the event) and a new one begun."""
+    linger(monkeypatch, "1")
+    timer = markers.auto_region("triton.testing.do_bench", retakes=True)
+    with timer:
+        told()
+    assert revoking.ops() == ["region_begin"]
+    with timer:
+        pass
+    assert revoking.ops() == ["region_begin", "region_end", "region_begin"]
+    markers.flush()
+    record = last_region() or {}
+    assert record["clean"], record

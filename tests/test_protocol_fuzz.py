@@ -26,7 +26,7 @@ OPS = ["hello", "status", "admit", "started", "lease", "finished", "region_begin
        "region_end", "worker_ready", "done"]  # fmt: skip
 FIELDS = ["argv", "gpu", "sim", "auto_regions", "region_timeout_s", "settle_s", "capped_settle_s",
           "tenant", "pid", "worker", "secret", "exit_code", "worker_lost", "calls",
-          "candidate"]  # fmt: skip
+          "candidate", "retake", "retaken"]  # fmt: skip
 
 json_values = st.recursive(
     st.none()

@@ -258,22 +258,38 @@ class Finished(Message):
 # From inside a tenant, on a connection of the region's own.
 @dataclass(frozen=True)
 class RegionBegin(Message):
-    """Tenant `tenant` asks for the GPU to itself (`candidate`: an autotuner's candidate)."""
+    """Tenant `tenant` asks for the GPU to itself (`candidate`: an autotuner's candidate).
+    `retake`: a timing call it can make again asks, so if the region is revoked for memory the
+    daemon says so on this connection (a `revoked` event) and the tenant times the call again
+    in a new region instead of its command running again; `retaken`: that new region."""
 
     OP: ClassVar[str] = "region_begin"
     tenant: int
     pid: int | None
     candidate: bool = field(default=False, metadata=OMIT)
+    retake: bool = field(default=False, metadata=OMIT)
+    retaken: bool = field(default=False, metadata=OMIT)
 
     @classmethod
     def from_wire(cls, msg: dict[str, Any]) -> RegionBegin:
         tid = msg.get("tenant")
         if not wire.is_int(tid):
             raise ProtocolError(f"tenant {tid!r} is not admitted here")
-        candidate = msg.get("candidate", False)
-        if not isinstance(candidate, bool):
-            raise ProtocolError("candidate must be true or false")
-        return cls(tid, _pid(msg.get("pid")), candidate)
+        flags = {k: msg.get(k, False) for k in ("candidate", "retake", "retaken")}
+        for k, v in flags.items():
+            if not isinstance(v, bool):
+                raise ProtocolError(f"{k} must be true or false")
+        return cls(tid, _pid(msg.get("pid")), **flags)
+
+
+# What the daemon sends on its own on a region's connection that asked for it (`retake`): the
+# region was revoked for memory. Its one unsolicited line; a reader of replies skips it.
+REVOKED_EVENT = "revoked"
+
+
+def is_event(reply: dict[str, Any]) -> bool:
+    """Whether a line the daemon sent on a region's connection is an event, not a reply."""
+    return "event" in reply and "ok" not in reply
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -41,7 +42,7 @@ from krex.daemon.model import AdmitRequest, Gpu, Region, Tenant
 from krex.daemon.mps import Mps
 from krex.daemon.node import Node
 from krex.daemon.status import status
-from krex.daemon.tasks import Supervisor
+from krex.daemon.tasks import Supervisor, spawn
 from krex.daemon.workers import EXIT_WAIT_S
 from krex.pool.plan import preinit, startup_locale
 from krex.sim.simnode import remove as remove_sim_segment
@@ -405,10 +406,15 @@ class Daemon:
         if conn.peer.pid not in await loop.run_in_executor(None, t.group.pids):
             # A region freezes the tenant's siblings: only the tenant's own processes ask.
             raise ProtocolError(f"process {conn.peer.pid} is not one of tenant {t.id}'s")
+        if begin.retaken:
+            self.node.retaken(t)
         t_request = time.monotonic()
         region: Region = await self.node.regions.acquire(
             t, conn.until, pid=conn.peer.pid, candidate=candidate
         )
+        if begin.retake:
+            region.retake = True
+            region.notify.append(functools.partial(_tell_revoked, conn))
         try:
             await conn.send({"ok": True, **_grant_reply(region, t_request)})
             end = await conn.read()
@@ -463,6 +469,17 @@ class Daemon:
                 if g.admission:
                     self.node.admission.admit_next(g)
             await asyncio.sleep(_MEMORY_TICK_S[0] if anyone else _MEMORY_TICK_S[1])
+
+
+def _tell_revoked(conn: Conn, why: str) -> None:
+    """The region this connection holds was revoked for memory: tell its holder, who times
+    its call again (a retake), at once; a holder already gone needs nothing."""
+
+    async def send() -> None:
+        with contextlib.suppress(ConnectionError, OSError):
+            await conn.send({"event": messages.REVOKED_EVENT, "why": why})
+
+    spawn(send(), "revoked event")
 
 
 def _connection_cap() -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,10 @@ class Tenant:
     mem_oom_alone: int = 0
     mem_oom_shared: int = 0
     mem_revoked: int = 0  # its regions revoked: it waited for memory its frozen siblings held
+    # Of those, the ones begun by a timing call the tenant times again when revoked (region_begin's
+    # `retake`), not yet timed again, and those timed again (`retaken`): no rerun for those.
+    mem_retakes: list[dict[str, Any]] = field(default_factory=list)
+    mem_retaken: int = 0
     mem_retry: bool = True  # krex run runs it again if preempted or revoked (Admit.mem_retry)
     mem_kind_waits: list[int] = field(default_factory=list)  # waits per kind (shm.MEM_KINDS)
     # NVML's per-process figure over its processes (the cross-check of the shim's count):
@@ -124,6 +129,10 @@ class Region:
     record: dict[str, Any] | None = None
     timer: asyncio.TimerHandle | None = None
     problems: list[str] = field(default_factory=list)  # why it is not clean; empty: clean
+    # A holder's timing call would be timed again in a new region if this one were revoked for
+    # memory (region_begin's `retake`); `notify`: how each such holder is told (the event).
+    retake: bool = False
+    notify: list[Callable[[str], None]] = field(default_factory=list)
 
     @property
     def granted(self) -> bool:

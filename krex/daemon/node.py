@@ -146,11 +146,23 @@ class Node:
         r = self.regions.held(gpu)
         if r is not None and r.granted and not r.ended:
             t = r.tenant
-            t.mem_revoked += 1  # its command runs again (krex/client/run.py)
+            t.mem_revoked += 1  # its command runs again (krex/client/run.py), unless retaken
             why = f"the owner waited {waited_s:.1f} s for device memory its frozen siblings hold"
             self.regions.revoke(r, why)
-            if t.mem_retry:
+            if r.retake and r.record is not None:
+                # A timing call the tenant times again in a new region once its wait is over
+                # (krex/tenant/markers.py): only that call's work is lost, not the command's.
+                t.mem_retakes.append(r.record)
+                log.info("tenant %d times its call again in a new region (a retake)", t.id)
+            elif t.mem_retry:
                 self.preempt(t.id, f"its region was revoked: {why}")
+
+    def retaken(self, t: Tenant) -> None:
+        """t begins a region that times again a call whose region was revoked for memory: that
+        revocation no longer makes its command run again; its record says `retaken`."""
+        if t.mem_retakes:
+            t.mem_retakes.pop()["retaken"] = True
+            t.mem_retaken += 1
 
     def victims(self, gpu: int) -> list[Tenant]:
         """The commands on a GPU the memory arbiter may preempt, in the order it would: the
@@ -413,7 +425,8 @@ def _memory_report(t: Tenant) -> dict[str, Any]:
         },
         "oom_alone": t.mem_oom_alone,
         "oom_shared": t.mem_oom_shared,
-        "revoked_regions": t.mem_revoked,
+        "revoked_regions": t.mem_revoked - t.mem_retaken,
+        "retaken_regions": t.mem_retaken,
     }
 
 

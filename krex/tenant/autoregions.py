@@ -242,7 +242,10 @@ def _wrap(module: ModuleType, path: str) -> None:
         factory = _registry.factories.get(full)
     if getattr(fn, WRAPPED_MARK, False):
         return
-    wrapped: Any = factory(fn, full) if factory is not None else auto_region(full)(fn)
+    # A timer krex knows is made again where its region is revoked for memory (a retake,
+    # krex/tenant/markers.py); a callable the user named may do more than time, so it is not.
+    region = auto_region(full, retakes=full in DEFAULT_AUTO_REGIONS)
+    wrapped: Any = factory(fn, full) if factory is not None else region(fn)
     setattr(owner, attr, kind(wrapped) if kind is not None else wrapped)
 
 

@@ -11,6 +11,14 @@ it, with no new drain or freeze. An autotuner's configurations, timed one after 
 harness's trials, each between its own CUDA events, are so timed in one region, under the same
 conditions, with no sibling work between them. A held region nobody continues is ended by a
 reaper thread, by flush(), or at exit.
+
+Retakes: a timing call that can simply be made again (the timers auto-regions know:
+`Region(retakes=True)`) asks for its region with `retake`. If the daemon revokes that region
+because its owner waited for device memory its frozen siblings hold (docs/memory.md), it says
+so on the region's connection; once the call returns, its result (timed partly unprotected) is
+dropped and the call is made again, once, in a new region (`retaken`), where the memory the
+first call waited for is already the command's. Only that call's time is lost, where otherwise
+the whole command would run again.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import contextlib
 import errno
 import functools
 import os
+import select
 import shutil
 import signal
 import socket
@@ -106,12 +115,18 @@ class _Held:
     """One granted region: its connection and grant. A plain object, not thread-local, so
     that the reaper thread can end it for the thread that held it."""
 
-    __slots__ = ("calls", "candidate", "conn", "ended", "grant", "t_grant", "until")
+    __slots__ = (
+        "calls", "candidate", "conn", "ended", "grant", "retake", "revoked", "t_grant", "until"
+    )  # fmt: skip
 
-    def __init__(self, conn: socket.socket, grant: dict[str, Any], candidate: bool) -> None:
+    def __init__(
+        self, conn: socket.socket, grant: dict[str, Any], candidate: bool, retake: bool = False
+    ) -> None:
         self.conn = conn
         self.grant = grant  # the region_begin reply: its wait, drain, freeze times
         self.candidate = candidate  # an autotuner's candidate benchmark began it
+        self.retake = retake  # begun with `retake`: the daemon tells it when revoked
+        self.revoked = False  # told so (revoked())
         self.t_grant = time.monotonic()
         self.until = 0.0  # while lingering: when the reaper ends it (time.monotonic())
         self.ended = False  # taken by the reaper or flush() (under _lock)
@@ -128,6 +143,7 @@ class _ThreadState(threading.local):
         self.depth = 0
         self.held: _Held | None = None  # this thread's region, inside it or lingering
         self.candidates = 0  # inside candidates(): the regions it begins are candidates'
+        self.retaking = False  # the next region it begins times a call again (`retaken`)
 
 
 _state = _ThreadState()
@@ -207,11 +223,17 @@ class Region:
     """
 
     def __init__(
-        self, *, lingers: bool = False, label: str = REGION_LABEL, candidate: bool = False
+        self,
+        *,
+        lingers: bool = False,
+        label: str = REGION_LABEL,
+        candidate: bool = False,
+        retakes: bool = False,
     ) -> None:
         self.lingers = lingers
         self.label = label[: wire.MAX_CALL_NAME] or REGION_LABEL
         self.candidate = candidate  # an autotuner's candidate benchmark (candidates())
+        self.retakes = retakes  # its calls are timings made again if revoked (call())
 
     def __enter__(self) -> None:
         tenant = _environment()
@@ -227,7 +249,9 @@ class Region:
         if held is not None:
             with _lock:
                 if not held.ended:
-                    if candidate or not held.candidate:  # still lingering: continue it
+                    # Still lingering: continue it, unless it was revoked meanwhile (what comes
+                    # next would not be protected) or this timing follows candidates.
+                    if not _revoked(held) and (candidate or not held.candidate):
                         _lingering.discard(held)
                         held.count(self.label)
                         state.depth = 1
@@ -240,10 +264,12 @@ class Region:
                 # then do_bench): its own region, so that the daemon's settle rules, which leave
                 # candidates out, see the number the command reports (docs/user-guide.md).
                 _end_quietly(held)
-        conn, grant = _begin(tenant, candidate)
+        retaken, state.retaking = state.retaking, False
+        retake = self.retakes and not retaken  # a call is timed again once at most
+        conn, grant = _begin(tenant, candidate, retake, retaken)
         with _lock:
             _open.add(conn)
-        state.held = _Held(conn, grant, candidate)
+        state.held = _Held(conn, grant, candidate, retake)
         state.held.count(self.label)
         state.depth = 1
 
@@ -284,11 +310,58 @@ class Region:
 
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            with self:
-                return fn(*args, **kwargs)
+            return self.call(fn, *args, **kwargs)
 
         setattr(wrapper, WRAPPED_MARK, True)
         return wrapper
+
+    def call(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """fn(*args, **kwargs) inside this region. For a region that retakes (its calls are
+        timings that can be made again), an outermost call whose region the daemon revoked
+        for memory while it ran is made again, once, in a new region: its result is that
+        call's (the module's text, "Retakes")."""
+        if not self.retakes or _state.depth or _environment() is None:
+            with self:
+                return fn(*args, **kwargs)
+        with self:
+            held = _state.held
+            result = fn(*args, **kwargs)
+            revoked = held is not None and _revoked(held)
+        if not revoked:
+            return result
+        _state.retaking = True
+        try:
+            with self:
+                return fn(*args, **kwargs)
+        finally:
+            _state.retaking = False
+
+
+def _revoked(held: _Held) -> bool:
+    """Whether the daemon said `held` was revoked for memory (only a region begun with
+    `retake` is told): its event, the one line it sends unasked, is looked at without being
+    read (a reply's reader skips it) and without waiting."""
+    if held.revoked or not held.retake:
+        return held.revoked
+    try:
+        # poll, not select (any descriptor number); a socket with a time-out waits in recv
+        # whatever its flags, so it is asked only once something is there.
+        ready = select.poll()
+        ready.register(held.conn, select.POLLIN)
+        if not ready.poll(0):
+            return False
+        data = held.conn.recv(wire.MAX_LINE, socket.MSG_PEEK)
+    except OSError:
+        return False  # gone: region_end will say so
+    line, newline, _ = data.partition(b"\n")
+    if not newline:
+        return False  # not all there yet
+    try:
+        event = wire.decode(line, request=False)
+    except ProtocolError:
+        return False
+    held.revoked = messages.is_event(event) and event.get("event") == messages.REVOKED_EVENT
+    return held.revoked
 
 
 def _take(held: _Held) -> None:
@@ -387,12 +460,13 @@ def region() -> Region:
 
 
 @functools.cache
-def auto_region(label: str = _AUTO_LABEL, candidate: bool = False) -> Region:
+def auto_region(label: str = _AUTO_LABEL, candidate: bool = False, retakes: bool = False) -> Region:
     """A region for auto-regions: like region(), but held KREX_REGION_LINGER_S after its
     outermost exit, so that the thread's next timing continues it (see the module's text).
     `label` (the wrapped target's dotted name) names it in the record's `calls`; `candidate`:
-    the target is an autotuner's candidate benchmark (candidates())."""
-    return Region(lingers=True, label=label, candidate=candidate)
+    the target is an autotuner's candidate benchmark (candidates()); `retakes`: the target is a
+    timer, whose call is made again if its region is revoked for memory (Region.call)."""
+    return Region(lingers=True, label=label, candidate=candidate, retakes=retakes)
 
 
 @contextlib.contextmanager
@@ -440,45 +514,60 @@ def _connect(path: str) -> socket.socket:
 
 
 def _exchange(conn: socket.socket, request: messages.Message, limit_s: float) -> dict[str, Any]:
-    """Send one request line and read one reply line, within `limit_s` seconds in all."""
+    """Send one request line and read one reply line, within `limit_s` seconds in all (an
+    event the daemon sent before it, a region's `revoked`, is skipped)."""
     op = request.OP
     deadline = time.monotonic() + limit_s
-    buf = b""
     try:
         conn.settimeout(limit_s)
         conn.sendall(wire.encode(request.to_wire()))
-        while b"\n" not in buf:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError
-            conn.settimeout(remaining)
-            chunk = conn.recv(4096)
-            if not chunk:
-                raise _Lost(f"the krex daemon closed the connection without answering {op}")
-            buf += chunk
-            if len(buf) > wire.MAX_LINE:
-                raise RegionError(
-                    f"the krex daemon's reply to {op} is longer than {wire.MAX_LINE // 1024} KiB"
-                )
+        while True:
+            line = _line(conn, deadline, op)
+            try:
+                reply = wire.decode(line, request=False)
+            except ProtocolError:
+                raise RegionError(f"the krex daemon's reply to {op} is not a JSON object") from None
+            if not messages.is_event(reply):
+                break
     except TimeoutError:
         what = "granted no region" if op == "region_begin" else f"did not answer {op}"
         hint = " (KREX_REGION_WAIT_S)" if op == "region_begin" else ""
         raise _Lost(f"the krex daemon {what} within {limit_s:g} s{hint}") from None
     except OSError as exc:
         raise _Lost(f"lost the connection to the krex daemon during {op}: {exc}") from None
-    try:
-        reply = wire.decode(buf.split(b"\n", 1)[0], request=False)
-    except ProtocolError:
-        raise RegionError(f"the krex daemon's reply to {op} is not a JSON object") from None
     if reply.get("ok") is not True:
         raise RegionError(f"the krex daemon refused {op}: {reply.get('error', 'no reason given')}")
     return reply
 
 
-def _begin(tenant: _Tenant, candidate: bool = False) -> tuple[socket.socket, dict[str, Any]]:
+def _line(conn: socket.socket, deadline: float, op: str) -> bytes:
+    """The next line from the daemon, read to its newline and no further: what follows (the
+    `revoked` event after a grant) stays in the socket for _revoked() to see."""
+    buf = b""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        conn.settimeout(remaining)
+        chunk = conn.recv(4096, socket.MSG_PEEK)
+        if not chunk:
+            raise _Lost(f"the krex daemon closed the connection without answering {op}")
+        end = chunk.find(b"\n")
+        buf += conn.recv(len(chunk) if end < 0 else end + 1)
+        if len(buf) > wire.MAX_LINE:
+            raise RegionError(
+                f"the krex daemon's reply to {op} is longer than {wire.MAX_LINE // 1024} KiB"
+            )
+        if end >= 0:
+            return buf[:-1]
+
+
+def _begin(
+    tenant: _Tenant, candidate: bool = False, retake: bool = False, retaken: bool = False
+) -> tuple[socket.socket, dict[str, Any]]:
     """The region's own connection, and the grant."""
     conn = _connect(tenant.path)
-    request = messages.RegionBegin(tenant.tenant, os.getpid(), candidate)
+    request = messages.RegionBegin(tenant.tenant, os.getpid(), candidate, retake, retaken)
     try:
         grant = _exchange(conn, request, tenant.wait_s)
     except BaseException:

@@ -76,8 +76,8 @@ def by_caller(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def timer(*args: Any, **kwargs: Any) -> Any:
-        with auto_region(label, candidate=tuning_caller(sys._getframe(1), tuners, own)):
-            return fn(*args, **kwargs)
+        tuning = tuning_caller(sys._getframe(1), tuners, own)
+        return auto_region(label, candidate=tuning, retakes=True).call(fn, *args, **kwargs)
 
     setattr(timer, WRAPPED_MARK, True)
     return timer

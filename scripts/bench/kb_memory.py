@@ -344,6 +344,8 @@ def krex_summary(rep: dict[str, Any]) -> dict[str, Any]:
         "regions": len(every),
         "unclean": sum(not x.get("clean") for x in every),
         "revoked": sum(bool(x.get("revoked")) for x in every),
+        # revoked for memory while a timer ran, and that call timed again in a new region
+        "retaken": sum(bool(x.get("retaken")) for x in every),
         "drain_timeouts": sum(
             any("drain" in str(p).lower() for p in x.get("problems") or []) for x in every
         ),
@@ -473,6 +475,7 @@ def counts(records: list[dict[str, Any]], wall: float) -> dict[str, Any]:
             "regions": sum(k["regions"] for k in kx),
             "unclean": sum(k["unclean"] for k in kx),
             "revoked": sum(k["revoked"] for k in kx),
+            "retaken": sum(k.get("retaken", 0) for k in kx),
             "drain_timeouts": sum(k["drain_timeouts"] for k in kx),
             "warm": sum(k.get("pool") == "warm" for k in kx),
         }
@@ -637,11 +640,14 @@ def table(doc: dict[str, Any]) -> str:
     lines.append(
         "(est: from the shapes; peak: the largest max_memory_allocated of its runs; % against "
         "exclusive, ! when off by more than the native repeat's spread + 0.3 points; queue: "
-        "a command's wait for admission (a slot, memory); wait: its waits for memory once running)"
+        "a command's wait for admission (a slot, memory); wait: its waits for memory once "
+        "running; retake: regions revoked for memory whose timing call was timed again in a new "
+        "region, its command not run again; unclean counts them)"
     )
     lines.append("")
     lines.append(f"{'mode':10} {'ok':>3} {'fail':>4} {'oom':>3} {'not':>3} {'wall s':>6} "
-                 f"{'ok/min':>6} {'x excl':>6} {'rerun':>5} {'preem':>5} {'queue p95':>9} "
+                 f"{'ok/min':>6} {'x excl':>6} {'rerun':>5} {'preem':>5} {'retake':>6} "
+                 f"{'queue p95':>9} "
                  f"{'wait p50':>8} "
                  f"{'wait p95':>8} {'regions':>7} {'unclean':>7} {'drain':>5} "
                  f"{'|d|p50%':>7} {'|d|max%':>7}  off")  # fmt: skip
@@ -651,7 +657,8 @@ def table(doc: dict[str, Any]) -> str:
             f"{m['mode']:10} {m['ok']:>3} {m['failed']:>4} {m['oom']:>3} {m['not_run']:>3} "
             f"{m['wall_s']:>6.0f} {m['cmds_per_min_ok']:>6.1f} "
             f"{_f(m.get('throughput_vs_exclusive'), '.2f'):>6} {_f(m.get('reruns'), 'd'):>5} "
-            f"{_f(m.get('preempted'), 'd'):>5} {_f(m.get('queue_p95_s'), '.1f'):>9} "
+            f"{_f(m.get('preempted'), 'd'):>5} {_f(m.get('retaken'), 'd'):>6} "
+            f"{_f(m.get('queue_p95_s'), '.1f'):>9} "
             f"{_f(m.get('mem_wait_p50_s'), '.1f'):>8} "
             f"{_f(m.get('mem_wait_p95_s'), '.1f'):>8} {_f(m.get('regions'), 'd'):>7} "
             f"{_f(m.get('unclean'), 'd'):>7} {_f(m.get('drain_timeouts'), 'd'):>5} "

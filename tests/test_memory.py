@@ -95,6 +95,7 @@ class Node:
         self.reruns = reruns or set()
         self.preempted: list[tuple[int, str]] = []
         self.stuck: list[tuple[int, float]] = []
+        self.can_free: list[bool] = []
         self.users = users  # the driver's bytes per pid (None: unknown)
         self.free = free
         self.mem = Memory(
@@ -114,8 +115,9 @@ class Node:
     def region_owner(self, gpu: int) -> Tenant | None:
         return self.tenant(self.owner) if self.owner else None
 
-    def owner_stuck(self, gpu: int, waited_s: float) -> None:
+    def owner_stuck(self, gpu: int, waited_s: float, can_free: bool) -> None:
         self.stuck.append((gpu, waited_s))
+        self.can_free.append(can_free)
 
     def victims(self, gpu: int) -> list[Tenant]:
         ids = {s.tenant for s in self.view if s.tenant != self.owner}
@@ -207,6 +209,17 @@ def test_a_region_owner_stuck_behind_frozen_holders_ends_its_region() -> None:
     node.mem.tick(10 * S)
     node.mem.tick(11 * S + 1)
     assert node.stuck == [(0, 2.000000001)] and node.preempted == [] and node.seg.denied == []
+    assert node.can_free == [True]  # 2 runs: thawed, it may free (a timing may be retaken)
+
+
+def test_a_region_owner_stuck_behind_frozen_holders_that_all_wait_says_so() -> None:
+    """Where every other process holding memory waits too, the revocation says nothing can
+    come back but by a preemption: the owner's command is preempted, not its timing retaken."""
+    node = Node(owner=7)
+    node.view = [slot(0, 7, held=1, want=4, since=9 * S), slot(1, 2, held=8, want=1, since=S)]
+    node.mem.tick(10 * S)
+    node.mem.tick(11 * S + 1)
+    assert node.stuck == [(0, 2.000000001)] and node.can_free == [False]
 
 
 def test_a_region_owner_joining_a_long_wait_is_let_retry_before_its_region_ends() -> None:

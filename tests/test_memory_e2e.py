@@ -367,26 +367,32 @@ RETAKER = CONTEXT + textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize("after_s", [0, 600], ids=["retaken", "young-command-rerun"])
 def test_a_timing_revoked_for_memory_is_retaken_and_its_command_not_run_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, after_s: int
 ) -> None:
     """Issue #47, 2 and 3: a timer's region revoked because its owner waited for memory its
     frozen siblings held costs that call, not the command: the command is not preempted, its
     call (given the memory once the siblings thawed and freed) is timed again in a new,
     clean region; the report counts a retaken region and no revoked one, so nothing runs
     again (on an H100, 2026-12-06: three first calls so revoked, each command killed and run
-    again from the start, one after 17 s of set-up)."""
+    again from the start, one after 17 s of set-up). A command younger than
+    `memory.retake_after_s` is preempted and run again instead, as a region() owner is."""
     monkeypatch.setenv("KREX_SIM_MEM_BYTES", str(CAPACITY))
-    with (
-        configured(tmp_path, "[memory]\ndeadlock_s = 60\nwait_s = 60\n", slots=16) as memd,
-        ThreadPoolExecutor(2) as ex,
-    ):
+    config = f"[memory]\ndeadlock_s = 60\nwait_s = 60\nretake_after_s = {after_s}\n"
+    with configured(tmp_path, config, slots=16) as memd, ThreadPoolExecutor(2) as ex:
         sib = sibling_holding(memd, ex, tmp_path)
         owner = ex.submit(through, memd, [sys.executable, "-c", RETAKER], tmp_path / "owner.json")
         rs, ro = sib.result(), owner.result()
         assert_nothing_left(memd)
     assert rs["rc"] == 0 and ro["rc"] == 0, (rs["err"][-400:], ro["err"][-400:])
     rep = ro["report"]
+    if after_s:
+        (first,) = rep["attempts"]
+        assert "its region was revoked" in first["preempted"]["why"], json.dumps(first)[-2000:]
+        assert first["memory"]["revoked_regions"] == 1 and rep["memory"]["retaken_regions"] == 0
+        assert all(r["clean"] for r in rep["regions"]), json.dumps(rep)[-2000:]
+        return
     assert "attempts" not in rep and "preempted" not in rep, json.dumps(rep)[-2000:]
     assert json.loads(ro["out"].splitlines()[-1]) == {"result": 2}
     assert rep["memory"]["revoked_regions"] == 0 and rep["memory"]["retaken_regions"] == 1

@@ -196,6 +196,13 @@ def _positive_seconds(value: float, where: str) -> None:
         )
 
 
+def _seconds_or_zero(value: float, where: str) -> None:
+    if not _within(value, 0, MAX_SECONDS):
+        raise ConfigError(
+            f"{where} must be 0..{MAX_SECONDS:g} (seconds), finite, got {_shown(value)}"
+        )
+
+
 def _settle_seconds(value: float, where: str) -> None:
     if not _within(value, 0, MAX_SETTLE_S):
         raise ConfigError(f"{where} must be 0..{MAX_SETTLE_S:g} (seconds), got {_shown(value)}")
@@ -260,9 +267,11 @@ def _int(initial: int | None, name: str, lo: int, hi: int, what: str, **more: An
     return _setting(initial, name, int, f"int {lo}..{hi}", what, check=_ints(lo, hi), **more)
 
 
-def _seconds(initial: float, name: str, what: str) -> Any:
-    takes = f"number > 0, at most {MAX_SECONDS:.0e}".replace("e+0", "e")
-    return _setting(initial, name, NUMBER, takes, what, check=_positive_seconds)
+def _seconds(initial: float, name: str, what: str, zero: bool = False) -> Any:
+    bounds = ">= 0" if zero else "> 0"
+    takes = f"number {bounds}, at most {MAX_SECONDS:.0e}".replace("e+0", "e")
+    check = _seconds_or_zero if zero else _positive_seconds
+    return _setting(initial, name, NUMBER, takes, what, check=check)
 
 
 def _settle(initial: float, name: str, what: str, **more: Any) -> Any:
@@ -411,6 +420,12 @@ class Config:
         10.0, "memory.room_wait_s",
         "the longest that wait lasts (then the region goes ahead); after half of it with no "
         "memory back, a waiting command that holds memory is preempted for the room",
+    )  # fmt: skip
+    memory_retake_after_s: float = _seconds(
+        5.0, "memory.retake_after_s",
+        "a timer's region revoked for memory is timed again (retaken) where its command has run "
+        "this long; a younger command is preempted and run again, cheaper than holding its "
+        "memory through the wait (0: always retake; see Device memory)", zero=True,
     )  # fmt: skip
     memory_unknown_gib: float | None = _gib(
         "memory.unknown_gib",

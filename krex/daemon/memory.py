@@ -107,8 +107,10 @@ class MemoryNode(Protocol):
     def region_owner(self, gpu: int) -> Tenant | None:
         """The tenant whose region holds (or is taking) the GPU."""
 
-    def owner_stuck(self, gpu: int, waited_s: float) -> None:
-        """That tenant waits for memory its frozen siblings hold: its region must end."""
+    def owner_stuck(self, gpu: int, waited_s: float, can_free: bool) -> None:
+        """That tenant waits for memory its frozen siblings hold: its region must end.
+        `can_free`: some process holding memory there is running, not waiting (once thawed
+        it may free)."""
 
     def victims(self, gpu: int) -> list[Tenant]:
         """The GPU's commands that may be preempted, in the order they would be."""
@@ -425,7 +427,8 @@ class Memory:
             # may serve it).
             if now_ns - max(st.progress_ns, head.slot.mem_since_ns) >= ALL_WAITING_S * 1e9:
                 st.preempted_ns = now_ns
-                self.node.owner_stuck(gpu, (now_ns - head.slot.mem_since_ns) / 1e9)
+                waited_s = (now_ns - head.slot.mem_since_ns) / 1e9
+                self.node.owner_stuck(gpu, waited_s, st.others_can_free)
             return
         owner = self.node.region_owner(gpu)
         if owner is not None and owner.id != st.room_for:

@@ -136,20 +136,27 @@ class Node:
         r = self.regions.held(gpu) or self.regions.setting_up(gpu)
         return r.tenant if r is not None else None
 
-    def owner_stuck(self, gpu: int, waited_s: float) -> None:
+    def owner_stuck(self, gpu: int, waited_s: float, can_free: bool = True) -> None:
         """The region's owner waits for memory its frozen siblings hold: the region is revoked
         and, where `krex run` will run the command again anyway (what it times now is not what
         it would time alone), the command is preempted at once: what it holds goes back to the
         waiting siblings instead of being held while it finishes a run whose figures are void
         (on an H100, 2026-12-06, such owners went on waiting for memory, and the siblings with
-        them, until a deadlock was broken seconds later)."""
+        them, until a deadlock was broken seconds later). A timing call that asked for a retake
+        is let wait and time again instead, where some process holding memory still runs
+        (`can_free`: thawed, it may free); where every one waits, nothing would come back but by
+        a preemption: the owner's, at once (on the simulated GPU, retakes there cost a third of
+        the throughput, each revocation followed by a deadlock 1 s later); and so for a command
+        younger than `memory.retake_after_s`, which loses less by running again than it would
+        by holding its memory through the wait."""
         r = self.regions.held(gpu)
         if r is not None and r.granted and not r.ended:
             t = r.tenant
             t.mem_revoked += 1  # its command runs again (krex/client/run.py), unless retaken
             why = f"the owner waited {waited_s:.1f} s for device memory its frozen siblings hold"
             self.regions.revoke(r, why)
-            if r.retake and r.record is not None:
+            age_s = time.monotonic() - t.t_admit
+            if r.retake and can_free and age_s >= self.cfg.memory_retake_after_s and r.record:
                 # A timing call the tenant times again in a new region once its wait is over
                 # (krex/tenant/markers.py): only that call's work is lost, not the command's.
                 t.mem_retakes.append(r.record)

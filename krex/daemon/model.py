@@ -130,7 +130,8 @@ class Region:
     timer: asyncio.TimerHandle | None = None
     problems: list[str] = field(default_factory=list)  # why it is not clean; empty: clean
     # A holder's timing call would be timed again in a new region if this one were revoked for
-    # memory (region_begin's `retake`); `notify`: how each such holder is told (the event).
+    # memory (region_begin's `retake`); `notify`: how each such holder is told (the event),
+    # where the daemon grants the retake (krex/daemon/node.py, owner_stuck).
     retake: bool = False
     notify: list[Callable[[str], None]] = field(default_factory=list)
 

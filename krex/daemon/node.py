@@ -161,6 +161,8 @@ class Node:
                 # (krex/tenant/markers.py): only that call's work is lost, not the command's.
                 t.mem_retakes.append(r.record)
                 log.info("tenant %d times its call again in a new region (a retake)", t.id)
+                for tell in r.notify:  # its holders that asked: told only where it is granted
+                    tell(why)
             elif t.mem_retry:
                 self.preempt(t.id, f"its region was revoked: {why}")
 

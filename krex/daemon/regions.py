@@ -397,8 +397,6 @@ class Regions:
             r.problems.append(problem)
             log.warning("region of tenant %d revoked: %s", r.tenant.id, problem)
             self.finish(r, revoked=True, why=problem)
-            for tell in r.notify:  # holders that time their call again once told
-                tell(problem)
 
     def _time_out(self, r: Region) -> None:
         if not r.ended:

@@ -413,7 +413,6 @@ class Daemon:
             t, conn.until, pid=conn.peer.pid, candidate=candidate
         )
         if begin.retake:
-            region.retake = True
             region.notify.append(functools.partial(_tell_revoked, conn))
         try:
             await conn.send({"ok": True, **_grant_reply(region, t_request)})

@@ -59,10 +59,9 @@ class Tenant:
     mem_oom_alone: int = 0
     mem_oom_shared: int = 0
     mem_revoked: int = 0  # its regions revoked: it waited for memory its frozen siblings held
-    # Of those, the ones begun by a timing call the tenant times again when revoked (region_begin's
-    # `retake`), not yet timed again, and those timed again (`retaken`): no rerun for those.
+    # Of those, the records of the ones whose retake was granted (region_begin's `retake`) and
+    # not yet timed again; once timed again (`retaken`) a record says so: no rerun for those.
     mem_retakes: list[dict[str, Any]] = field(default_factory=list)
-    mem_retaken: int = 0
     mem_retry: bool = True  # krex run runs it again if preempted or revoked (Admit.mem_retry)
     mem_kind_waits: list[int] = field(default_factory=list)  # waits per kind (shm.MEM_KINDS)
     # NVML's per-process figure over its processes (the cross-check of the shim's count):
@@ -129,15 +128,19 @@ class Region:
     record: dict[str, Any] | None = None
     timer: asyncio.TimerHandle | None = None
     problems: list[str] = field(default_factory=list)  # why it is not clean; empty: clean
-    # A holder's timing call would be timed again in a new region if this one were revoked for
-    # memory (region_begin's `retake`); `notify`: how each such holder is told (the event),
-    # where the daemon grants the retake (krex/daemon/node.py, owner_stuck).
-    retake: bool = False
+    # How each holder whose timing call would be timed again in a new region if this one were
+    # revoked for memory (region_begin's `retake`) is told, where the daemon grants the retake
+    # (the event; krex/daemon/node.py, owner_stuck).
     notify: list[Callable[[str], None]] = field(default_factory=list)
 
     @property
     def granted(self) -> bool:
         return self.t_grant > 0
+
+    @property
+    def retake(self) -> bool:
+        """A holder asked for a retake."""
+        return bool(self.notify)
 
     @property
     def drain_s(self) -> float:

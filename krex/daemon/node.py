@@ -171,7 +171,6 @@ class Node:
         revocation no longer makes its command run again; its record says `retaken`."""
         if t.mem_retakes:
             t.mem_retakes.pop()["retaken"] = True
-            t.mem_retaken += 1
 
     def victims(self, gpu: int) -> list[Tenant]:
         """The commands on a GPU the memory arbiter may preempt, in the order it would: the
@@ -422,6 +421,7 @@ def _memory_report(t: Tenant) -> dict[str, Any]:
     out-of-memory errors the command saw, split into those it would have had alone and those
     only sharing caused; NVML's peak and the driver's (NVML's, or the simulated driver's;
     sampled once a second, so at most the real one) as the cross-check."""
+    retaken = sum(bool(rec.get("retaken")) for rec in t.regions)  # not run again for those
     return {
         "peak_bytes": t.mem_peak,
         "nvml_peak_bytes": t.nvml_peak,
@@ -434,8 +434,8 @@ def _memory_report(t: Tenant) -> dict[str, Any]:
         },
         "oom_alone": t.mem_oom_alone,
         "oom_shared": t.mem_oom_shared,
-        "revoked_regions": t.mem_revoked - t.mem_retaken,
-        "retaken_regions": t.mem_retaken,
+        "revoked_regions": t.mem_revoked - retaken,
+        "retaken_regions": retaken,
     }
 
 

@@ -404,6 +404,29 @@ def test_the_timing_order_of_the_same_model_thrice(ke: Any) -> None:
     assert ke.timing_order(mode("x", [], 1.0)) == dict.fromkeys(ke.TIMING_ORDER)
 
 
+def test_how_much_the_trials_of_one_timing_scatter(ke: Any) -> None:
+    """Per mode, the median over the candidate's and the final reference's stats of std over
+    mean and of mean over the fastest trial, in %; incorrect candidates and stats without a
+    mean or a fastest trial left out."""
+
+    def stats(mean: float, std: float, low: float) -> dict[str, float]:
+        return {"mean": mean, "std": std, "min": low, "max": 2 * mean, "num_trials": 100}
+
+    a, b, wrong = rec("a"), rec("b"), rec("c", "incorrect", None, None)
+    a["result"] |= {"runtime_stats": stats(2.0, 0.02, 1.98),
+                    "ref_runtime_stats": stats(1.0, 0.03, 0.99)}  # fmt: skip
+    b["result"] |= {"runtime_stats": stats(4.0, 0.02, 3.96), "ref_runtime_stats": {"mean": 0}}
+    wrong["result"]["runtime_stats"] = stats(1.0, 0.5, 0.5)
+    m = mode("krex1", [a, b, wrong, rec("d")], 10.0, slots=1)
+    t = ke.trial_spread(m)
+    assert t["std_over_mean"] == pytest.approx(1.0)  # 1, 3, 0.5: median 1
+    assert t["mean_over_min"] == pytest.approx(1.0101, abs=1e-3)  # 1.0101 thrice
+    doc = ke.summarise([mode("exclusive", [rec("a")], 20.0), m])
+    assert doc["modes"][1]["trial_spread_pct"] == t
+    assert doc["modes"][0]["trial_spread_pct"] == dict.fromkeys(ke.TRIAL_SPREAD)
+    assert "krex1         1.00    1.01" in ke.table(doc)
+
+
 def test_how_often_a_native_run_would_be_called_off_by_the_same_rule(ke: Any) -> None:
     """The control for `off`: over ordered pairs of the native repeat's differences, the share
     where one exceeds the other + 0.3 points."""

@@ -250,7 +250,11 @@ def test_a_mode_out_of_time_kills_what_runs_and_records_the_rest_not_run(
 
 @contextlib.contextmanager
 def fake_daemon(tmp: Path, slots: int, tag: str = "", **kw: Any) -> Iterator[Path]:
+    daemon_configs.append(kw.get("config", ""))
     yield tmp / f"krex-{slots}{'-' + tag if tag else ''}.sock"  # memory_check.daemon's names
+
+
+daemon_configs: list[str] = []  # each fake daemon's configuration text
 
 
 def test_krex_modes_run_each_command_through_krex_run_with_auto_regions(
@@ -288,6 +292,17 @@ def test_krex_modes_run_each_command_through_krex_run_with_auto_regions(
         str(tmp_path / "krex-8-cold.sock")
     }
     assert all("--no-pool" in argv for argv in seen)
+    # krex1, krex1-cold, krex1-allcores: one at a time, daemons of one slot each; only
+    # allcores' daemon is told to give the region every CPU (its owner not pinned).
+    daemon_configs.clear()
+    for name in ("krex1", "krex1-cold", "krex1-allcores"):
+        seen.clear()
+        m = kb.run_mode(name, cmds, argv_for, tmp_path, tmp_path, time.monotonic() + 60, log)
+        assert (m["concurrency"], m["slots"], m["ok"]) == (1, 1, 4)
+        assert ("--no-pool" in seen[0]) == (name == "krex1-cold")
+    cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    assert daemon_configs == ["", "", f'[slices.0]\nregion = "{cpus}"\nshared = "{cpus}"\n']
+    assert kb.all_cores_config([3, 1]) == '[slices.0]\nregion = "1,3"\nshared = "1,3"\n'
 
 
 def test_a_whole_run_writes_its_json_and_ends_with_the_table(

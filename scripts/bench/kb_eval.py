@@ -308,6 +308,30 @@ def timing_order(m: dict[str, Any]) -> dict[str, float | None]:
     return dict(zip(TIMING_ORDER, (med(sorted(first), 0.5), med(sorted(second), 0.5)), strict=True))
 
 
+STATS = ("runtime_stats", "ref_runtime_stats")  # the candidate's and the final reference's
+TRIAL_SPREAD = ("std_over_mean", "mean_over_min")
+
+
+def trial_spread(m: dict[str, Any]) -> dict[str, float | None]:
+    """Per mode, the median over the timings KernelBench keeps the stats of (the candidate's,
+    the final reference's; correct candidates) of the trials' std over their mean and of
+    their mean over their fastest trial, in %: how much the 100 trials of one timing scatter.
+    Natively about 0.4-0.6 % each on an H100; a mode that adds to it moves the means, and so
+    the speedups (on an H100, 2026-12-06, one at a time through krex 0.9 and 1.0 %)."""
+    spread, above = [], []
+    for r in m["commands"]:
+        res = _result(r)
+        for key in STATS if res.get("correctness") else ():
+            s = res.get(key)
+            if not isinstance(s, dict) or not s.get("mean") or not s.get("min"):
+                continue
+            if isinstance(s.get("std"), int | float):
+                spread.append(s["std"] / s["mean"] * 100)
+            above.append((s["mean"] / s["min"] - 1) * 100)
+    med = kb_memory._q
+    return dict(zip(TRIAL_SPREAD, (med(spread, 0.5), med(above, 0.5)), strict=True))
+
+
 def summarise(modes: list[dict[str, Any]]) -> dict[str, Any]:
     """Each mode against exclusive: verdicts, speedups (versus), wall clock (the module's
     text); the native repeat's spread by candidate."""
@@ -323,6 +347,7 @@ def summarise(modes: list[dict[str, Any]]) -> dict[str, Any]:
         results = [_result(r).get(RESULT) for r in m["commands"]]
         m["verdicts"] = {v: results.count(v) for v in sorted({v for v in results if v})}
         m["timing_order_pct"] = timing_order(m)
+        m["trial_spread_pct"] = trial_spread(m)
         if base is None or m is base:
             continue
         versus(m, ref, spread)
@@ -391,6 +416,12 @@ def table(doc: dict[str, Any]) -> str:
         o = m.get("timing_order_pct") or {}
         first, second = (o.get(k) for k in TIMING_ORDER)
         lines.append(f"{m['mode']:10} {_f(first, '+.2f'):>7} {_f(second, '+.2f'):>7}")
+    lines.append("")
+    lines.append("the trials of one timing (median over timings, %): std / mean, mean / fastest")
+    for m in modes:
+        t = m.get("trial_spread_pct") or {}
+        sd, above = (t.get(k) for k in TRIAL_SPREAD)
+        lines.append(f"{m['mode']:10} {_f(sd, '.2f'):>7} {_f(above, '.2f'):>7}")
     return "\n".join(lines)
 
 

@@ -14,7 +14,11 @@ order (a shuffle seeded with SEED) in every mode:
   region with no code change) to a private daemon of 8 / 16 slots, default configuration
   otherwise (scripts/bench/memory_check.py's daemons; their logs beside the results);
 - krex8-cold: krex8 with `krex run --no-pool` (every command started cold, as natively): the
-  warm pool's gain is krex8's throughput against it (docs/pool.md).
+  warm pool's gain is krex8's throughput against it (docs/pool.md);
+- krex1, krex1-cold: one at a time through krex (a daemon of 1 slot), warm and cold: what
+  krex's own machinery does to a timing with no sibling at all, apart from what siblings do;
+  krex1-allcores: krex1 with the region's owner not pinned (its daemon's CPU slice gives the
+  region every CPU): whether the pinning onto the region's cores is what moves a timing.
 
 Memory: PROBLEMS gives each problem's device memory from its shapes (fp32: inputs, outputs,
 parameters, the eager forward's temporaries; a compile command also keeps the eager output as
@@ -96,15 +100,35 @@ MODES: dict[str, tuple[int, int | None]] = {
     "krex8": (8, 8),
     "krex16": (16, 16),
     "krex8-cold": (8, 8),
+    # One at a time through krex, warm and cold: what krex's own machinery (shim, regions,
+    # the warm pool) does to a timing with no sibling at all, apart from what siblings do.
+    "krex1": (1, 1),
+    "krex1-cold": (1, 1),
+    "krex1-allcores": (1, 1),
 }
-COLD = ("krex8-cold",)  # through `krex run --no-pool`: the warm pool's gain is krex8 against it
+# through `krex run --no-pool`: the warm pool's gain is krex8 against krex8-cold
+COLD = ("krex8-cold", "krex1-cold")
 NATIVE = ("exclusive", "exclusive2")  # the references: a command's median against these
+# Regions whose owner is not pinned: the daemon's CPU slice gives the region every CPU it has
+# (docs/operator-guide.md, "Core slices"), so a region's owner runs where it ran before.
+ALL_CORES = ("krex1-allcores",)
+
+
+def all_cores_config(cpus: Iterable[int] | None = None) -> str:
+    """A daemon configuration whose GPU 0 has every CPU (this process's affinity) for its region
+    owner and for the rest alike."""
+    text = ",".join(str(c) for c in sorted(os.sched_getaffinity(0) if cpus is None else cpus))
+    return f'[slices.0]\nregion = "{text}"\nshared = "{text}"\n'
+
+
 # The budget's shares: a native command's seconds one at a time, each mode's speed-up over that
 # and its fixed start (a daemon and its warm workers). Estimates, not measurements.
 EST_S = {"eager": 5.0, "compile": 14.0}
 EST_SPEEDUP = {"exclusive": 1.0, "exclusive2": 1.0, "shared8": 4.0, "krex8": 4.0, "krex16": 3.0,
-               "krex8-cold": 3.0}  # fmt: skip
-EST_START_S = {"krex8": 20.0, "krex16": 20.0, "krex8-cold": 10.0}
+               "krex8-cold": 3.0, "krex1": 1.2, "krex1-cold": 1.0,
+               "krex1-allcores": 1.2}  # fmt: skip
+EST_START_S = {"krex8": 20.0, "krex16": 20.0, "krex8-cold": 10.0, "krex1": 20.0,
+               "krex1-cold": 10.0, "krex1-allcores": 20.0}  # fmt: skip
 
 
 class Problem(NamedTuple):
@@ -423,8 +447,9 @@ def run_mode(
                 # krex8 would otherwise start knowing every command's peak.
                 tag = "" if name == f"krex{slots}" else name.removeprefix(f"krex{slots}-")
                 sock = stack.enter_context(
-                    memory_check.daemon(tmp, slots, start_s=start_s, stop_s=10, tag=tag)
-                )
+                    memory_check.daemon(tmp, slots, start_s=start_s, stop_s=10, tag=tag,
+                                        config=all_cores_config() if name in ALL_CORES else "")
+                )  # fmt: skip
             except Exception as e:  # the mode is lost, not the run
                 mode["error"] = str(e)[-1500:]
                 why = (

@@ -263,6 +263,10 @@ def test_the_candidates_line_kernelbench_figures_and_the_trials_own(
     assert raw["eval_ref_runtime_ms"] == pytest.approx(2.4 * sum(trials) / 5)
     assert raw["speedup"] == pytest.approx(ref / new) and raw["trials"] == [5, 5, 5]
     assert raw["speedup"] != pytest.approx(row["speedup"], abs=1e-4)  # the rounding, shown
+    each = raw["trials_ms"]
+    assert each["candidate"] == pytest.approx([1.23456 * t for t in trials], abs=1e-6)
+    assert each["eval_reference"] == pytest.approx([2.4 * t for t in trials], abs=1e-6)
+    assert each["reference"] == pytest.approx([2.6 * t for t in trials], abs=1e-6)
     missing = [m for m in cand.STUBS if importlib.util.find_spec(m) is None]
     assert row["stubbed"] == sorted(missing) and "pydantic" in missing  # this venv lacks it
     assert row["metadata"] == {"hardware": "fake"} and row["peak_bytes"] == 1234
@@ -425,6 +429,32 @@ def test_how_much_the_trials_of_one_timing_scatter(ke: Any) -> None:
     assert doc["modes"][1]["trial_spread_pct"] == t
     assert doc["modes"][0]["trial_spread_pct"] == dict.fromkeys(ke.TRIAL_SPREAD)
     assert "krex1         1.00    1.01" in ke.table(doc)
+
+
+def test_speedups_from_the_fastest_and_the_median_trial(ke: Any) -> None:
+    """From each timing's trials (the line's raw.trials_ms): the fastest trials' speedup is the
+    GPU's part of a difference; a slow launch on the host moves the median, not the fastest."""
+
+    def timed(problem: str, cand: list[float], ref: list[float]) -> dict[str, Any]:
+        r = rec(problem)
+        r["result"]["raw"]["trials_ms"] = {"candidate": cand, "eval_reference": ref,
+                                           "reference": ref}  # fmt: skip
+        return r
+
+    ex = mode("exclusive", [timed("a", [1.0, 1.0, 1.1], [2.0, 2.0, 2.2]), rec("b")], 20.0)
+    # a: the reference's trials slow on the host but its fastest trial the same; b: no trials
+    k = mode("krex8", [timed("a", [1.0, 1.0, 1.1], [2.0, 2.1, 2.1]), rec("b")], 5.0, slots=8)
+    doc = ke.summarise([ex, k])
+    m = doc["modes"][1]
+    assert m["speedup_fastest_diff_pct_abs"] == {"p50": 0.0, "p95": 0.0, "max": 0.0}
+    assert m["speedup_median_diff_pct_abs"]["p50"] == pytest.approx(5.0)
+    assert "krex8        0.00 / 0.00      5.00 / 5.00" in ke.table(doc)
+    # Lines from before the trials were kept, and incorrect candidates, give no figure.
+    old = ke.summarise([mode("exclusive", [rec("a")], 20.0), mode("krex8", [rec("a")], 5.0, 8)])
+    assert old["modes"][1]["speedup_fastest_diff_pct_abs"] is None
+    wrong = timed("a", [1.0], [2.0])
+    wrong["result"]["correctness"] = False
+    assert ke._trial_speedup(wrong, min) is None
 
 
 def test_how_often_a_native_run_would_be_called_off_by_the_same_rule(ke: Any) -> None:

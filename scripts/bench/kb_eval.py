@@ -65,6 +65,7 @@ import json
 import random
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -234,6 +235,27 @@ def _speedups(r: dict[str, Any]) -> tuple[float | None, float | None]:
     return (raw.get("speedup") if isinstance(raw, dict) else None), res.get("speedup")
 
 
+def _trial_speedup(r: dict[str, Any], pick: Callable[[list[float]], float]) -> float | None:
+    """A correct candidate's speedup from one statistic of each timing's trials (the fastest,
+    the median), where its line has the trials (`raw.trials_ms`, since 2026-12-06)."""
+    res = _result(r)
+    raw = res.get("raw") if res.get("correctness") else None
+    each = raw.get("trials_ms") if isinstance(raw, dict) else None
+    if not isinstance(each, dict):
+        return None
+    cand, ref = each.get("candidate"), each.get("reference")
+    if not cand or not ref or not isinstance(cand, list) or not isinstance(ref, list):
+        return None
+    a, b = pick(cand), pick(ref)
+    return b / a if a > 0 and b > 0 else None
+
+
+TRIAL_SPEEDUPS: dict[str, Callable[[list[float]], float]] = {
+    "fastest": min,
+    "median": statistics.median,
+}
+
+
 def _pct(a: float | None, b: float | None) -> float | None:
     return None if not a or not b else (a / b - 1) * 100
 
@@ -275,6 +297,11 @@ def versus(m: dict[str, Any], ref: dict[str, dict[str, Any]], spread: dict[str, 
             r["off"] = abs(d) > spread[r["problem"]] + kb_memory.OFF_MARGIN_PTS
             compared += 1
             off += r["off"]
+    for name, pick in TRIAL_SPEEDUPS.items():
+        ds = [d for r in m["commands"] if r["problem"] in ref
+              if (d := _pct(_trial_speedup(r, pick), _trial_speedup(ref[r["problem"]], pick)))
+              is not None]  # fmt: skip
+        m[f"speedup_{name}_diff_pct_abs"] = _abs_q(ds) if ds else None
     m["verdicts_agree"], m["verdicts_of"] = agree, agree + len(mismatched)
     m["verdict_mismatches"] = mismatched
     m["speedup_diff_pct_abs"], m["speedup_diff_pct_abs_kb"] = _abs_q(diffs), _abs_q(diffs_kb)
@@ -416,6 +443,17 @@ def table(doc: dict[str, Any]) -> str:
         o = m.get("timing_order_pct") or {}
         first, second = (o.get(k) for k in TIMING_ORDER)
         lines.append(f"{m['mode']:10} {_f(first, '+.2f'):>7} {_f(second, '+.2f'):>7}")
+    lines.append("")
+    lines.append("speedups from each timing's fastest and median trial, |d| p50 / max % against")
+    lines.append("exclusive's (the fastest: the GPU's part, free of a slow launch on the host)")
+    for m in modes:
+        if m["mode"] == "exclusive":
+            continue
+        cells = []
+        for name in TRIAL_SPEEDUPS:
+            q = m.get(f"speedup_{name}_diff_pct_abs") or {}
+            cells.append(f"{_f(q.get('p50'), '.2f'):>6} / {_f(q.get('max'), '.2f'):<6}")
+        lines.append(f"{m['mode']:10} " + "  ".join(cells))
     lines.append("")
     lines.append("the trials of one timing (median over timings, %): std / mean, mean / fastest")
     for m in modes:

@@ -17,8 +17,9 @@ Prints one JSON line: the verdict (correct, incorrect, not compiled, or error wh
 raised: run_and_check's last-level catch, recorded as not compiled), KernelBench's runtime,
 ref_runtime (eager reference) and eval_ref_runtime (its excessive-speedup check's) in ms as its
 get_timing_stats rounds them (3 significant digits), the speedup from those, and `raw`: the
-same means from the trials' own times with the speedup from them (observed by wrapping
-`kernelbench.timing.get_timing_stats`, which only reads them, after each timer returns), and
+same means from the trials' own times with the speedup from them and the trials themselves
+(observed by wrapping `kernelbench.timing.get_timing_stats`, which only reads them, after each
+timer returns), and
 `stubbed`: the modules served by STUBS. Exit 0 once the line is out; 3 when the eval returned
 None (its lock-file case: "please retry"); 1 for an exception of this script; 2 for bad
 arguments. Ends with os._exit, as kb_candidate.py does.
@@ -220,6 +221,13 @@ def evaluate(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         "eval_ref_runtime_ms": mean(eval_ref_raw),
         "speedup": ratio(ref_mean, new_mean) if result.correctness else None,
         "trials": [len(new_raw), len(ref_raw), len(eval_ref_raw)],
+        # Each trial (ms, to the ns): the fastest trials, free of a slow launch on the host,
+        # tell the GPU's part of a difference from the host's (KernelBench's min is rounded).
+        "trials_ms": {
+            "candidate": [round(t, 6) for t in new_raw],
+            "eval_reference": [round(t, 6) for t in eval_ref_raw],
+            "reference": [round(t, 6) for t in ref_raw],
+        },
     }
     row["peak_bytes"] = torch.cuda.max_memory_allocated()
     return 0, row

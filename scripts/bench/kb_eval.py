@@ -28,7 +28,9 @@ repeat is a noisy bound). The speedups are from the trials' unrounded means (the
 figures of the candidate's line); KernelBench's own, from the 3 significant digits its
 get_timing_stats keeps, are compared too (`_kb`): their rounding alone can move a speedup by
 up to ~1 %. Then each mode's wall clock and exclusive's over it (the whole set in both, else
-evals per minute).
+evals per minute). And, to tell the GPU's part of a difference from the host's: the speedups
+from each timing's fastest and median trial against exclusive's (from the trials each line
+keeps, `raw.trials_ms`), and the trials' spread per mode (`trial_spread`).
 
 Choice: references with nothing random in forward (no dropout), inputs of at most 256 MiB
 (KernelBench makes them on the host, 8 times an eval: 5 correctness trials, 3 timings) and a

@@ -345,8 +345,9 @@ def trial_spread(m: dict[str, Any]) -> dict[str, float | None]:
     """Per mode, the median over the timings KernelBench keeps the stats of (the candidate's,
     the final reference's; correct candidates) of the trials' std over their mean and of
     their mean over their fastest trial, in %: how much the 100 trials of one timing scatter.
-    Natively about 0.4-0.6 % each on an H100; a mode that adds to it moves the means, and so
-    the speedups (on an H100, 2026-12-06, one at a time through krex 0.9 and 1.0 %)."""
+    Natively 0.4-0.8 % and 0.4-1.1 % on H100s; a mode that adds to it moves the means, and so
+    the speedups (2026-12-06, one at a time through krex: 0.9 and 1.0 % on one H100, as
+    native on another)."""
     spread, above = [], []
     for r in m["commands"]:
         res = _result(r)

@@ -17,8 +17,9 @@ order (a shuffle seeded with SEED) in every mode:
   warm pool's gain is krex8's throughput against it (docs/pool.md);
 - krex1, krex1-cold: one at a time through krex (a daemon of 1 slot), warm and cold: what
   krex's own machinery does to a timing with no sibling at all, apart from what siblings do;
-  krex1-allcores: krex1 with the region's owner not pinned (its daemon's CPU slice gives the
-  region every CPU): whether the pinning onto the region's cores is what moves a timing.
+  krex1-allcores, krex8-allcores: krex1 and krex8 with the region's owner not pinned (the
+  daemon's CPU slice gives the region every CPU): whether the pinning onto the region's cores
+  is what moves a timing, alone and beside siblings (frozen over each region either way).
 
 Memory: PROBLEMS gives each problem's device memory from its shapes (fp32: inputs, outputs,
 parameters, the eager forward's temporaries; a compile command also keeps the eager output as
@@ -105,13 +106,14 @@ MODES: dict[str, tuple[int, int | None]] = {
     "krex1": (1, 1),
     "krex1-cold": (1, 1),
     "krex1-allcores": (1, 1),
+    "krex8-allcores": (8, 8),
 }
 # through `krex run --no-pool`: the warm pool's gain is krex8 against krex8-cold
 COLD = ("krex8-cold", "krex1-cold")
 NATIVE = ("exclusive", "exclusive2")  # the references: a command's median against these
 # Regions whose owner is not pinned: the daemon's CPU slice gives the region every CPU it has
 # (docs/operator-guide.md, "Core slices"), so a region's owner runs where it ran before.
-ALL_CORES = ("krex1-allcores",)
+ALL_CORES = ("krex1-allcores", "krex8-allcores")
 
 
 def all_cores_config(cpus: Iterable[int] | None = None) -> str:
@@ -126,9 +128,9 @@ def all_cores_config(cpus: Iterable[int] | None = None) -> str:
 EST_S = {"eager": 5.0, "compile": 14.0}
 EST_SPEEDUP = {"exclusive": 1.0, "exclusive2": 1.0, "shared8": 4.0, "krex8": 4.0, "krex16": 3.0,
                "krex8-cold": 3.0, "krex1": 1.2, "krex1-cold": 1.0,
-               "krex1-allcores": 1.2}  # fmt: skip
+               "krex1-allcores": 1.2, "krex8-allcores": 4.0}  # fmt: skip
 EST_START_S = {"krex8": 20.0, "krex16": 20.0, "krex8-cold": 10.0, "krex1": 20.0,
-               "krex1-cold": 10.0, "krex1-allcores": 20.0}  # fmt: skip
+               "krex1-cold": 10.0, "krex1-allcores": 20.0, "krex8-allcores": 20.0}  # fmt: skip
 
 
 class Problem(NamedTuple):

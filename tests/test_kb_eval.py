@@ -563,3 +563,33 @@ def test_the_command_line_from_populate_to_the_table(ke: Any, tmp_path: Path) ->
     assert first["raw"]["trials"] == [7, 7, 7] and first["verdict"] == "correct"
     assert p.stdout.splitlines()[-1].startswith("exclusive2")
     assert (tmp_path / "kb_eval" / "commands.jsonl").exists()  # beside --json
+
+
+def test_how_much_slower_a_timings_first_trials_are(ke: Any) -> None:
+    """Per mode, the median over timings with their trials of the first EARLY_TRIALS trials'
+    mean over the rest's, in %: where the grant's NVML reads would show. Timings too short to
+    split, incorrect candidates and lines without trials are left out; the table prints it,
+    and what the NVML poller beside a native mode did."""
+    n = ke.EARLY_TRIALS
+
+    def timed(problem: str, first: float, rest: float, verdict: str = "correct") -> Any:
+        r = rec(problem, verdict)
+        trials = [first] * n + [rest] * (3 * n)
+        r["result"]["raw"] = {"trials_ms": {"candidate": trials, "eval_reference": trials,
+                                            "reference": [1.0] * (n + 1)}}  # fmt: skip
+        return r
+
+    k = mode("krex1", [timed("a", 1.02, 1.0), timed("b", 1.04, 1.0), timed("e", 1.03, 1.0),
+                       timed("c", 9.0, 1.0, "incorrect"), rec("d")], 10.0, slots=1)  # fmt: skip
+    assert ke.early_trials(k) == pytest.approx(3.0)  # 2, 2, 3, 3, 4, 4 %: 3
+    ex = mode("exclusive", [timed("a", 1.0, 1.0)], 20.0)
+    nv = mode("exclusive-nvml", [timed("a", 1.0, 1.0)], 20.0)
+    nv["nvml_poll"] = {"nvml": True, "period_s": 0.1, "rounds": 200, "round_ms_p50": 2.5,
+                       "round_ms_max": 9.0}  # fmt: skip
+    doc = ke.summarise([ex, k, nv])
+    assert [m["early_trials_pct"] for m in doc["modes"]] == [0.0, pytest.approx(3.0), 0.0]
+    text = ke.table(doc)
+    assert "krex1            -       -   +3.00" in text
+    assert "exclusive-nvml: beside it NVML read every 0.1 s (200 rounds, p50 2.5 ms" in text
+    nv["nvml_poll"] = {"nvml": False, "rounds": 0}
+    assert "exclusive-nvml: no NVML read beside it (NVML did not open)" in ke.table(doc)

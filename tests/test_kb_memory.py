@@ -310,6 +310,69 @@ def test_krex_modes_run_each_command_through_krex_run_with_auto_regions(
     assert kb.all_cores_config([3, 1]) == '[slices.0]\nregion = "1,3"\nshared = "1,3"\n'
 
 
+def test_exclusive_nvml_runs_natively_beside_the_nvml_poller(
+    kb: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """exclusive-nvml: the commands natively (no krex run), scripts/bench/nvml_poll.py started
+    before them and stopped after; the mode keeps what it did (here no NVML: said so)."""
+    seen: list[list[str]] = []
+
+    def fake_run(
+        cmd: Any, argv: list[str], env: dict[str, str], logs: Path, deadline: float, value: str
+    ) -> Any:
+        seen.append(argv)
+        return {"rc": 0, "status": "ok", "median_ms": 1.0}
+
+    monkeypatch.setattr(kb, "run_command", fake_run)
+    cmds = kb.commands(kb.PROBLEMS[:1])
+    log = kb.Log(tmp_path / "c.jsonl")
+    deadline = time.monotonic() + 60
+    m = kb.run_mode(
+        "exclusive-nvml", cmds, kb.candidate(tmp_path), tmp_path, tmp_path, deadline, log
+    )
+    assert (m["concurrency"], m["slots"], m["ok"]) == (1, None, 2)
+    assert all("krex.cli" not in argv for argv in seen) and len(seen) == 2
+    assert m["nvml_poll"]["period_s"] == kb.NVML_POLL_S
+    if not m["nvml_poll"]["nvml"]:  # no GPU here, as in CI: nothing read, and said so
+        assert m["nvml_poll"]["rounds"] == 0 and m["nvml_poll"]["round_ms_p50"] is None
+    assert json.loads((tmp_path / "nvml-exclusive-nvml.json").read_text()) == m["nvml_poll"]
+
+
+def test_the_nvml_poller_reads_what_the_daemon_reads_until_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each round: the clock sample, per-process memory, the process list and the work
+    samples; SIGTERM ends it and it writes how many rounds ran and their seconds."""
+    poll = load_script("scripts/bench/nvml_poll.py")
+    calls: list[str] = []
+
+    class FakeNvml:
+        def __getattr__(self, name: str) -> Any:
+            def read(*args: Any) -> None:
+                calls.append(name)
+                if name == "work_samples" and calls.count(name) == 3:
+                    os.kill(os.getpid(), __import__("signal").SIGTERM)
+
+            return read
+
+    monkeypatch.setattr(poll.Nvml, "open", classmethod(lambda cls: FakeNvml()))
+    import signal
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        assert poll.main(["--out", str(tmp_path / "p.json"), "--period", "0.01"]) == 0
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+    out = json.loads((tmp_path / "p.json").read_text())
+    assert out["nvml"] and out["rounds"] == 3 and out["period_s"] == 0.01
+    assert out["round_ms_p50"] is not None and out["round_ms_max"] >= out["round_ms_p50"]
+    rounds = ["sample", "process_memory", "processes", "work_samples"]
+    assert calls == rounds * 3 + ["close"]
+    with pytest.raises(SystemExit):
+        poll.main(["--out", str(tmp_path / "q.json"), "--period", "0"])
+
+
 def test_a_whole_run_writes_its_json_and_ends_with_the_table(
     kb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

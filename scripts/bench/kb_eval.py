@@ -30,7 +30,9 @@ get_timing_stats keeps, are compared too (`_kb`): their rounding alone can move 
 up to ~1 %. Then each mode's wall clock and exclusive's over it (the whole set in both, else
 evals per minute). And, to tell the GPU's part of a difference from the host's: the speedups
 from each timing's fastest and median trial against exclusive's (from the trials each line
-keeps, `raw.trials_ms`), and the trials' spread per mode (`trial_spread`).
+keeps, `raw.trials_ms`), the trials' spread per mode (`trial_spread`), and how much slower
+a timing's first trials are than the rest (`early_trials`: the grant's NVML reads run beside
+them under krex; `exclusive-nvml` is a native run beside such reads, scripts/bench/nvml_poll.py).
 
 Choice: references with nothing random in forward (no dropout), inputs of at most 256 MiB
 (KernelBench makes them on the host, 8 times an eval: 5 correctness trials, 3 timings) and a
@@ -362,6 +364,30 @@ def trial_spread(m: dict[str, Any]) -> dict[str, float | None]:
     return dict(zip(TRIAL_SPREAD, (med(spread, 0.5), med(above, 0.5)), strict=True))
 
 
+EARLY_TRIALS = 10  # the trials timed while the grant's NVML reads may still run (~15-25 ms)
+
+
+def early_trials(m: dict[str, Any]) -> float | None:
+    """Per mode, the median over every timing whose trials its line keeps (`raw.trials_ms`:
+    the candidate's and both references'; correct candidates) of the mean of its first
+    EARLY_TRIALS trials over the mean of the rest, in %. A region's grant starts NVML reads
+    beside the owner (krex/daemon/regions.py, the clock sample, the memory split, the audit:
+    ~15-25 ms, the first ~10 trials of a KernelBench timing): if those reads slow the GPU or
+    the host's launch, krex's early trials are slower than natively."""
+    ratios = []
+    for r in m["commands"]:
+        res = _result(r)
+        raw = res.get("raw") if res.get("correctness") else None
+        each = raw.get("trials_ms") if isinstance(raw, dict) else None
+        for trials in each.values() if isinstance(each, dict) else ():
+            if not isinstance(trials, list) or len(trials) < 2 * EARLY_TRIALS:
+                continue
+            first, rest = trials[:EARLY_TRIALS], trials[EARLY_TRIALS:]
+            if all(isinstance(x, int | float) and x > 0 for x in trials):
+                ratios.append((statistics.fmean(first) / statistics.fmean(rest) - 1) * 100)
+    return kb_memory._q(sorted(ratios), 0.5)
+
+
 def summarise(modes: list[dict[str, Any]]) -> dict[str, Any]:
     """Each mode against exclusive: verdicts, speedups (versus), wall clock (the module's
     text); the native repeat's spread by candidate."""
@@ -378,6 +404,7 @@ def summarise(modes: list[dict[str, Any]]) -> dict[str, Any]:
         m["verdicts"] = {v: results.count(v) for v in sorted({v for v in results if v})}
         m["timing_order_pct"] = timing_order(m)
         m["trial_spread_pct"] = trial_spread(m)
+        m["early_trials_pct"] = early_trials(m)
         if base is None or m is base:
             continue
         versus(m, ref, spread)
@@ -458,11 +485,25 @@ def table(doc: dict[str, Any]) -> str:
             cells.append(f"{_f(q.get('p50'), '.2f'):>6} / {_f(q.get('max'), '.2f'):<6}")
         lines.append(f"{m['mode']:10} " + "  ".join(cells))
     lines.append("")
-    lines.append("the trials of one timing (median over timings, %): std / mean, mean / fastest")
+    lines.append(
+        "the trials of one timing (median over timings, %): std / mean, mean / fastest,"
+        f" the first {EARLY_TRIALS} over the rest"
+    )
     for m in modes:
         t = m.get("trial_spread_pct") or {}
         sd, above = (t.get(k) for k in TRIAL_SPREAD)
-        lines.append(f"{m['mode']:10} {_f(sd, '.2f'):>7} {_f(above, '.2f'):>7}")
+        early = _f(m.get("early_trials_pct"), "+.2f")
+        lines.append(f"{m['mode']:10} {_f(sd, '.2f'):>7} {_f(above, '.2f'):>7} {early:>7}")
+    polled = [m for m in modes if isinstance(m.get("nvml_poll"), dict)]
+    for m in polled:
+        p = m["nvml_poll"]
+        lines.append(
+            f"{m['mode']}: beside it NVML read every {p.get('period_s')} s"
+            f" ({p.get('rounds')} rounds, p50 {p.get('round_ms_p50')} ms, max"
+            f" {p.get('round_ms_max')} ms)"
+            if p.get("nvml")
+            else f"{m['mode']}: no NVML read beside it ({p.get('error') or 'NVML did not open'})"
+        )
     return "\n".join(lines)
 
 

@@ -19,7 +19,10 @@ order (a shuffle seeded with SEED) in every mode:
   krex's own machinery does to a timing with no sibling at all, apart from what siblings do;
   krex1-allcores, krex8-allcores: krex1 and krex8 with the region's owner not pinned (the
   daemon's CPU slice gives the region every CPU): whether the pinning onto the region's cores
-  is what moves a timing, alone and beside siblings (frozen over each region either way).
+  is what moves a timing, alone and beside siblings (frozen over each region either way);
+- exclusive-nvml: exclusive beside scripts/bench/nvml_poll.py, which makes the NVML reads krex's
+  daemon makes (at each grant, beside the owner's timing, and once a second) every
+  NVML_POLL_S: whether those reads alone move a timing, with no krex at all.
 
 Memory: PROBLEMS gives each problem's device memory from its shapes (fp32: inputs, outputs,
 parameters, the eager forward's temporaries; a compile command also keeps the eager output as
@@ -72,6 +75,7 @@ import contextlib
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import subprocess
@@ -79,7 +83,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -88,6 +92,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import memory_check  # a script beside this one: its daemons, environments and report fields
 
 CANDIDATE = Path(__file__).resolve().parent / "kb_candidate.py"
+NVML_POLL = Path(__file__).resolve().parent / "nvml_poll.py"
 LEVEL1 = "KernelBench/level1"  # where PROBLEMS are in a KernelBench checkout
 SEED = 20261204  # the fixed order of the commands
 RESERVE_S = 15.0  # of the budget, kept for killing, a daemon's stop and the results
@@ -107,6 +112,7 @@ MODES: dict[str, tuple[int, int | None]] = {
     "krex1-cold": (1, 1),
     "krex1-allcores": (1, 1),
     "krex8-allcores": (8, 8),
+    "exclusive-nvml": (1, None),
 }
 # through `krex run --no-pool`: the warm pool's gain is krex8 against krex8-cold
 COLD = ("krex8-cold", "krex1-cold")
@@ -114,6 +120,38 @@ NATIVE = ("exclusive", "exclusive2")  # the references: a command's median again
 # Regions whose owner is not pinned: the daemon's CPU slice gives the region every CPU it has
 # (docs/operator-guide.md, "Core slices"), so a region's owner runs where it ran before.
 ALL_CORES = ("krex1-allcores", "krex8-allcores")
+# Native modes beside scripts/bench/nvml_poll.py: krex's daemon's NVML reads every NVML_POLL_S,
+# ten times as often as its tick makes them, so that an effect too small to see at once a
+# second shows.
+NVML_BESIDE = ("exclusive-nvml",)
+NVML_POLL_S = 0.1
+NVML_READY_S = 30.0  # the poller's start (Python, krex, pynvml) at most
+
+
+@contextlib.contextmanager
+def nvml_beside(out: Path, period_s: float = NVML_POLL_S) -> Iterator[dict[str, Any]]:
+    """scripts/bench/nvml_poll.py running for the block; yields a dict that holds, after it,
+    what the poller did (its JSON: whether NVML opened, rounds, seconds), or why not."""
+    info: dict[str, Any] = {}
+    argv = [sys.executable, str(NVML_POLL), "--out", str(out), "--period", str(period_s)]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    try:
+        # Its first line once it reads (or knows it cannot): the commands start after that.
+        assert proc.stdout is not None
+        if select.select([proc.stdout], [], [], NVML_READY_S)[0]:
+            proc.stdout.readline()
+        yield info
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        try:
+            info |= json.loads(out.read_text())
+        except (OSError, ValueError) as e:
+            info |= {"nvml": False, "error": f"nvml_poll.py left no record ({e})"}
 
 
 def all_cores_config(cpus: Iterable[int] | None = None) -> str:
@@ -128,7 +166,7 @@ def all_cores_config(cpus: Iterable[int] | None = None) -> str:
 EST_S = {"eager": 5.0, "compile": 14.0}
 EST_SPEEDUP = {"exclusive": 1.0, "exclusive2": 1.0, "shared8": 4.0, "krex8": 4.0, "krex16": 3.0,
                "krex8-cold": 3.0, "krex1": 1.2, "krex1-cold": 1.0,
-               "krex1-allcores": 1.2, "krex8-allcores": 4.0}  # fmt: skip
+               "krex1-allcores": 1.2, "krex8-allcores": 4.0, "exclusive-nvml": 1.0}  # fmt: skip
 EST_START_S = {"krex8": 20.0, "krex16": 20.0, "krex8-cold": 10.0, "krex1": 20.0,
                "krex1-cold": 10.0, "krex1-allcores": 20.0, "krex8-allcores": 20.0}  # fmt: skip
 
@@ -461,6 +499,8 @@ def run_mode(
                     row = {"mode": name, "index": i, "problem": c.problem, "variant": c.variant}
                     records.append(row | {"status": "not_run", "why": why})
                     log.write(records[-1])
+        if name in NVML_BESIDE:
+            mode["nvml_poll"] = stack.enter_context(nvml_beside(out_dir / f"nvml-{name}.json"))
         mode["start_s"] = round(time.monotonic() - t_start, 1)  # the daemon's, with its pool
         t0 = time.monotonic()
         if not records:

@@ -799,6 +799,70 @@ def test_the_grant_does_not_wait_for_the_audit_and_the_record_has_what_it_found(
     run(main())
 
 
+def test_with_quiet_nvml_nothing_reads_nvml_between_the_grant_and_the_end() -> None:
+    """regions.quiet_nvml: the grant's clock sample is taken before the grant, the memory
+    split and the audit only at the region's end; between the grant and the owner's end no
+    NVML read runs (here every read is logged, and the owner's time between the grant and its
+    end has none); the record still has the clocks, the placement and what the audit found. A
+    holder ending while another holds gets no clock fields (that would read NVML)."""
+
+    async def main() -> None:
+        regions, node, gpus = make()
+        regions.quiet_nvml = True
+        owner = tenant(gpus, 1)
+        tenant(gpus, 2)
+        node.split = (1 << 30, 40 << 30)
+        reads: list[tuple[str, bool]] = []
+        clock, audit, split = node.clock, node.audit, node.memory_split
+
+        def logged(name: str, read: Callable[..., Any]) -> Callable[..., Any]:
+            def wrapped(*args: Any) -> Any:
+                reads.append((name, owner.region is not None and regions.held(0) is not None))
+                return read(*args)
+
+            return wrapped
+
+        node.clock = logged("clock", clock)  # type: ignore[method-assign]
+        node.audit = logged("audit", audit)  # type: ignore[method-assign]
+        node.memory_split = logged("memory_split", split)  # type: ignore[method-assign]
+        r = await regions.acquire(owner, plain_wait)
+        assert reads == [("clock", False)]  # before the grant, and nothing running beside it
+        await asyncio.sleep(0.05)  # the owner measures: no read comes meanwhile
+        assert reads == [("clock", False)] and not regions.busy()
+        node.foreigners[0] = {777}
+        rec = regions.release(r, why="region_end")
+        assert [name for name, _ in reads] == ["clock", "audit", "memory_split", "clock"]
+        assert rec["sm_clock_mhz"] == [1980, 1980] and rec["memory_gib"]["others"] == 40.0
+        assert rec["clean"] is False and any("[777]" in p for p in rec["problems"])
+        assert "sample" in rec["entry_steps_s"] and rec["entry_steps_s"]["audit"] == 0.0
+        # Two holders: the first to end gets a record without clocks; the last the whole one.
+        node.foreigners.clear()
+        r = await regions.acquire(owner, plain_wait)
+        r.holders += 1
+        reads.clear()
+        first = regions.release(r, why="region_end")
+        assert "sm_clock_mhz" not in first and reads == []
+        assert "sm_clock_mhz" in regions.release(r, why="region_end")
+
+    run(main())
+
+
+def test_with_quiet_nvml_a_clock_sample_that_fails_leaves_the_record_without_clocks() -> None:
+    async def main() -> None:
+        regions, node, gpus = make()
+        regions.quiet_nvml = True
+        owner = tenant(gpus, 1)
+
+        def broken(gpu: int) -> dict[str, int] | None:
+            raise OSError("NVML went away")
+
+        node.clock = broken  # type: ignore[method-assign]
+        rec = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
+        assert "sm_clock_mhz" not in rec and rec["clean"] is True
+
+    run(main())
+
+
 def test_a_region_after_a_shared_out_of_memory_error_is_not_clean() -> None:
     """Issue #47, 3: a command that got an out-of-memory error only sharing caused may have
     gone down a slower path: its regions that end after it say so (clean = false, and why);

@@ -318,22 +318,6 @@ class Regions:
         finally:
             self._schedule(gpu)  # the next request, or other threads of the owner
 
-    async def _clock_before_grant(self, gpu: int, r: Region) -> None:
-        """regions.quiet_nvml: the grant's clock sample now, before the grant (siblings frozen
-        and drained), so that no NVML read runs beside the owner; bounded like the grant's
-        checks. One that fails or does not end leaves the record without clock fields."""
-        t0 = time.monotonic()
-        f = self._checks.submit(self.m.clock, gpu)
-        self._checking.append(f)
-        try:
-            clock = await asyncio.wait_for(asyncio.wrap_future(f), CHECKS_WAIT_S)
-        except Exception as e:  # a missing sample is the record's, not the daemon's
-            log.warning("the grant's clock sample on GPU %d did not complete (%s)", gpu, _why(e))
-            clock = None
-        if clock is not None:
-            r.clocks[gpu] = clock
-        _add(r.steps, "sample", time.monotonic() - t0)
-
     async def _freeze(self, gpu: int, r: Region, siblings: list[Tenant]) -> None:
         """Step 4: freeze the GPU's other tenants, its idle pool and those that joined while
         they drained, all in parallel; each is listed in r.frozen before it is frozen, so that
@@ -372,7 +356,7 @@ class Regions:
         r.gpus.append(gpu)
         r.epochs[gpu] = hold.epoch
         if self.quiet_nvml:
-            await self._clock_before_grant(gpu, r)
+            await _clock_before_grant(self._checks, self._checking, self.m, gpu, r)
         else:
             checks = self._checks.submit(_grant_checks, self.m, gpu, r.tenant)
             r.checks.append(checks)
@@ -454,7 +438,7 @@ class Regions:
             # Again at the end, siblings still frozen: what started beside the owner meanwhile
             # (a foreign process, a tenant's process with no shim) makes the region unclean.
             since = time.time() - (t_end - r.t_grant)
-            audit = self._audit_and_split(r) if self.quiet_nvml else self.m.audit
+            audit = _audit_and_split(self.m, r) if self.quiet_nvml else self.m.audit
             for i in r.gpus:
                 for p in _end_audit(self._checks, self._checking, audit, (i, t, since)):
                     if p not in r.problems:
@@ -489,17 +473,6 @@ class Regions:
         for i in r.gpus:
             self._schedule(i)
         return r.record
-
-    def _audit_and_split(self, r: Region) -> Callable[[int, Tenant, float], list[str]]:
-        """regions.quiet_nvml: the end's audit, then the memory split the grant did not take
-        (the siblings are still frozen, so it is what stood beside the owner)."""
-
-        def both(gpu: int, t: Tenant, since: float) -> list[str]:
-            problems = self.m.audit(gpu, t, since)
-            r.memory[gpu] = self.m.memory_split(gpu, t)
-            return problems
-
-        return both
 
     # Helpers.
     def _live(self, gpus: list[int] | None = None) -> list[Region]:
@@ -545,6 +518,38 @@ def _grant_checks(
     problems = m.audit(gpu, owner)
     t3 = time.monotonic()
     return gpu, problems, clock, memory, {"sample": t2 - t0, "audit": t3 - t2}
+
+
+async def _clock_before_grant(
+    pool: ThreadPoolExecutor, running: list[Future[Any]], m: Machinery, gpu: int, r: Region
+) -> None:
+    """regions.quiet_nvml: the grant's clock sample now, before the grant (siblings frozen and
+    drained), so that no NVML read runs beside the owner; in a thread of `pool`, bounded like
+    the grant's checks (its future joins `running`, which Regions.busy() counts). One that
+    fails or does not end leaves the record without clock fields."""
+    t0 = time.monotonic()
+    f = pool.submit(m.clock, gpu)
+    running.append(f)
+    try:
+        clock = await asyncio.wait_for(asyncio.wrap_future(f), CHECKS_WAIT_S)
+    except Exception as e:  # a missing sample is the record's, not the daemon's
+        log.warning("the grant's clock sample on GPU %d did not complete (%s)", gpu, _why(e))
+        clock = None
+    if clock is not None:
+        r.clocks[gpu] = clock
+    _add(r.steps, "sample", time.monotonic() - t0)
+
+
+def _audit_and_split(m: Machinery, r: Region) -> Callable[[int, Tenant, float], list[str]]:
+    """regions.quiet_nvml: the end's audit, then the memory split the grant did not take (the
+    siblings are still frozen, so it is what stood beside the owner)."""
+
+    def both(gpu: int, t: Tenant, since: float) -> list[str]:
+        problems = m.audit(gpu, t, since)
+        r.memory[gpu] = m.memory_split(gpu, t)
+        return problems
+
+    return both
 
 
 def _join_checks(r: Region) -> None:

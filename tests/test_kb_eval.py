@@ -593,3 +593,23 @@ def test_how_much_slower_a_timings_first_trials_are(ke: Any) -> None:
     assert "exclusive-nvml: beside it NVML read every 0.1 s (200 rounds, p50 2.5 ms" in text
     nv["nvml_poll"] = {"nvml": False, "rounds": 0}
     assert "exclusive-nvml: no NVML read beside it (NVML did not open)" in ke.table(doc)
+
+
+def test_how_far_apart_a_commands_three_timings_move(ke: Any) -> None:
+    """Per mode against exclusive: the median over correct candidates of the largest less the
+    smallest of the three timings' % differences; a command moved whole reads 0."""
+
+    def timed(problem: str, cand: float, eval_ref: float, ref: float) -> Any:
+        r = rec(problem)
+        r["result"]["raw"] |= {"runtime_ms": cand, "eval_ref_runtime_ms": eval_ref,
+                               "ref_runtime_ms": ref}  # fmt: skip
+        return r
+
+    ex = mode("exclusive", [timed(p, 1.0, 1.0, 1.0) for p in "abcd"], 20.0)
+    k = mode("krex8", [timed("a", 1.01, 1.01, 1.01),  # moved whole: 0
+                       timed("b", 0.98, 1.0, 1.02),   # apart: 4 points
+                       timed("c", 1.0, 1.01, 1.0),    # 1 point
+                       rec("d")], 5.0, slots=8)  # fmt: skip
+    doc = ke.summarise([ex, k])
+    assert doc["modes"][1]["timings_apart_pct"] == pytest.approx(1.0)  # 0, 1, 4
+    assert "krex8        -0.99   +0.00    1.00" in ke.table(doc)

@@ -339,6 +339,27 @@ def timing_order(m: dict[str, Any]) -> dict[str, float | None]:
     return dict(zip(TIMING_ORDER, (med(sorted(first), 0.5), med(sorted(second), 0.5)), strict=True))
 
 
+RAW_TIMINGS = ("runtime_ms", "eval_ref_runtime_ms", "ref_runtime_ms")
+
+
+def timings_apart(m: dict[str, Any], ref: dict[str, dict[str, Any]]) -> float | None:
+    """Per mode, the median over correct candidates of how far apart its three timings moved
+    against exclusive's (the largest of the three % differences less the smallest, points). A
+    shift of the whole command (its GPU, its buffers' placement) moves the three together and
+    leaves the speedup; one of each region's own moves them apart (2026-12-06, three H100
+    calls: 8 at once through krex 1.55, 2.01, 0.80; the native repeat 0.80, 0.61, 0.35)."""
+    apart = []
+    for r in m["commands"]:
+        res, res0 = _result(r), _result(ref.get(r["problem"], {}))
+        raw, raw0 = res.get("raw"), res0.get("raw")
+        if not (res.get("correctness") and isinstance(raw, dict) and isinstance(raw0, dict)):
+            continue
+        ds = [d for k in RAW_TIMINGS if (d := _pct(raw.get(k), raw0.get(k))) is not None]
+        if len(ds) == len(RAW_TIMINGS):
+            apart.append(max(ds) - min(ds))
+    return kb_memory._q(sorted(apart), 0.5)
+
+
 STATS = ("runtime_stats", "ref_runtime_stats")  # the candidate's and the final reference's
 TRIAL_SPREAD = ("std_over_mean", "mean_over_min")
 
@@ -408,6 +429,7 @@ def summarise(modes: list[dict[str, Any]]) -> dict[str, Any]:
         if base is None or m is base:
             continue
         versus(m, ref, spread)
+        m["timings_apart_pct"] = timings_apart(m, ref)
         if base.get("cmds_per_min_ok"):
             m["throughput_vs_exclusive"] = m["cmds_per_min_ok"] / base["cmds_per_min_ok"]
         whole = not m["not_run"] and not base["not_run"]
@@ -468,11 +490,13 @@ def table(doc: dict[str, Any]) -> str:
     lines.append(
         "timing order, the same model thrice (median %): candidate over the eval's reference,"
     )
-    lines.append("that over the final reference (about 0 natively; the speedup moves by either)")
+    lines.append("that over the final reference (about 0 natively; the speedup moves by either);")
+    lines.append("then how far apart the three moved against exclusive's (median, points)")
     for m in modes:
         o = m.get("timing_order_pct") or {}
         first, second = (o.get(k) for k in TIMING_ORDER)
-        lines.append(f"{m['mode']:10} {_f(first, '+.2f'):>7} {_f(second, '+.2f'):>7}")
+        apart = _f(m.get("timings_apart_pct"), ".2f")
+        lines.append(f"{m['mode']:10} {_f(first, '+.2f'):>7} {_f(second, '+.2f'):>7} {apart:>7}")
     lines.append("")
     lines.append("speedups from each timing's fastest and median trial, |d| p50 / max % against")
     lines.append("exclusive's (the fastest: the GPU's part, free of a slow launch on the host)")

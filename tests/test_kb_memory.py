@@ -295,19 +295,18 @@ def test_krex_modes_run_each_command_through_krex_run_with_auto_regions(
     # krex1, krex1-cold, krex1-allcores: one at a time, daemons of one slot each; only the
     # allcores daemons (krex8-allcores too, of 8 slots) give the region every CPU (no pin).
     daemon_configs.clear()
-    for name in ("krex1", "krex1-cold", "krex1-allcores", "krex8-allcores", "krex8-quiet"):
+    for name in ("krex1", "krex1-cold", "krex1-allcores", "krex8-allcores"):
         seen.clear()
         m = kb.run_mode(name, cmds, argv_for, tmp_path, tmp_path, time.monotonic() + 60, log)
         n = 8 if name.startswith("krex8") else 1
         assert (m["concurrency"], m["slots"], m["ok"]) == (n, n, 4)
         assert ("--no-pool" in seen[0]) == (name == "krex1-cold")
     assert {argv[argv.index("--socket") + 1] for argv in seen} == {
-        str(tmp_path / "krex-8-quiet.sock")
+        str(tmp_path / "krex-8-allcores.sock")
     }
     cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
     everything = f'[slices.0]\nregion = "{cpus}"\nshared = "{cpus}"\n'
-    quiet = "[regions]\nquiet_nvml = true\n"  # krex8-quiet: no NVML read beside an owner
-    assert daemon_configs == ["", "", everything, everything, quiet]
+    assert daemon_configs == ["", "", everything, everything]
     assert kb.all_cores_config([3, 1]) == '[slices.0]\nregion = "1,3"\nshared = "1,3"\n'
 
 

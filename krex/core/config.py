@@ -366,14 +366,6 @@ class Config:
         "(compile workers) run on the shared cores; a candidate, not yet measured on a GPU "
         "(see Freezing only GPU contexts)",
     )  # fmt: skip
-    region_quiet_nvml: bool = _flag(
-        "regions.quiet_nvml",
-        "no NVML read of a GPU while its region's owner measures: the grant's clock sample "
-        "before the grant, the memory split and the audit only at the region's end, the "
-        "daemon's once-a-second reads and admission's memory reads of that GPU held back (the "
-        "last read stands in); a candidate, not yet measured on a GPU (see Reads beside a "
-        "region)",
-    )  # fmt: skip
     freezer: str = _choice(
         "auto", "freezer.backend", FREEZERS,
         "how a command's processes are grouped and frozen (see Freezers)",

@@ -203,10 +203,6 @@ class NodeMachinery:
         self.power = PowerHistory()
         self.submits = SubmitHistory()
         self.all_users = AllUsers(segments, gpus, self.users)
-        # regions.quiet_nvml: whether a GPU's region owner measures now (set by the node); no
-        # NVML read of it then: the tick skips it, and its per-process memory is the last read.
-        self.quiet: Callable[[int], bool] = lambda gpu: False
-        self._users_seen: dict[int, dict[int, int] | None] = {}
 
     def tick(self) -> None:
         """Note each GPU's energy counter and each process's intercepted calls (the daemon's
@@ -215,8 +211,6 @@ class NodeMachinery:
         if self.nvml is None:
             return
         for g in self.gpus:
-            if self.quiet(g.index):
-                continue  # the energy counter is read again next tick: nothing lost
             s = self.nvml.sample(g.index)
             if s is not None and "energy_mj" in s:
                 self.power.note(g.index, time.monotonic(), s["energy_mj"])
@@ -423,13 +417,8 @@ class NodeMachinery:
         driver's), krex's own helpers (its MPS server) left out; None where unknown."""
         if self.sim_shm is not None:
             return simgpu.mem_users(self.sim_shm, gpu)
-        if self.nvml is not None and self.quiet(gpu) and gpu in self._users_seen:
-            # Its siblings are frozen: what they hold is what they held at the last read.
-            return self._users_seen[gpu]
         used = self.nvml.process_memory(gpu) if self.nvml is not None else None
-        seen = None if used is None else {p: b for p, b in used.items() if not self.helper(p)}
-        self._users_seen[gpu] = seen
-        return seen
+        return None if used is None else {p: b for p, b in used.items() if not self.helper(p)}
 
     def memory_problems(self, tenant: Tenant) -> list[str]:
         """Why the tenant's timings may not be what it would measure alone, as far as memory

@@ -80,11 +80,7 @@ class Node:
                 self.machinery,
                 room=self.memory,
                 on_record=lambda t, rec: self.metrics.region(t.gpu, rec),
-                quiet_nvml=cfg.region_quiet_nvml,
             )
-            if cfg.region_quiet_nvml:
-                self.machinery.quiet = lambda gpu: self.regions.held(gpu) is not None
-            self._free_seen: dict[int, int | None] = {}
             self.admission = Admission(self.gpus, self.memory)
             # Top-level names only: finding a submodule's spec would import its package here.
             self.preload = [
@@ -213,13 +209,9 @@ class Node:
         return True
 
     def device_free(self, gpu: int) -> int | None:
-        """The driver's free bytes (NVML: contexts and library workspaces included); while a
-        region's owner measures with regions.quiet_nvml, the last read."""
-        if self.nvml is not None and self.machinery.quiet(gpu) and gpu in self._free_seen:
-            return self._free_seen[gpu]
+        """The driver's free bytes (NVML: contexts and library workspaces included)."""
         info = self.nvml.memory(gpu) if self.nvml is not None else None
-        self._free_seen[gpu] = free = info[0] - info[1] if info else None
-        return free
+        return info[0] - info[1] if info else None
 
     def device_users(self, gpu: int) -> dict[int, int] | None:
         return self.machinery.device_users(gpu)
@@ -372,8 +364,6 @@ class Node:
         admission use the larger."""
         live = self.segments.live_by_tenant()
         for g in self.gpus:
-            if self.machinery.quiet(g.index):
-                continue  # regions.quiet_nvml: read again once the region ends
             used = self.machinery.device_users(g.index)
             if used is None:
                 continue

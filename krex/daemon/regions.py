@@ -81,15 +81,11 @@ class Regions:
         machinery: Machinery,
         room: Room | None = None,
         on_record: Callable[[Tenant, dict[str, Any]], None] = lambda t, rec: None,
-        quiet_nvml: bool = False,
     ) -> None:
         self.gpus = gpus
         self.m = machinery
         self.room = room
         self.on_record = on_record  # each ended region's record (metrics)
-        # regions.quiet_nvml: no NVML read beside the owner (the grant's clock sample before
-        # the grant, the memory split with the end's audit, no audit at the grant).
-        self.quiet_nvml = quiet_nvml
         self._q = [_Queue() for _ in gpus]
         # The grant's audit and samples (NVML reads), off the event loop and off the grant's
         # path: their own threads, joined when the region ends.
@@ -183,8 +179,8 @@ class Regions:
                 r.record["calls"] = dict(r.calls)  # the same dict as in t.regions
             return r.record or _record(r, time.monotonic(), self.m)
         r.holders -= 1
-        if r.holders > 0:  # the others still measure: no NVML read now in quiet mode
-            return _record(r, time.monotonic(), self.m, sample=not self.quiet_nvml)
+        if r.holders > 0:
+            return _record(r, time.monotonic(), self.m)
         return self.finish(r, revoked=False, why=why)
 
     # Tenants coming and going.
@@ -355,12 +351,9 @@ class Regions:
         by now, so what the audit sees a few ms later is what was there at the grant."""
         r.gpus.append(gpu)
         r.epochs[gpu] = hold.epoch
-        if self.quiet_nvml:
-            await _clock_before_grant(self._checks, self._checking, self.m, gpu, r)
-        else:
-            checks = self._checks.submit(_grant_checks, self.m, gpu, r.tenant)
-            r.checks.append(checks)
-            self._checking.append(checks)  # until it ends, even past _join_checks's wait
+        checks = self._checks.submit(_grant_checks, self.m, gpu, r.tenant)
+        r.checks.append(checks)
+        self._checking.append(checks)  # until it ends, even past _join_checks's wait
         await asyncio.gather(*beside)
         _add(r.steps, "quiesce", hold.quiesce_s)
         _add(r.steps, "drain", hold.drain_s)
@@ -438,9 +431,8 @@ class Regions:
             # Again at the end, siblings still frozen: what started beside the owner meanwhile
             # (a foreign process, a tenant's process with no shim) makes the region unclean.
             since = time.time() - (t_end - r.t_grant)
-            audit = _audit_and_split(self.m, r) if self.quiet_nvml else self.m.audit
             for i in r.gpus:
-                for p in _end_audit(self._checks, self._checking, audit, (i, t, since)):
+                for p in _end_audit(self._checks, self._checking, self.m.audit, (i, t, since)):
                     if p not in r.problems:
                         r.problems.append(f"{p} (at the region's end)")
             r.problems.extend(p for p in self.m.memory_problems(t) if p not in r.problems)
@@ -518,38 +510,6 @@ def _grant_checks(
     problems = m.audit(gpu, owner)
     t3 = time.monotonic()
     return gpu, problems, clock, memory, {"sample": t2 - t0, "audit": t3 - t2}
-
-
-async def _clock_before_grant(
-    pool: ThreadPoolExecutor, running: list[Future[Any]], m: Machinery, gpu: int, r: Region
-) -> None:
-    """regions.quiet_nvml: the grant's clock sample now, before the grant (siblings frozen and
-    drained), so that no NVML read runs beside the owner; in a thread of `pool`, bounded like
-    the grant's checks (its future joins `running`, which Regions.busy() counts). One that
-    fails or does not end leaves the record without clock fields."""
-    t0 = time.monotonic()
-    f = pool.submit(m.clock, gpu)
-    running.append(f)
-    try:
-        clock = await asyncio.wait_for(asyncio.wrap_future(f), CHECKS_WAIT_S)
-    except Exception as e:  # a missing sample is the record's, not the daemon's
-        log.warning("the grant's clock sample on GPU %d did not complete (%s)", gpu, _why(e))
-        clock = None
-    if clock is not None:
-        r.clocks[gpu] = clock
-    _add(r.steps, "sample", time.monotonic() - t0)
-
-
-def _audit_and_split(m: Machinery, r: Region) -> Callable[[int, Tenant, float], list[str]]:
-    """regions.quiet_nvml: the end's audit, then the memory split the grant did not take (the
-    siblings are still frozen, so it is what stood beside the owner)."""
-
-    def both(gpu: int, t: Tenant, since: float) -> list[str]:
-        problems = m.audit(gpu, t, since)
-        r.memory[gpu] = m.memory_split(gpu, t)
-        return problems
-
-    return both
 
 
 def _join_checks(r: Region) -> None:
@@ -695,9 +655,9 @@ def _entry_steps(r: Region) -> dict[str, float]:
     return {k: got.get(k, 0.0) for k in ENTRY_STEPS}
 
 
-def _record(r: Region, t_end: float, m: Machinery, sample: bool = True) -> dict[str, Any]:
+def _record(r: Region, t_end: float, m: Machinery) -> dict[str, Any]:
     """What region r was, for its tenant's report (docs/architecture.md, "What a region
-    record says"); `sample`: with the clock now against the grant's (an NVML read)."""
+    record says")."""
     rec: dict[str, Any] = {
         "wait_s": r.wait_s,
         # Of that wait, its own set-up on every GPU (room, gate, drain, freeze, pin, settle):
@@ -733,7 +693,7 @@ def _record(r: Region, t_end: float, m: Machinery, sample: bool = True) -> dict[
     # The SM clock and throttle reasons at each GPU's grant and now: a throttled region is
     # flagged (docs/architecture.md, "What a region record says"); power and placement
     # become named warnings (krex/daemon/fidelity.py).
-    samples = [(a, b) for i in r.gpus if sample and (a := r.clocks.get(i)) and (b := m.clock(i))]
+    samples = [(a, b) for i in r.gpus if (a := r.clocks.get(i)) and (b := m.clock(i))]
     is_throttled = False
     if samples:
         reasons = 0

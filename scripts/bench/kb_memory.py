@@ -20,8 +20,6 @@ order (a shuffle seeded with SEED) in every mode:
   krex1-allcores, krex8-allcores: krex1 and krex8 with the region's owner not pinned (the
   daemon's CPU slice gives the region every CPU): whether the pinning onto the region's cores
   is what moves a timing, alone and beside siblings (frozen over each region either way);
-- krex8-quiet: krex8 with `regions.quiet_nvml` (no NVML read while a region's owner measures:
-  docs/operator-guide.md, "Reads beside a region");
 - exclusive-nvml: exclusive beside scripts/bench/nvml_poll.py, which makes the NVML reads krex's
   daemon makes (at each grant, beside the owner's timing, and once a second) every
   NVML_POLL_S: whether those reads alone move a timing, with no krex at all.
@@ -114,7 +112,6 @@ MODES: dict[str, tuple[int, int | None]] = {
     "krex1-cold": (1, 1),
     "krex1-allcores": (1, 1),
     "krex8-allcores": (8, 8),
-    "krex8-quiet": (8, 8),
     "exclusive-nvml": (1, None),
 }
 # through `krex run --no-pool`: the warm pool's gain is krex8 against krex8-cold
@@ -123,8 +120,6 @@ NATIVE = ("exclusive", "exclusive2")  # the references: a command's median again
 # Regions whose owner is not pinned: the daemon's CPU slice gives the region every CPU it has
 # (docs/operator-guide.md, "Core slices"), so a region's owner runs where it ran before.
 ALL_CORES = ("krex1-allcores", "krex8-allcores")
-# Daemons with regions.quiet_nvml: no NVML read while a region's owner measures.
-QUIET = ("krex8-quiet",)
 # Native modes beside scripts/bench/nvml_poll.py: krex's daemon's NVML reads every NVML_POLL_S,
 # ten times as often as its tick makes them, so that an effect too small to see at once a
 # second shows.
@@ -159,13 +154,6 @@ def nvml_beside(out: Path, period_s: float = NVML_POLL_S) -> Iterator[dict[str, 
             info |= {"nvml": False, "error": f"nvml_poll.py left no record ({e})"}
 
 
-def mode_config(name: str) -> str:
-    """The configuration file text of a krex mode's daemon ("" for the defaults)."""
-    if name in ALL_CORES:
-        return all_cores_config()
-    return "[regions]\nquiet_nvml = true\n" if name in QUIET else ""
-
-
 def all_cores_config(cpus: Iterable[int] | None = None) -> str:
     """A daemon configuration whose GPU 0 has every CPU (this process's affinity) for its region
     owner and for the rest alike."""
@@ -178,11 +166,9 @@ def all_cores_config(cpus: Iterable[int] | None = None) -> str:
 EST_S = {"eager": 5.0, "compile": 14.0}
 EST_SPEEDUP = {"exclusive": 1.0, "exclusive2": 1.0, "shared8": 4.0, "krex8": 4.0, "krex16": 3.0,
                "krex8-cold": 3.0, "krex1": 1.2, "krex1-cold": 1.0,
-               "krex1-allcores": 1.2, "krex8-allcores": 4.0, "krex8-quiet": 4.0,
-               "exclusive-nvml": 1.0}  # fmt: skip
+               "krex1-allcores": 1.2, "krex8-allcores": 4.0, "exclusive-nvml": 1.0}  # fmt: skip
 EST_START_S = {"krex8": 20.0, "krex16": 20.0, "krex8-cold": 10.0, "krex1": 20.0,
-               "krex1-cold": 10.0, "krex1-allcores": 20.0, "krex8-allcores": 20.0,
-               "krex8-quiet": 20.0}  # fmt: skip
+               "krex1-cold": 10.0, "krex1-allcores": 20.0, "krex8-allcores": 20.0}  # fmt: skip
 
 
 class Problem(NamedTuple):
@@ -502,7 +488,7 @@ def run_mode(
                 tag = "" if name == f"krex{slots}" else name.removeprefix(f"krex{slots}-")
                 sock = stack.enter_context(
                     memory_check.daemon(tmp, slots, start_s=start_s, stop_s=10, tag=tag,
-                                        config=mode_config(name))
+                                        config=all_cores_config() if name in ALL_CORES else "")
                 )  # fmt: skip
             except Exception as e:  # the mode is lost, not the run
                 mode["error"] = str(e)[-1500:]

@@ -62,7 +62,8 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # (scripts/bench/kb_eval.py: KernelBench's own eval of 24 candidates from .kb/eval (KB_EVAL_DIR,
 # made by kb_eval.py --populate); KB_EVAL_MODES, default exclusive,krex8,exclusive2, any of
 # kb_memory.py's modes (krex1, krex1-cold, krex1-allcores: one at a time through krex;
-# krex8-allcores: krex8 with the region's owner not pinned);
+# krex8-allcores: krex8 with the region's owner not pinned; exclusive-nvml and exclusive-churn:
+# natively beside the daemon's NVML reads, beside device memory held and churned);
 # KB_EVAL_BUDGET_S, default what is left of 555 s since this script started; KB_EVAL_SUBSET=N;
 # KB_EVAL_BASELINE: an earlier run's JSON for exclusive and exclusive2), timers
 # (scripts/bench/timers_check.py: each timer auto-regions cover, alone, under krex beside 7 busy

@@ -593,6 +593,12 @@ def test_how_much_slower_a_timings_first_trials_are(ke: Any) -> None:
     assert "exclusive-nvml: beside it NVML read every 0.1 s (200 rounds, p50 2.5 ms" in text
     nv["nvml_poll"] = {"nvml": False, "rounds": 0}
     assert "exclusive-nvml: no NVML read beside it (NVML did not open)" in ke.table(doc)
+    nv["churn"] = {"cuda": True, "procs": 7, "period_s": 0.2, "rounds": 50,
+                   "held_gib_p50": 0.9, "held_gib_max": 1.5}  # fmt: skip
+    assert ("exclusive-nvml: beside it 7 processes held device memory, churned every 0.2 s"
+            " (50 rounds, each held p50 0.9 GiB, max 1.5)") in ke.table(doc)  # fmt: skip
+    nv["churn"] = {"cuda": False, "procs": 7}
+    assert "exclusive-nvml: no device memory held beside it (no CUDA)" in ke.table(doc)
 
 
 def test_how_far_apart_a_commands_three_timings_move(ke: Any) -> None:

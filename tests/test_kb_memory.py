@@ -310,11 +310,14 @@ def test_krex_modes_run_each_command_through_krex_run_with_auto_regions(
     assert kb.all_cores_config([3, 1]) == '[slices.0]\nregion = "1,3"\nshared = "1,3"\n'
 
 
-def test_exclusive_nvml_runs_natively_beside_the_nvml_poller(
-    kb: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("name", ["exclusive-nvml", "exclusive-churn"])
+def test_native_modes_run_beside_their_script_and_keep_its_record(
+    kb: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
-    """exclusive-nvml: the commands natively (no krex run), scripts/bench/nvml_poll.py started
-    before them and stopped after; the mode keeps what it did (here no NVML: said so)."""
+    """exclusive-nvml and exclusive-churn: the commands natively (no krex run), their script
+    (scripts/bench/nvml_poll.py; mem_churn.py, its processes each ready) started before them
+    and stopped after; the mode keeps what it did (here no GPU: said so, nothing read or
+    held)."""
     seen: list[list[str]] = []
 
     def fake_run(
@@ -326,16 +329,47 @@ def test_exclusive_nvml_runs_natively_beside_the_nvml_poller(
     monkeypatch.setattr(kb, "run_command", fake_run)
     cmds = kb.commands(kb.PROBLEMS[:1])
     log = kb.Log(tmp_path / "c.jsonl")
-    deadline = time.monotonic() + 60
-    m = kb.run_mode(
-        "exclusive-nvml", cmds, kb.candidate(tmp_path), tmp_path, tmp_path, deadline, log
-    )
+    deadline = time.monotonic() + 120
+    m = kb.run_mode(name, cmds, kb.candidate(tmp_path), tmp_path, tmp_path, deadline, log)
     assert (m["concurrency"], m["slots"], m["ok"]) == (1, None, 2)
     assert all("krex.cli" not in argv for argv in seen) and len(seen) == 2
-    assert m["nvml_poll"]["period_s"] == kb.NVML_POLL_S
-    if not m["nvml_poll"]["nvml"]:  # no GPU here, as in CI: nothing read, and said so
-        assert m["nvml_poll"]["rounds"] == 0 and m["nvml_poll"]["round_ms_p50"] is None
-    assert json.loads((tmp_path / "nvml-exclusive-nvml.json").read_text()) == m["nvml_poll"]
+    if name == "exclusive-nvml":
+        p = m["nvml_poll"]
+        assert p["period_s"] == kb.NVML_POLL_S and "churn" not in m
+        if not p["nvml"]:  # no GPU here, as in CI: nothing read, and said so
+            assert p["rounds"] == 0 and p["round_ms_p50"] is None
+        assert json.loads((tmp_path / "nvml-exclusive-nvml.json").read_text()) == p
+    else:
+        c = m["churn"]
+        assert c["procs"] == 7 and c["errors"] == [] and "nvml_poll" not in m
+        if not c["cuda"]:
+            assert c["rounds"] == 0 and c["held_gib_p50"] is None
+
+
+def test_memory_churn_frees_and_makes_blocks_to_each_rounds_target() -> None:
+    """One round of mem_churn: random blocks freed until under the target, then blocks of
+    random sizes (64 MiB to 1 GiB, the last one cut to fit) made until at it."""
+    import random
+
+    churn = load_script("scripts/bench/mem_churn.py")
+    made: list[int] = []
+    blocks: list[Any] = []
+    sizes: list[int] = []
+    rng = random.Random(1)
+
+    def make(n: int) -> int:
+        made.append(n)
+        return n
+
+    churn.step(blocks, sizes, 3 << 30, make, rng)
+    assert sum(sizes) == 3 << 30 and sizes == made and blocks == made
+    assert all(n <= 1 << 30 for n in sizes) and all(n >= 64 << 20 for n in sizes[:-1])
+    kept = list(sizes)
+    churn.step(blocks, sizes, 1 << 30, make, rng)
+    assert sum(sizes) == 1 << 30  # freed down to under 1 GiB, then made up to it
+    assert len([n for n in sizes if n in kept]) < len(kept)
+    with pytest.raises(SystemExit):
+        churn.main(["--out", "x.json", "--procs", "0"])
 
 
 def test_the_nvml_poller_reads_what_the_daemon_reads_until_stopped(

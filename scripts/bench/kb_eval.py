@@ -520,6 +520,16 @@ def table(doc: dict[str, Any]) -> str:
         sd, above = (t.get(k) for k in TRIAL_SPREAD)
         early = _f(m.get("early_trials_pct"), "+.2f")
         lines.append(f"{m['mode']:10} {_f(sd, '.2f'):>7} {_f(above, '.2f'):>7} {early:>7}")
+    for m in modes:
+        c = m.get("churn")
+        if isinstance(c, dict):
+            lines.append(
+                f"{m['mode']}: beside it {c.get('procs')} processes held device memory, churned"
+                f" every {c.get('period_s')} s ({c.get('rounds')} rounds, each held p50"
+                f" {c.get('held_gib_p50')} GiB, max {c.get('held_gib_max')})"
+                if c.get("cuda")
+                else f"{m['mode']}: no device memory held beside it ({c.get('error') or 'no CUDA'})"
+            )
     polled = [m for m in modes if isinstance(m.get("nvml_poll"), dict)]
     for m in polled:
         p = m["nvml_poll"]

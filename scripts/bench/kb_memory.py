@@ -22,7 +22,10 @@ order (a shuffle seeded with SEED) in every mode:
   is what moves a timing, alone and beside siblings (frozen over each region either way);
 - exclusive-nvml: exclusive beside scripts/bench/nvml_poll.py, which makes the NVML reads krex's
   daemon makes (at each grant, beside the owner's timing, and once a second) every
-  NVML_POLL_S: whether those reads alone move a timing, with no krex at all.
+  NVML_POLL_S: whether those reads alone move a timing, with no krex at all;
+- exclusive-churn: exclusive beside scripts/bench/mem_churn.py: 7 processes (CUDA contexts)
+  holding device memory and churning it, no GPU work: whether where a command's fresh buffers
+  land beside others' memory alone moves a timing.
 
 Memory: PROBLEMS gives each problem's device memory from its shapes (fp32: inputs, outputs,
 parameters, the eager forward's temporaries; a compile command also keeps the eager output as
@@ -93,6 +96,7 @@ import memory_check  # a script beside this one: its daemons, environments and r
 
 CANDIDATE = Path(__file__).resolve().parent / "kb_candidate.py"
 NVML_POLL = Path(__file__).resolve().parent / "nvml_poll.py"
+MEM_CHURN = Path(__file__).resolve().parent / "mem_churn.py"
 LEVEL1 = "KernelBench/level1"  # where PROBLEMS are in a KernelBench checkout
 SEED = 20261204  # the fixed order of the commands
 RESERVE_S = 15.0  # of the budget, kept for killing, a daemon's stop and the results
@@ -113,6 +117,7 @@ MODES: dict[str, tuple[int, int | None]] = {
     "krex1-allcores": (1, 1),
     "krex8-allcores": (8, 8),
     "exclusive-nvml": (1, None),
+    "exclusive-churn": (1, None),
 }
 # through `krex run --no-pool`: the warm pool's gain is krex8 against krex8-cold
 COLD = ("krex8-cold", "krex1-cold")
@@ -124,21 +129,34 @@ ALL_CORES = ("krex1-allcores", "krex8-allcores")
 # ten times as often as its tick makes them, so that an effect too small to see at once a
 # second shows.
 NVML_BESIDE = ("exclusive-nvml",)
+# Native modes beside scripts/bench/mem_churn.py (device memory held and churned, no work).
+CHURN_BESIDE = ("exclusive-churn",)
 NVML_POLL_S = 0.1
-NVML_READY_S = 30.0  # the poller's start (Python, krex, pynvml) at most
+READY_S = 60.0  # a script's start beside a mode (Python, torch, CUDA contexts) at most
+
+
+def nvml_beside(out: Path, period_s: float = NVML_POLL_S) -> Any:
+    """scripts/bench/nvml_poll.py running for the block (beside())."""
+    return beside([str(NVML_POLL), "--out", str(out), "--period", str(period_s)], out)
+
+
+def churn_beside(out: Path) -> Any:
+    """scripts/bench/mem_churn.py running for the block (beside())."""
+    return beside([str(MEM_CHURN), "--out", str(out)], out)
 
 
 @contextlib.contextmanager
-def nvml_beside(out: Path, period_s: float = NVML_POLL_S) -> Iterator[dict[str, Any]]:
-    """scripts/bench/nvml_poll.py running for the block; yields a dict that holds, after it,
-    what the poller did (its JSON: whether NVML opened, rounds, seconds), or why not."""
+def beside(script: list[str], out: Path) -> Iterator[dict[str, Any]]:
+    """A script of ours running for the block (started once it prints its first line, stopped
+    with SIGTERM after); yields a dict that holds, after the block, the JSON it left at `out`
+    (what it did), or why there is none."""
     info: dict[str, Any] = {}
-    argv = [sys.executable, str(NVML_POLL), "--out", str(out), "--period", str(period_s)]
+    argv = [sys.executable, *script]
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
     try:
         # Its first line once it reads (or knows it cannot): the commands start after that.
         assert proc.stdout is not None
-        if select.select([proc.stdout], [], [], NVML_READY_S)[0]:
+        if select.select([proc.stdout], [], [], READY_S)[0]:
             proc.stdout.readline()
         yield info
     finally:
@@ -151,7 +169,7 @@ def nvml_beside(out: Path, period_s: float = NVML_POLL_S) -> Iterator[dict[str, 
         try:
             info |= json.loads(out.read_text())
         except (OSError, ValueError) as e:
-            info |= {"nvml": False, "error": f"nvml_poll.py left no record ({e})"}
+            info |= {"error": f"{Path(script[0]).name} left no record ({e})"}
 
 
 def all_cores_config(cpus: Iterable[int] | None = None) -> str:
@@ -166,7 +184,8 @@ def all_cores_config(cpus: Iterable[int] | None = None) -> str:
 EST_S = {"eager": 5.0, "compile": 14.0}
 EST_SPEEDUP = {"exclusive": 1.0, "exclusive2": 1.0, "shared8": 4.0, "krex8": 4.0, "krex16": 3.0,
                "krex8-cold": 3.0, "krex1": 1.2, "krex1-cold": 1.0,
-               "krex1-allcores": 1.2, "krex8-allcores": 4.0, "exclusive-nvml": 1.0}  # fmt: skip
+               "krex1-allcores": 1.2, "krex8-allcores": 4.0, "exclusive-nvml": 1.0,
+               "exclusive-churn": 1.0}  # fmt: skip
 EST_START_S = {"krex8": 20.0, "krex16": 20.0, "krex8-cold": 10.0, "krex1": 20.0,
                "krex1-cold": 10.0, "krex1-allcores": 20.0, "krex8-allcores": 20.0}  # fmt: skip
 
@@ -501,6 +520,8 @@ def run_mode(
                     log.write(records[-1])
         if name in NVML_BESIDE:
             mode["nvml_poll"] = stack.enter_context(nvml_beside(out_dir / f"nvml-{name}.json"))
+        if name in CHURN_BESIDE:
+            mode["churn"] = stack.enter_context(churn_beside(out_dir / f"churn-{name}.json"))
         mode["start_s"] = round(time.monotonic() - t_start, 1)  # the daemon's, with its pool
         t0 = time.monotonic()
         if not records:

@@ -187,7 +187,8 @@ EST_SPEEDUP = {"exclusive": 1.0, "exclusive2": 1.0, "shared8": 4.0, "krex8": 4.0
                "krex1-allcores": 1.2, "krex8-allcores": 4.0, "exclusive-nvml": 1.0,
                "exclusive-churn": 1.0}  # fmt: skip
 EST_START_S = {"krex8": 20.0, "krex16": 20.0, "krex8-cold": 10.0, "krex1": 20.0,
-               "krex1-cold": 10.0, "krex1-allcores": 20.0, "krex8-allcores": 20.0}  # fmt: skip
+               "krex1-cold": 10.0, "krex1-allcores": 20.0, "krex8-allcores": 20.0,
+               "exclusive-churn": 10.0}  # fmt: skip
 
 
 class Problem(NamedTuple):

@@ -73,6 +73,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -239,14 +240,19 @@ def _speedups(r: dict[str, Any]) -> tuple[float | None, float | None]:
     return (raw.get("speedup") if isinstance(raw, dict) else None), res.get("speedup")
 
 
-def _trial_speedup(r: dict[str, Any], pick: Callable[[list[float]], float]) -> float | None:
-    """A correct candidate's speedup from one statistic of each timing's trials (the fastest,
-    the median), where its line has the trials (`raw.trials_ms`, since 2026-12-06)."""
+def _trials(r: dict[str, Any]) -> dict[str, Any]:
+    """A correct candidate's trials per timing (`raw.trials_ms`, kept since 2026-12-06: the
+    candidate's, the eval's reference's, the final reference's); empty otherwise."""
     res = _result(r)
     raw = res.get("raw") if res.get("correctness") else None
     each = raw.get("trials_ms") if isinstance(raw, dict) else None
-    if not isinstance(each, dict):
-        return None
+    return each if isinstance(each, dict) else {}
+
+
+def _trial_speedup(r: dict[str, Any], pick: Callable[[list[float]], float]) -> float | None:
+    """A correct candidate's speedup from one statistic of each timing's trials (the fastest,
+    the median), where its line has the trials."""
+    each = _trials(r)
     cand, ref = each.get("candidate"), each.get("reference")
     if not cand or not ref or not isinstance(cand, list) or not isinstance(ref, list):
         return None
@@ -399,10 +405,7 @@ def early_trials(m: dict[str, Any]) -> float | None:
     +0.41 % natively."""
     ratios = []
     for r in m["commands"]:
-        res = _result(r)
-        raw = res.get("raw") if res.get("correctness") else None
-        each = raw.get("trials_ms") if isinstance(raw, dict) else None
-        for trials in each.values() if isinstance(each, dict) else ():
+        for trials in _trials(r).values():
             if not isinstance(trials, list) or len(trials) < 2 * EARLY_TRIALS:
                 continue
             first, rest = trials[:EARLY_TRIALS], trials[EARLY_TRIALS:]
@@ -450,6 +453,26 @@ def _cell(r: dict[str, Any], ex: dict[str, Any]) -> str:
     v, v0, d = _result(r).get(RESULT), _result(ex).get(RESULT), r.get("speedup_diff_pct")
     cell = r.get("status", "-") if v is None else v if d is None else f"{d:+.2f}%"
     return cell + ("!" if r.get("off") or (v and v0 and v != v0) else "")
+
+
+# What ran beside a native mode (kb_memory.BESIDE), by the key its record is under: the field
+# that says it ran, what it did, and what is said where it did not, with the default reason.
+BESIDE_TEXT = {
+    "nvml_poll": (
+        "nvml",
+        "beside it NVML read every {period_s} s ({rounds} rounds, p50 {round_ms_p50} ms, max"
+        " {round_ms_max} ms)",
+        "no NVML read beside it",
+        "NVML did not open",
+    ),
+    "churn": (
+        "cuda",
+        "beside it {procs} processes held device memory, churned every {period_s} s ({rounds}"
+        " rounds, each held p50 {held_gib_p50} GiB, max {held_gib_max})",
+        "no device memory held beside it",
+        "no CUDA",
+    ),
+}
 
 
 def table(doc: dict[str, Any]) -> str:
@@ -521,25 +544,12 @@ def table(doc: dict[str, Any]) -> str:
         early = _f(m.get("early_trials_pct"), "+.2f")
         lines.append(f"{m['mode']:10} {_f(sd, '.2f'):>7} {_f(above, '.2f'):>7} {early:>7}")
     for m in modes:
-        c = m.get("churn")
-        if isinstance(c, dict):
-            lines.append(
-                f"{m['mode']}: beside it {c.get('procs')} processes held device memory, churned"
-                f" every {c.get('period_s')} s ({c.get('rounds')} rounds, each held p50"
-                f" {c.get('held_gib_p50')} GiB, max {c.get('held_gib_max')})"
-                if c.get("cuda")
-                else f"{m['mode']}: no device memory held beside it ({c.get('error') or 'no CUDA'})"
-            )
-    polled = [m for m in modes if isinstance(m.get("nvml_poll"), dict)]
-    for m in polled:
-        p = m["nvml_poll"]
-        lines.append(
-            f"{m['mode']}: beside it NVML read every {p.get('period_s')} s"
-            f" ({p.get('rounds')} rounds, p50 {p.get('round_ms_p50')} ms, max"
-            f" {p.get('round_ms_max')} ms)"
-            if p.get("nvml")
-            else f"{m['mode']}: no NVML read beside it ({p.get('error') or 'NVML did not open'})"
-        )
+        for key, (ran, did, none, why) in BESIDE_TEXT.items():
+            r = m.get(key)
+            if isinstance(r, dict):
+                text = did.format_map(defaultdict(lambda: None, r)) if r.get(ran) else none
+                reason = "" if r.get(ran) else f" ({r.get('error') or why})"
+                lines.append(f"{m['mode']}: {text}{reason}")
     return "\n".join(lines)
 
 

@@ -125,24 +125,16 @@ NATIVE = ("exclusive", "exclusive2")  # the references: a command's median again
 # Regions whose owner is not pinned: the daemon's CPU slice gives the region every CPU it has
 # (docs/operator-guide.md, "Core slices"), so a region's owner runs where it ran before.
 ALL_CORES = ("krex1-allcores", "krex8-allcores")
-# Native modes beside scripts/bench/nvml_poll.py: krex's daemon's NVML reads every NVML_POLL_S,
-# ten times as often as its tick makes them, so that an effect too small to see at once a
-# second shows.
-NVML_BESIDE = ("exclusive-nvml",)
-# Native modes beside scripts/bench/mem_churn.py (device memory held and churned, no work).
-CHURN_BESIDE = ("exclusive-churn",)
 NVML_POLL_S = 0.1
 READY_S = 60.0  # a script's start beside a mode (Python, torch, CUDA contexts) at most
-
-
-def nvml_beside(out: Path, period_s: float = NVML_POLL_S) -> Any:
-    """scripts/bench/nvml_poll.py running for the block (beside())."""
-    return beside([str(NVML_POLL), "--out", str(out), "--period", str(period_s)], out)
-
-
-def churn_beside(out: Path) -> Any:
-    """scripts/bench/mem_churn.py running for the block (beside())."""
-    return beside([str(MEM_CHURN), "--out", str(out)], out)
+# Native modes beside a script of ours: the key their mode keeps its record under, the record's
+# file (out_dir/FILE-MODE.json) and the script. nvml_poll.py makes krex's daemon's NVML reads
+# every NVML_POLL_S (ten times as often as its tick, so an effect too small to see at once a
+# second shows); mem_churn.py holds device memory and churns it, no work.
+BESIDE: dict[str, tuple[str, str, list[str]]] = {
+    "exclusive-nvml": ("nvml_poll", "nvml", [str(NVML_POLL), "--period", str(NVML_POLL_S)]),
+    "exclusive-churn": ("churn", "churn", [str(MEM_CHURN)]),
+}
 
 
 @contextlib.contextmanager
@@ -519,10 +511,10 @@ def run_mode(
                     row = {"mode": name, "index": i, "problem": c.problem, "variant": c.variant}
                     records.append(row | {"status": "not_run", "why": why})
                     log.write(records[-1])
-        if name in NVML_BESIDE:
-            mode["nvml_poll"] = stack.enter_context(nvml_beside(out_dir / f"nvml-{name}.json"))
-        if name in CHURN_BESIDE:
-            mode["churn"] = stack.enter_context(churn_beside(out_dir / f"churn-{name}.json"))
+        if name in BESIDE:
+            key, file, script = BESIDE[name]
+            out = out_dir / f"{file}-{name}.json"
+            mode[key] = stack.enter_context(beside([*script, "--out", str(out)], out))
         mode["start_s"] = round(time.monotonic() - t_start, 1)  # the daemon's, with its pool
         t0 = time.monotonic()
         if not records:

@@ -73,7 +73,11 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # (scripts/gpu/driver_oom_check.py: a command's first CUDA work beside a full GPU, natively and
 # under krex), entry (scripts/bench/region_entry.py: region overhead by sibling kind; ENTRY_KINDS,
 # default idle,launching,compiling,memwait; ENTRY_SIBLINGS, default 7; ENTRY_REGIONS, default 30;
-# ENTRY_FREEZE, the daemon's regions.freeze, default all; all,contexts runs each kind under both).
+# ENTRY_FREEZE, the daemon's regions.freeze, default all; all,contexts runs each kind under both),
+# placement (scripts/bench/placement_probe.py: KernelBench's reference timing again and again in
+# one process, natively, beside churned memory, with empty_cache a no-op, through krex 8 at once;
+# PLACEMENT_MODES, default alone,churn,churn-hold,krex8,krex8-hold; PLACEMENT_ROUNDS, default 6;
+# PLACEMENT_SUBSET; PLACEMENT_BUDGET_S, default what is left of 555 s since this script started).
 # NCCL_NVLS_ENABLE=0 as the device's KINDS.md asks.
 PARTS=${PARTS:-"shim overhead controller mps demo"}
 rc=0
@@ -236,6 +240,14 @@ if [[ " $PARTS " == *" kbeval "* ]]; then
         --budget-s "${KB_EVAL_BUDGET_S:-$((555 - SECONDS))}" \
         ${KB_EVAL_SUBSET:+--subset "$KB_EVAL_SUBSET"} \
         ${KB_EVAL_BASELINE:+--baseline "$KB_EVAL_BASELINE"} || rc=1
+fi
+if [[ " $PARTS " == *" placement "* ]]; then
+    echo "== placement: ${PLACEMENT_MODES:-alone,churn,churn-hold,krex8,krex8-hold} (placement_probe.py)"
+    python3 scripts/bench/placement_probe.py --kb "${KB_EVAL_DIR:-.kb/eval}" \
+        --json "$OUT/placement.json" \
+        --modes "${PLACEMENT_MODES:-alone,churn,churn-hold,krex8,krex8-hold}" \
+        --rounds "${PLACEMENT_ROUNDS:-6}" ${PLACEMENT_SUBSET:+--subset "$PLACEMENT_SUBSET"} \
+        --budget-s "${PLACEMENT_BUDGET_S:-$((555 - SECONDS))}" || rc=1
 fi
 if [[ " $PARTS " == *" timers "* ]]; then
     echo "== timers: ${TIMERS_LIST:-every one measurable} alone, krex beside 7 siblings, alone again"

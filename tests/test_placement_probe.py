@@ -70,16 +70,20 @@ def test_a_spread_is_max_less_min_over_the_median_in_percent(probe: Any) -> None
 
 
 def test_a_modes_figures_are_per_process_and_problem(probe: Any) -> None:
-    def t(p: str, mean: float, low: float) -> dict[str, Any]:
-        return {"problem": p, "mean_ms": mean, "min_ms": low}
+    """From the rounds after the first (first use), per process and problem."""
 
+    def t(p: str, mean: float, low: float, r: int = 1) -> dict[str, Any]:
+        return {"problem": p, "mean_ms": mean, "min_ms": low, "round": r}
+
+    first = [t("a", 9.0, 9.0, 0), t("b", 9.0, 9.0, 0)]
     procs = [
         {"proc": 0, "problems": ["a", "b"],
-         "timings": [t("a", 1.0, 0.9), t("b", 2.0, 2.0), t("a", 1.1, 0.9), t("b", 2.0, 1.9)]},
+         "timings": [*first, t("a", 1.0, 0.9), t("b", 2.0, 2.0), t("a", 1.1, 0.9, 2),
+                     t("b", 2.0, 1.9, 2)]},
         {"proc": 1, "problems": ["a"], "timings": [t("a", 1.0, 1.0)]},  # one round: no spread
     ]  # fmt: skip
     f = probe.figures(procs)
-    assert f["timings"] == 5 and [(s["proc"], s["problem"]) for s in f["spreads"]] == [
+    assert f["timings"] == 7 and [(s["proc"], s["problem"]) for s in f["spreads"]] == [
         (0, "a"),
         (0, "b"),
     ]
@@ -96,6 +100,8 @@ def test_krex_modes_run_eight_processes_through_krex_run_with_auto_regions(
     names = [f"level1/{i}.py" for i in range(12)]
     alone = probe.argvs("alone", args, names, tmp_path, 30.0, None)
     assert len(alone) == 1 and "--hold" not in alone[0] and alone[0][-12:] == names
+    assert probe.MODES["krex8-settle"].config == "[regions]\nsettle_s = 0.5\n"
+    assert probe.MODES["krex1"].slots == 1 and probe.MODES["krex8-hold"].slots == 8
     hold = probe.argvs("krex8-hold", args, names, tmp_path, 30.0, tmp_path / "k.sock")
     assert len(hold) == 8
     for k, argv in enumerate(hold):
@@ -151,7 +157,7 @@ def test_without_cuda_each_mode_says_so_and_bad_input_gets_one_error(tmp_path: P
     out = tmp_path / "p.json"
     base = [sys.executable, str(SCRIPT), "--kb", str(kb), "--json", str(out), "--subset", "2"]
     env = os.environ | {"CUDA_VISIBLE_DEVICES": ""}
-    r = subprocess.run([*base, "--modes", "alone,hold", "--rounds", "2", "--budget-s", "60"],
+    r = subprocess.run([*base, "--modes", "alone,hold", "--rounds", "3", "--budget-s", "60"],
                        env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
@@ -160,6 +166,6 @@ def test_without_cuda_each_mode_says_so_and_bad_input_gets_one_error(tmp_path: P
         assert m["timings"] == 0 and m["spread_pct"] is None
         assert m["procs"][0]["cuda"] is False or m["procs"][0].get("error")
     assert "no CUDA" in r.stdout or "torch" in r.stdout
-    for bad in (["--modes", "alone,bogus"], ["--rounds", "1"], ["--subset", "3"]):
+    for bad in (["--modes", "alone,bogus"], ["--rounds", "2"], ["--subset", "3"]):
         r = subprocess.run([*base, *bad], capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and r.stderr.count("error:") == 1, (bad, r.stderr)

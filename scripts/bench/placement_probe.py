@@ -20,14 +20,19 @@ timings within one process says how much a timing moves from one to the next. Th
 - churn-hold: churn with `torch.cuda.empty_cache` made a no-op in the process, so its memory
   stays its own between timings: whether keeping it keeps the timings together;
 - hold: alone with that no-op;
-- krex8, krex8-hold: 8 processes at once through `krex run --auto-regions` on a private daemon of
-  8 slots (each timer a region), each with PER_PROC problems (every problem in two processes);
-  krex8-hold with the no-op.
+- krex1: one process through `krex run --auto-regions` on a private daemon of 1 slot (each
+  timer a region, no sibling): krex's regions alone;
+- krex8, krex8-hold, krex8-settle: 8 processes at once through a private daemon of 8 slots, each
+  with PER_PROC problems (with 12 problems every one in two processes); krex8-hold with the
+  no-op, krex8-settle with `regions.settle_s` SETTLE_S (each region idles that long, siblings
+  frozen, where they worked on the GPU just before): the GPU's state after the siblings' work.
 
-A mode's figures: per (process, problem) the spread of its round means, (max - min) / median in
-%, and the same of each round's fastest trial (the GPU's part); per mode the median and p90 over
-them. Nothing starts past a mode's share of --budget-s; a process stops starting timings at its
-deadline and keeps what it has. Without CUDA a process says so and the mode has no figures.
+A mode's figures, from the rounds after the first (a process's first timing of a problem also
+pays for first use): per (process, problem) the spread of its round means, (max - min) / median
+in %, and the same of each round's fastest trial (the GPU's part, free of a slow trial); per
+mode the median and p90 over them. Nothing starts past a mode's share of --budget-s; a process
+stops starting timings at its deadline and keeps what it has. Without CUDA a process says so
+and the mode has no figures.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -50,14 +55,26 @@ import kb_eval  # noqa: E402  (scripts beside this one)
 import kb_memory  # noqa: E402
 import memory_check  # noqa: E402
 
-# mode: (processes, beside the churn, empty_cache a no-op, through krex)
-MODES: dict[str, tuple[int, bool, bool, bool]] = {
-    "alone": (1, False, False, False),
-    "churn": (1, True, False, False),
-    "churn-hold": (1, True, True, False),
-    "hold": (1, False, True, False),
-    "krex8": (8, False, False, True),
-    "krex8-hold": (8, False, True, True),
+SETTLE_S = 0.5  # krex8-settle's regions.settle_s
+
+
+class Mode(NamedTuple):
+    procs: int  # processes at once
+    churn: bool  # beside mem_churn.py
+    hold: bool  # torch.cuda.empty_cache a no-op in each process
+    slots: int  # through a private daemon of this many slots; 0: natively
+    config: str = ""  # more of that daemon's configuration (TOML)
+
+
+MODES: dict[str, Mode] = {
+    "alone": Mode(1, False, False, 0),
+    "churn": Mode(1, True, False, 0),
+    "churn-hold": Mode(1, True, True, 0),
+    "hold": Mode(1, False, True, 0),
+    "krex1": Mode(1, False, False, 1),
+    "krex8": Mode(8, False, False, 8),
+    "krex8-hold": Mode(8, False, True, 8),
+    "krex8-settle": Mode(8, False, False, 8, f"[regions]\nsettle_s = {SETTLE_S}\n"),
 }
 PER_PROC = 3  # problems per process when several run at once
 STOP_GRACE_S = 20.0  # past its deadline a process has this long to finish its timing and leave
@@ -140,9 +157,9 @@ def argvs(name: str, args: argparse.Namespace, problems: list[str], logs: Path,
           deadline_s: float, sock: Path | None) -> list[list[str]]:  # fmt: skip
     """A mode's processes' command lines (through `krex run` at `sock` when there is one), each
     writing its record to logs/proc-K.json."""
-    procs, _churn, hold, _krex = MODES[name]
+    hold = MODES[name].hold
     out = []
-    for k, mine in enumerate(shares(problems, procs)):
+    for k, mine in enumerate(shares(problems, MODES[name].procs)):
         argv = [sys.executable, str(Path(__file__).resolve()), "--child", "--kb", str(args.kb),
                 "--rounds", str(args.rounds), "--trials", str(args.trials),
                 "--deadline-s", str(round(max(1.0, deadline_s), 1)),
@@ -157,7 +174,7 @@ def argvs(name: str, args: argparse.Namespace, problems: list[str], logs: Path,
 def run_mode(name: str, args: argparse.Namespace, problems: list[str], out_dir: Path,
              tmp: Path, budget_s: float) -> dict[str, Any]:  # fmt: skip
     """One mode: its processes (natively, or through a daemon of 8 slots), their records."""
-    procs, churn, _hold, krex = MODES[name]
+    m = MODES[name]
     t0 = time.monotonic()
     mode: dict[str, Any] = {"mode": name, "procs": []}
     logs = out_dir / "logs" / name
@@ -165,12 +182,12 @@ def run_mode(name: str, args: argparse.Namespace, problems: list[str], out_dir: 
     with contextlib.ExitStack() as stack:
         sock: Path | None = None
         try:
-            if krex:
+            if m.slots:
                 sock = stack.enter_context(
-                    memory_check.daemon(tmp, procs, start_s=max(1.0, budget_s / 2), stop_s=10,
-                                        tag=f"placement-{name}")
+                    memory_check.daemon(tmp, m.slots, start_s=max(1.0, budget_s / 2), stop_s=10,
+                                        tag=f"placement-{name}", config=m.config)
                 )  # fmt: skip
-            if churn:
+            if m.churn:
                 script = [str(kb_memory.MEM_CHURN), "--out", str(out_dir / f"churn-{name}.json")]
                 mode["churn"] = stack.enter_context(
                     kb_memory.beside(script, out_dir / f"churn-{name}.json")
@@ -219,7 +236,7 @@ def figures(procs: list[dict[str, Any]]) -> dict[str, Any]:
     per: list[dict[str, Any]] = []
     for p in procs:
         for prob in p.get("problems") or []:
-            ts = [t for t in p.get("timings") or [] if t["problem"] == prob]
+            ts = [t for t in p.get("timings") or [] if t["problem"] == prob and t["round"] > 0]
             a, b = spread_pct([t["mean_ms"] for t in ts]), spread_pct([t["min_ms"] for t in ts])
             if a is not None and b is not None:
                 per.append({"proc": p.get("proc"), "problem": prob, "n": len(ts),
@@ -272,8 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in MODES]
-    if bad or not modes or args.json is None or args.rounds < 2 or args.trials < 1:
-        ap.error(f"--json is required, --rounds at least 2, --trials at least 1, --modes from "
+    if bad or not modes or args.json is None or args.rounds < 3 or args.trials < 1:
+        ap.error(f"--json is required, --rounds at least 3, --trials at least 1, --modes from "
                  f"{', '.join(MODES)} (got {', '.join(bad) or args.modes!r})")  # fmt: skip
     if args.budget_s <= 0 or (args.subset is not None and args.subset < 1):
         ap.error("--budget-s must be above 0 and --subset at least 1")

@@ -47,9 +47,23 @@ def get_timing_stats(elapsed_times, device=None):
     return {"mean": sum(elapsed_times) / len(elapsed_times)}
 
 
+class Tensor:
+    def data_ptr(self):
+        return 4096
+
+
+def get_timing_function(method="cuda_event"):
+    def time_it(kernel_fn, args, num_trials):
+        torch.cuda.empty_cache()
+        return kernel_fn(*args)[:num_trials]
+
+    return time_it
+
+
 def measure_ref_program_time(ref_arch_name, ref_arch_src, num_trials, device, verbose, precision):
-    torch.cuda.empty_cache()
-    return get_timing_stats([float(x) for x in ref_arch_src.split()][:num_trials], device=device)
+    fn = get_timing_function()
+    times = fn(lambda t, n: [float(x) for x in ref_arch_src.split()], [Tensor(), 3], num_trials)
+    return get_timing_stats(times, device=device)
 """
 
 
@@ -91,6 +105,14 @@ def test_a_modes_figures_are_per_process_and_problem(probe: Any) -> None:
     assert f["spreads"][0]["fastest_spread_pct"] == 0.0
     assert f["spreads"][1]["fastest_spread_pct"] == pytest.approx(100 * 0.1 / 1.95, abs=1e-3)
     assert probe.figures([{"proc": 0, "cuda": False, "timings": []}])["spread_pct"] is None
+    # --table recomputes from the processes' records (an earlier run's figures by today's rule).
+    line = probe.table({"modes": [{"mode": "alone", "procs": procs, "spread_pct": {"p50": 99}}]})
+    assert line.splitlines()[1].split()[:4] == [
+        "alone",
+        "7",
+        "0.0",
+        f"{f['spread_pct']['p50']:.2f}",
+    ]
 
 
 def test_krex_modes_run_eight_processes_through_krex_run_with_auto_regions(
@@ -138,6 +160,7 @@ def test_the_measuring_process_times_each_problem_each_round(tmp_path: Path, hol
     rec = json.loads(out.read_text())
     assert rec["cuda"] is True and rec["hold"] is hold
     got = [(t["problem"], t["round"], t["mean_ms"], t["min_ms"]) for t in rec["timings"]]
+    assert all(t["ptrs"] == [4096] for t in rec["timings"])  # the inputs' device addresses
     assert got == [
         ("level1/a.py", 0, 1.5, 1.0),
         ("level1/b.py", 0, 4.5, 4.0),

@@ -32,7 +32,8 @@ pays for first use): per (process, problem) the spread of its round means, (max 
 in %, and the same of each round's fastest trial (the GPU's part, free of a slow trial); per
 mode the median and p90 over them. Nothing starts past a mode's share of --budget-s; a process
 stops starting timings at its deadline and keeps what it has. Without CUDA a process says so
-and the mode has no figures.
+and the mode has no figures. Each timing also keeps its inputs' device addresses (`ptrs`): with
+the memory held the same address is the same memory; without, it need not be.
 """
 
 from __future__ import annotations
@@ -129,6 +130,19 @@ def child(args: argparse.Namespace) -> int:
         return stats(elapsed_times, device=device)
 
     timing.get_timing_stats = observed
+    ptrs: list[list[int]] = []  # each timing's inputs' device addresses: where they landed
+    pick = timing.get_timing_function
+
+    def picked(*a: Any, **k: Any) -> Any:
+        fn = pick(*a, **k)
+
+        def timed(kernel_fn: Any, args: list[Any], *more: Any, **kw: Any) -> Any:
+            ptrs.append([int(x.data_ptr()) for x in args if hasattr(x, "data_ptr")])
+            return fn(kernel_fn, args, *more, **kw)
+
+        return timed
+
+    timing.get_timing_function = picked
     sources = {p: (Path(args.kb) / "reference" / p).read_text() for p in args.problems}
     for r in range(args.rounds):
         for p in args.problems:
@@ -144,8 +158,9 @@ def child(args: argparse.Namespace) -> int:
             if len(trials) > n:
                 ts = trials[-1]
                 rec["timings"].append(
-                    {"problem": p, "round": r, "mean_ms": sum(ts) / len(ts), "min_ms": min(ts)}
-                )
+                    {"problem": p, "round": r, "mean_ms": sum(ts) / len(ts), "min_ms": min(ts),
+                     "ptrs": ptrs[-1] if ptrs else []}
+                )  # fmt: skip
     out.write_text(json.dumps(rec))
     return 0
 
@@ -250,9 +265,11 @@ def figures(procs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def table(doc: dict[str, Any]) -> str:
+    """The modes' figures, one line each (recomputed from the processes' records)."""
     lines = [f"{'mode':12} {'timings':>7} {'wall s':>7} {'spread p50%':>11} {'p90%':>6} "
              f"{'fastest p50%':>12} {'p90%':>6}  notes"]  # fmt: skip
     for m in doc["modes"]:
+        m = m | figures(m.get("procs") or [])  # today's rule, for an earlier run's record too
         s, f = m.get("spread_pct") or {}, m.get("fastest_spread_pct") or {}
 
         def v(d: dict[str, Any], k: str) -> str:

@@ -89,7 +89,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import IO, Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import memory_check  # a script beside this one: its daemons, environments and report fields
@@ -299,6 +299,30 @@ def _exited(pid: int) -> bool:
     return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
+def run_to_deadline(
+    argv: list[str], env: dict[str, str], out: IO[bytes], err: IO[bytes] | int, deadline: float
+) -> tuple[int, bool]:
+    """argv in a process group of its own, its output to `out` and `err` (or
+    subprocess.STDOUT); SIGTERM to the group at `deadline`, SIGKILL KILL_GRACE_S later, and
+    what it left running in its group is ended once it exits. Its exit status, and whether it
+    was killed."""
+    p = subprocess.Popen(
+        argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
+    )
+    killed = False
+    term_at: float | None = None
+    while not _exited(p.pid):
+        now = time.monotonic()
+        if now >= deadline and term_at is None:
+            killed, term_at = True, now
+            _kill_group(p.pid, signal.SIGTERM)
+        elif term_at is not None and now >= term_at + KILL_GRACE_S:
+            _kill_group(p.pid, signal.SIGKILL)
+        time.sleep(0.05)
+    _kill_group(p.pid, signal.SIGKILL)  # what it left running (Inductor's compile workers)
+    return p.wait(), killed
+
+
 def result_line(stdout: str) -> dict[str, Any] | None:
     """The command's last JSON line (a command krex ran again printed one per attempt)."""
     for line in reversed(stdout.splitlines()):
@@ -342,21 +366,7 @@ def run_command(
     out_path, err_path = logs / f"{cmd.tag}.out", logs / f"{cmd.tag}.err"
     t0 = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        p = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
-        )
-    killed = False
-    term_at: float | None = None
-    while not _exited(p.pid):
-        now = time.monotonic()
-        if now >= deadline and term_at is None:
-            killed, term_at = True, now
-            _kill_group(p.pid, signal.SIGTERM)
-        elif term_at is not None and now >= term_at + KILL_GRACE_S:
-            _kill_group(p.pid, signal.SIGKILL)
-        time.sleep(0.05)
-    _kill_group(p.pid, signal.SIGKILL)  # what it left running (Inductor's compile workers)
-    rc = p.wait()
+        rc, killed = run_to_deadline(argv, env, out, err, deadline)
     row: dict[str, Any] = {"rc": rc, "wall_s": round(time.monotonic() - t0, 3)}
     if killed:
         return row | {"status": "not_run", "why": f"budget (killed after {row['wall_s']:.0f} s)"}

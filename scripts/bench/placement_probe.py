@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -117,8 +118,6 @@ def child(args: argparse.Namespace) -> int:
     from kb_eval_candidate import StubFinder
 
     sys.meta_path.append(StubFinder())
-    import importlib
-
     timing: Any = importlib.import_module("kernelbench.timing")
     if args.hold:  # KernelBench's empty_cache calls (in its timer) keep the memory now
         torch.cuda.empty_cache = lambda: None
@@ -211,37 +210,28 @@ def run_mode(name: str, args: argparse.Namespace, problems: list[str], out_dir: 
             mode["error"] = str(e)[-1500:]
             return mode
         left = budget_s - (time.monotonic() - t0)
-        running = []
-        for k, argv in enumerate(argvs(name, args, problems, logs, left - STOP_GRACE_S, sock)):
+
+        def one(k: int, argv: list[str]) -> dict[str, Any]:
             env = memory_check.command_env(tmp / f"{name}-{k}")
             with open(logs / f"proc-{k}.log", "wb") as log:
-                running.append((k, logs / f"proc-{k}.json", subprocess.Popen(
-                    argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                    start_new_session=True,
-                )))  # fmt: skip
-        for k, rec, p in running:
-            rc: int | str
+                rc, killed = kb_memory.run_to_deadline(
+                    argv, env, log, subprocess.STDOUT, t0 + budget_s
+                )
+            got: dict[str, Any]
             try:
-                rc = p.wait(timeout=max(1.0, t0 + budget_s - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                kb_memory._kill_group(p.pid, signal.SIGTERM)
-                try:
-                    p.wait(timeout=kb_memory.KILL_GRACE_S)
-                except subprocess.TimeoutExpired:
-                    kb_memory._kill_group(p.pid, signal.SIGKILL)
-                    p.wait()
-                rc = "killed"
-            try:
-                got = json.loads(rec.read_text())
+                got = json.loads((logs / f"proc-{k}.json").read_text())
             except (OSError, ValueError) as e:
                 got = {"error": f"no record ({e})"}
-            mode["procs"].append(got | {"proc": k, "rc": rc})
+            return got | {"proc": k, "rc": "killed" if killed else rc}
+
+        cmds = argvs(name, args, problems, logs, left - STOP_GRACE_S, sock)
+        with ThreadPoolExecutor(len(cmds)) as pool:
+            mode["procs"] = list(pool.map(one, range(len(cmds)), cmds))
+        for k, got in enumerate(mode["procs"]):
             report = logs / f"report-{k}.json"
             if report.exists():
                 with contextlib.suppress(OSError, ValueError):
-                    mode["procs"][-1]["krex"] = kb_memory.krex_summary(
-                        json.loads(report.read_text())
-                    )
+                    got["krex"] = kb_memory.krex_summary(json.loads(report.read_text()))
     mode["wall_s"] = round(time.monotonic() - t0, 1)
     return mode | figures(mode["procs"])
 

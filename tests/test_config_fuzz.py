@@ -213,7 +213,8 @@ def _runnable(cfg: Config) -> None:
     wait = float(f"{cfg.memory_wait_s:g}")  # KREX_MEM_WAIT_S as the shim reads it
     assert 0 <= wait <= 1e9
     for capacity in (0, 80 << 30, MAX_BYTES):
-        for b in (cfg.headroom_bytes(), cfg.room_bytes(capacity), cfg.unknown_bytes(capacity)):
+        for b in (cfg.headroom_bytes(), cfg.headroom_each_bytes(), cfg.room_bytes(capacity),
+                  cfg.unknown_bytes(capacity)):  # fmt: skip
             assert isinstance(b, int) and 0 <= b <= MAX_BYTES
     assert 0 <= cfg.metrics_port <= 65535 and 1 <= cfg.slots <= 256
     for s in cfg.slices.values():

@@ -86,6 +86,7 @@ class Node:
         cap: int = CAP,
         headroom: int = GIB,
         unknown: int = 0,
+        headroom_each: int = 0,
     ) -> None:
         self.seg = FakeSeg()
         self.view: list[SlotView] = []
@@ -102,6 +103,7 @@ class Node:
             self,
             [cap],
             headroom=headroom,
+            headroom_each=headroom_each,
             deadlock_s=deadlock_s,
             learned=tmp / "peaks.json" if tmp else None,
             room=int(room * GIB),
@@ -359,8 +361,12 @@ def test_bad_memory_config_names_the_key(doc: str, words: str) -> None:
 def test_memory_config_defaults_and_values() -> None:
     cfg = from_toml("[memory]\nheadroom_gib = 2\nwait_s = 30\n", "t.toml")
     assert cfg.headroom_bytes() == 2 * GIB and cfg.memory_wait_s == 30.0
-    assert from_toml("[gpus]\nsim = true\n").headroom_bytes() == 0
-    assert from_toml("[gpus]\nslots = 8\n").headroom_bytes() == 4 * GIB
+    assert cfg.headroom_each_bytes() == 0  # a total configured: nothing per command
+    sim = from_toml("[gpus]\nsim = true\n")
+    assert sim.headroom_bytes() == sim.headroom_each_bytes() == 0
+    for slots in (8, 16):
+        real = from_toml(f"[gpus]\nslots = {slots}\n")
+        assert (real.headroom_bytes(), real.headroom_each_bytes()) == (0, GIB // 2)
 
 
 def test_a_memory_retry_is_admitted_only_alone_and_then_admits_nobody_beside_it() -> None:
@@ -750,8 +756,11 @@ def test_eight_commands_never_seen_are_admitted_at_once_on_a_fresh_node() -> Non
     cap = 140 * GIB
     cfg = from_toml("[gpus]\nslots = 8\n")
     unknown = cfg.unknown_bytes(cap)
-    assert 8 * unknown + cfg.headroom_bytes() <= cap
-    node = Node(cap=cap, headroom=cfg.headroom_bytes(), unknown=unknown, deadlock_s=30.0)
+    assert 8 * (unknown + cfg.headroom_each_bytes()) <= cap
+    node = Node(
+        cap=cap, headroom=0, headroom_each=cfg.headroom_each_bytes(), unknown=unknown,
+        deadlock_s=30.0,
+    )  # fmt: skip
     node.view = [slot(i, i + 1, held=0.6) for i in range(7)]
     gpu, mem = node.gpu, node.mem
     for tid in range(1, 8):
@@ -791,3 +800,32 @@ def test_a_promise_is_taken_back_exactly_when_the_expectation_changed_meanwhile(
     adm.reserve(node.gpu, r, -1)
     assert (node.gpu.reserved, node.gpu.reserved_mem) == (0, 0)
     assert adm.room(node.gpu, req(["again"], alone=True))  # the empty GPU takes an alone rerun
+
+
+@pytest.mark.parametrize("held", [[15.5, 16.5, 24.5], [10.0, 20.0, 30.0, 4.0]])
+def test_more_slots_admit_as_much_as_fewer_where_memory_binds(held: list[float]) -> None:
+    """Issue #47, 5: more slots must never mean less throughput. The default headroom was half
+    a GiB per slot: 8 GiB kept free at 16 slots where 3-4 commands ran on an H100's 79 GiB, so
+    16 slots admitted fewer than 8 did (2026-12-06: 3.5 commands running on average against
+    3.8, 24.1 against 26.1 commands a minute). Now half a GiB per command on the GPU: the same
+    commands fit at any number of slots, and with them all slots taken, as much is kept free."""
+    cap = int(79.2 * GIB)
+    answers = {}
+    for slots in (8, 16):
+        cfg = from_toml(f"[gpus]\nslots = {slots}\n")
+        node = Node(
+            cap=cap, headroom=cfg.headroom_bytes(), headroom_each=cfg.headroom_each_bytes(),
+            deadlock_s=30.0,
+        )  # fmt: skip
+        node.gpu.slots = slots
+        node.view = [slot(i, i + 1, held=h) for i, h in enumerate(held)]
+        node.gpu.tenants += [node.tenant(i + 1) for i in range(len(held))]
+        free = cap / GIB - sum(held)
+        answers[slots] = [
+            node.mem.fits(node.gpu, req(["new"], int(need * GIB)))
+            for need in (free - 5.0, free - 3.0, free - 2.0, free - 1.5, free - 0.5)
+        ]
+        # Every slot taken: at least the old per-slot headroom is kept free.
+        assert node.mem.headroom_for(slots) >= slots * GIB // 2
+    assert answers[8] == answers[16], answers
+    assert answers[8][0] and not answers[8][-1]  # what fits with room kept, and what does not

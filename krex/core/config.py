@@ -396,9 +396,9 @@ class Config:
     mps: bool = _flag("mps.enabled", "start krex's own MPS control daemon (see MPS)")
     memory_headroom_gib: float | None = _gib(
         "memory.headroom_gib",
-        "device memory kept free for contexts and libraries' workspaces when admitting (see "
-        "Device memory)",
-        "0.5 per slot on real GPUs, 0 simulated",
+        "device memory kept free for contexts and libraries' workspaces when admitting, in all "
+        "(see Device memory)",
+        "0.5 per command on the GPU on real GPUs, 0 simulated",
     )  # fmt: skip
     memory_wait_s: float = _seconds(
         600.0, "memory.wait_s",
@@ -462,11 +462,21 @@ class Config:
         return 0 if self.sim else 2
 
     def headroom_bytes(self) -> int:
-        """Device memory admission keeps free per GPU: configured, else half a GiB per slot
-        on real GPUs (a context and a library's workspace each), none on simulated ones."""
+        """Device memory admission keeps free per GPU in all, configured (else 0: see
+        `headroom_each_bytes`)."""
         if self.memory_headroom_gib is not None:
             return int(self.memory_headroom_gib * (1 << 30))
-        return 0 if self.sim else self.slots * (1 << 29)
+        return 0
+
+    def headroom_each_bytes(self) -> int:
+        """Device memory admission keeps free per command on a GPU (those admitted and the one
+        being admitted), unless a total is configured: half a GiB on real GPUs (a context and
+        a library's workspace), none on simulated ones. Per command, not per slot: 16 slots
+        kept 8 GiB free where 4 commands ran, and admitted fewer than 8 slots did (an H100,
+        2026-12-06: 3.5 commands running on average against 3.8)."""
+        if self.memory_headroom_gib is not None or self.sim:
+            return 0
+        return 1 << 29
 
     def room_bytes(self, capacity: int) -> int:
         """Free memory a region's owner waits for before its siblings are frozen: configured,
@@ -483,7 +493,7 @@ class Config:
         memory that eight long-running commands of 0.6 GiB each never needed.)"""
         if self.memory_unknown_gib is not None:
             return int(self.memory_unknown_gib * (1 << 30))
-        return max(0, capacity - self.headroom_bytes()) // 8
+        return max(0, capacity - self.headroom_bytes() - 8 * self.headroom_each_bytes()) // 8
 
     def preload(self) -> tuple[str, ...]:
         """Modules each worker imports (those not installed are skipped by the daemon)."""

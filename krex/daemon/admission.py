@@ -137,7 +137,7 @@ class Admission:
     def rerun_need(self, need: int) -> int:
         """What a rerun is expected to need: what its earlier run held and was waiting for
         when it ended (the client passes it on), at most what admission can give on a GPU."""
-        most = min(g.capacity for g in self.memory.state) - self.memory.headroom
+        most = min(g.capacity for g in self.memory.state) - self.memory.headroom_for(1)
         return max(0, min(need, most))
 
 

@@ -29,8 +29,9 @@ could have had the memory (shim/preload, docs/shim.md). This module is the daemo
   many as the room needs.
 - Admission: a GPU with waiters admits nobody; otherwise a command is admitted when the memory
   it is expected to need (`--mem`, else the peak learned from earlier runs of the same command,
-  else the median of all learned peaks, else an eighth of the GPU less the headroom) fits
-  beside what the GPU's tenants hold or are expected to need, and the driver's free figure
+  else the median of all learned peaks, else an eighth of the GPU less eight commands'
+  headroom) fits beside what the GPU's tenants hold or are expected to need, within the GPU
+  less the headroom (half a GiB per command on it by default), and the driver's free figure
   (NVML) has room for it.
 """
 
@@ -188,6 +189,7 @@ class Memory:
         *,
         headroom: int,
         deadlock_s: float,
+        headroom_each: int = 0,
         learned: Path | None,
         room: int = 0,
         room_wait_s: float = 10.0,
@@ -196,7 +198,8 @@ class Memory:
         self.node = node
         self.gpus = node.gpus
         self.state = [GpuMemory(capacity=c) for c in capacity]
-        self.headroom = headroom
+        self.headroom = headroom  # kept free in all (memory.headroom_gib)
+        self.headroom_each = headroom_each  # and per command on the GPU (its default)
         self.deadlock_ns = int(deadlock_s * 1e9)
         self.learned_path = learned
         self.learned: dict[str, int] = _load(learned)
@@ -405,7 +408,7 @@ class Memory:
             for _, s in self.node.slots()
             if s.alive and s.tenant == owner and s.gpu == gpu
         )
-        most = self.state[gpu].capacity - self.headroom
+        most = self.state[gpu].capacity - self.headroom_for(1)
         return max(self.room, min(regrow, most))
 
     def _break_deadlock(
@@ -530,7 +533,7 @@ class Memory:
         expected = {x.id: self.expected(x) for x in g.tenants}
         held = {x.id: self._held_by(x) for x in g.tenants}
         busy = reserved + sum(max(expected[i], held[i]) for i in expected)
-        if busy + need > capacity - self.headroom:
+        if busy + need > capacity - self.headroom_for(len(g.tenants) + g.reserved + 1):
             return False
         users = self.node.device_users(g.index)
         if users is None and self.node.device_free(g.index) is None:
@@ -541,6 +544,10 @@ class Memory:
         # it holds.
         growth = reserved + sum(max(0, expected[i] - held[i]) for i in expected)
         return free - growth >= need
+
+    def headroom_for(self, commands: int) -> int:
+        """What admission keeps free on a GPU with this many commands on it."""
+        return self.headroom + commands * self.headroom_each
 
     def too_large(self, declared: int, gpu: int) -> bool:
         """A declared budget the GPU cannot give even to a command alone on it."""

@@ -109,6 +109,7 @@ class Node:
             self,
             capacities,
             headroom=cfg.headroom_bytes(),
+            headroom_each=cfg.headroom_each_bytes(),
             deadlock_s=cfg.memory_deadlock_s,
             learned=self.socket.parent / f"{self.socket.name}.peaks.json",
             room=cfg.room_bytes(capacities[0]) if capacities else 0,

@@ -124,7 +124,11 @@ def effective_config(cfg: Config) -> dict[str, Any]:
         "gpus.vendor": resolve_vendor(cfg),
         "pool.workers": cfg.workers_per_gpu(),
         "pool.preload": preload,
-        "memory.headroom_gib": cfg.headroom_bytes() / (1 << 30),
+        "memory.headroom_gib": (
+            cfg.headroom_bytes() / (1 << 30)
+            if cfg.memory_headroom_gib is not None or cfg.sim
+            else f"{cfg.headroom_each_bytes() / (1 << 30):g} per command on the GPU"
+        ),
         "slices": {
             str(s.gpu): {
                 "region": ",".join(map(str, sorted(s.region_cores))),

@@ -113,6 +113,18 @@ def test_a_modes_figures_are_per_process_and_problem(probe: Any) -> None:
         "0.0",
         f"{f['spread_pct']['p50']:.2f}",
     ]
+    # A mode with no problem timed twice after its first says why there is no figure (the H100,
+    # 2026-12-06-j: `alone` cut by its share of a 60 s budget, its line blank but for dashes).
+    cut = [
+        {"proc": 0, "cuda": True, "problems": ["a"], "timings": first[:1], "stopped": "deadline"}
+    ]
+    assert probe.table({"modes": [{"mode": "alone", "procs": cut}]}).endswith(
+        "no spread: cut by its share of --budget-s"
+    )
+    short = [
+        {"proc": 0, "cuda": True, "problems": ["a"], "timings": [*first[:1], t("a", 1.0, 1.0)]}
+    ]
+    assert probe.table({"modes": [{"mode": "alone", "procs": short}]}).endswith("too few rounds")
 
 
 def test_krex_modes_run_eight_processes_through_krex_run_with_auto_regions(

@@ -267,6 +267,10 @@ def table(doc: dict[str, Any]) -> str:
 
         notes = m.get("error") or ("no CUDA" if m.get("procs") and not any(
             p.get("cuda") for p in m["procs"]) else "")  # fmt: skip
+        if not notes and m.get("timings") and not m.get("spreads"):
+            # A spread needs a problem timed in two rounds after its first: say why none was.
+            cut = any(p.get("stopped") == "deadline" for p in m.get("procs") or [])
+            notes = "no spread: " + ("cut by its share of --budget-s" if cut else "too few rounds")
         lines.append(f"{m['mode']:12} {m.get('timings', 0):7d} {m.get('wall_s', 0):7.1f} "
                      f"{v(s, 'p50'):>11} {v(s, 'p90'):>6} {v(f, 'p50'):>12} {v(f, 'p90'):>6}  "
                      f"{notes[:60]}")  # fmt: skip

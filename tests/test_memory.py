@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import cast
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from krex.core.config import ConfigError, from_toml, parse_size
 from krex.core.shm import MEM_KINDS, SlotView
@@ -829,3 +831,29 @@ def test_more_slots_admit_as_much_as_fewer_where_memory_binds(held: list[float])
         assert node.mem.headroom_for(slots) >= slots * GIB // 2
     assert answers[8] == answers[16], answers
     assert answers[8][0] and not answers[8][-1]  # what fits with room kept, and what does not
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    held=st.lists(st.floats(0.1, 30.0), min_size=1, max_size=8),
+    need=st.floats(0.1, 40.0),
+    declared=st.booleans(),
+)
+def test_admission_never_depends_on_the_number_of_slots(
+    held: list[float], need: float, declared: bool
+) -> None:
+    """Issue #47, 5, for any GPU of up to 8 commands and any newcomer: 8, 16 or 64 slots give
+    the same answer (the headroom counts commands, not slots)."""
+    cap = int(79.2 * GIB)
+    answers = set()
+    for slots in (8, 16, 64):
+        cfg = from_toml(f"[gpus]\nslots = {slots}\n")
+        node = Node(
+            cap=cap, headroom=cfg.headroom_bytes(), headroom_each=cfg.headroom_each_bytes(),
+            deadlock_s=30.0, unknown=cfg.unknown_bytes(cap),
+        )  # fmt: skip
+        node.gpu.slots = slots
+        node.view = [slot(i, i + 1, held=h) for i, h in enumerate(held)]
+        node.gpu.tenants += [node.tenant(i + 1) for i in range(len(held))]
+        answers.add(node.mem.fits(node.gpu, req(["new"], int(need * GIB) if declared else 0)))
+    assert len(answers) == 1

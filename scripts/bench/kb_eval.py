@@ -20,19 +20,20 @@ in one fixed order (a shuffle seeded with SEED) in every mode:
 
 Results, per mode against exclusive: the verdicts (compiled, correct) that agree; each correct
 candidate's speedup, |difference| in % (p50, p95, max), and "off" where it exceeds the native
-repeat's difference for that candidate + 0.3 points (for krex modes over candidates whose
-timing regions were clean), and beside it how many a third native run would be expected to
-have by the same rule (`off_if_native`: the share of ordered pairs of the native repeat's
-differences where one exceeds the other + 0.3 points, times the candidates compared; one native
-repeat is a noisy bound). The speedups are from the trials' unrounded means (the `raw`
-figures of the candidate's line); KernelBench's own, from the 3 significant digits its
-get_timing_stats keeps, are compared too (`_kb`): their rounding alone can move a speedup by
-up to ~1 %. Then each mode's wall clock and exclusive's over it (the whole set in both, else
-evals per minute). And, to tell the GPU's part of a difference from the host's: the speedups
-from each timing's fastest and median trial against exclusive's (from the trials each line
-keeps, `raw.trials_ms`), the trials' spread per mode (`trial_spread`), and how much slower
-a timing's first trials are than the rest (`early_trials`: the grant's NVML reads run beside
-them under krex; `exclusive-nvml` is a native run beside such reads, scripts/bench/nvml_poll.py).
+repeat's difference for that candidate + 0.3 points (for krex modes over candidates whose timing
+regions were clean), and beside it how many a third native run would be expected to have by the
+same rule (`off_if_native`: the share of ordered pairs of the native repeat's differences where one
+exceeds the other + 0.3 points, times the candidates compared; one native repeat is a noisy bound),
+and the same bar read over the distribution (`within_native_dist`: the mode's |difference| p50, p95
+and max against the native repeat's + 0.3 points). The speedups are from the trials' unrounded
+means (the `raw` figures of the candidate's line); KernelBench's own, from the 3 significant digits
+its get_timing_stats keeps, are compared too (`_kb`): their rounding alone can move a speedup by up
+to ~1 %. Then each mode's wall clock and exclusive's over it (the whole set in both, else evals per
+minute). And, to tell the GPU's part of a difference from the host's: the speedups from each
+timing's fastest and median trial against exclusive's (from the trials each line keeps,
+`raw.trials_ms`), the trials' spread per mode (`trial_spread`), and how much slower a timing's
+first trials are than the rest (`early_trials`: the grant's NVML reads run beside them under krex;
+`exclusive-nvml` is a native run beside such reads, scripts/bench/nvml_poll.py).
 
 Choice: references with nothing random in forward (no dropout), inputs of at most 256 MiB
 (KernelBench makes them on the host, 8 times an eval: 5 correctness trials, 3 timings) and a
@@ -285,6 +286,7 @@ def versus(m: dict[str, Any], ref: dict[str, dict[str, Any]], spread: dict[str, 
     the difference exceeds `spread` (the native repeat's, by candidate) + OFF_MARGIN_PTS; under
     krex only where the candidate's timing regions were clean."""
     mismatched, diffs, diffs_kb = [], [], []
+    pairs: list[tuple[float, float]] = []  # compared: (|difference|, the native repeat's)
     agree = off = compared = 0
     for r in m["commands"]:
         x, e = _result(r), _result(ref.get(r["problem"], {}))
@@ -307,6 +309,7 @@ def versus(m: dict[str, Any], ref: dict[str, dict[str, Any]], spread: dict[str, 
             r["off"] = abs(d) > spread[r["problem"]] + kb_memory.OFF_MARGIN_PTS
             compared += 1
             off += r["off"]
+            pairs.append((abs(d), spread[r["problem"]]))
     for name, pick in TRIAL_SPEEDUPS.items():
         ds = [d for r in m["commands"] if r["problem"] in ref
               if (d := _pct(_trial_speedup(r, pick), _trial_speedup(ref[r["problem"]], pick)))
@@ -318,6 +321,25 @@ def versus(m: dict[str, Any], ref: dict[str, dict[str, Any]], spread: dict[str, 
     if m["mode"] != "exclusive2":
         m["off"], m["off_of"] = (off, compared) if spread else ("no native repeat", 0)
         m["off_if_native"] = kb_memory.off_if_native(spread, compared)
+        m["within_native_dist"] = within_native_dist(pairs)
+
+
+def within_native_dist(pairs: list[tuple[float, float]]) -> dict[str, Any] | None:
+    """The bar read over the distribution instead of candidate by candidate: over the compared
+    candidates, the mode's |difference| p50, p95 and max against the native repeat's at the
+    same quantile + OFF_MARGIN_PTS (`mode`, `native`, `within` each). Beside `off`: where the
+    native repeat itself moves a few candidates by several %, a third native run is off for
+    about as many candidates as a mode (`off_if_native`), and this reading says whether the
+    mode's differences are larger than the native ones as a whole."""
+    if not pairs:
+        return None
+    mode, native = _abs_q([a for a, _ in pairs]), _abs_q([b for _, b in pairs])
+    out: dict[str, Any] = {}
+    for k in ("p50", "p95", "max"):
+        a, b = mode[k], native[k]
+        ok = None if a is None or b is None else a <= b + kb_memory.OFF_MARGIN_PTS
+        out[k] = {"mode": a, "native": b, "within": ok}
+    return out
 
 
 TIMING_ORDER = ("candidate_over_eval_reference", "eval_reference_over_final_reference")
@@ -511,6 +533,20 @@ def table(doc: dict[str, Any]) -> str:
             f"{agree:>8} " + " ".join(f"{_f(x, '.2f'):>7}" for x in figures) + " "
             f"{_f(m.get('regions'), 'd'):>7} {_f(m.get('unclean'), 'd'):>7}  {off or '-'}"
         )
+    dist = [(m["mode"], d) for m in modes if (d := m.get("within_native_dist"))]
+    if dist:
+        lines.append("")
+        lines.append(
+            "read over the distribution: the mode's |d| p50 / p95 / max against the native"
+        )
+        lines.append("repeat's at the same quantile + 0.3 points, over the candidates compared")
+    for name, d in dist:
+        cells = [
+            f"{_f(d[k]['mode'], '.2f')} vs {_f(d[k]['native'], '.2f')} "
+            + ("within" if d[k]["within"] else "beyond")
+            for k in ("p50", "p95", "max")
+        ]
+        lines.append(f"{name:10} " + " | ".join(cells))
     lines.append("")
     lines.append(
         "timing order, the same model thrice (median %): candidate over the eval's reference,"

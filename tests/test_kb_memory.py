@@ -308,6 +308,17 @@ def test_krex_modes_run_each_command_through_krex_run_with_auto_regions(
     everything = f'[slices.0]\nregion = "{cpus}"\nshared = "{cpus}"\n'
     assert daemon_configs == ["", "", everything, everything]
     assert kb.all_cores_config([3, 1]) == '[slices.0]\nregion = "1,3"\nshared = "1,3"\n'
+    # krex16-perslot: 16 slots with the headroom of before (half a GiB per slot, 8 in all),
+    # its own daemon beside krex16's.
+    daemon_configs.clear()
+    seen.clear()
+    m = kb.run_mode(
+        "krex16-perslot", cmds, argv_for, tmp_path, tmp_path, time.monotonic() + 60, log
+    )
+    assert (m["slots"], m["ok"]) == (16, 4) and daemon_configs == ["[memory]\nheadroom_gib = 8\n"]
+    assert {argv[argv.index("--socket") + 1] for argv in seen} == {
+        str(tmp_path / "krex-16-perslot.sock")
+    }
 
 
 @pytest.mark.parametrize("name", ["exclusive-nvml", "exclusive-churn"])

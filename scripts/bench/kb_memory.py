@@ -25,7 +25,10 @@ order (a shuffle seeded with SEED) in every mode:
   NVML_POLL_S: whether those reads alone move a timing, with no krex at all;
 - exclusive-churn: exclusive beside scripts/bench/mem_churn.py: 7 processes (CUDA contexts)
   holding device memory and churning it, no GPU work: whether where a command's fresh buffers
-  land beside others' memory alone moves a timing.
+  land beside others' memory alone moves a timing;
+- krex16-perslot: krex16 with the headroom admission kept before 2026-12-06, half a GiB per
+  slot (`memory.headroom_gib = 8`), where krex16 now keeps half a GiB per command on the GPU:
+  side by side, what that change buys at 16 slots.
 
 Memory: PROBLEMS gives each problem's device memory from its shapes (fp32: inputs, outputs,
 parameters, the eager forward's temporaries; a compile command also keeps the eager output as
@@ -118,6 +121,9 @@ MODES: dict[str, tuple[int, int | None]] = {
     "krex8-allcores": (8, 8),
     "exclusive-nvml": (1, None),
     "exclusive-churn": (1, None),
+    # 16 slots with the headroom admission kept before 2026-12-06 (half a GiB per slot, 8 GiB
+    # in all, `memory.headroom_gib = 8`), beside krex16's per command: what the change buys.
+    "krex16-perslot": (16, 16),
 }
 # through `krex run --no-pool`: the warm pool's gain is krex8 against krex8-cold
 COLD = ("krex8-cold", "krex1-cold")
@@ -171,16 +177,23 @@ def all_cores_config(cpus: Iterable[int] | None = None) -> str:
     return f'[slices.0]\nregion = "{text}"\nshared = "{text}"\n'
 
 
+def mode_config(name: str) -> str:
+    """More of a krex mode's daemon configuration (TOML)."""
+    if name in ALL_CORES:
+        return all_cores_config()
+    return "[memory]\nheadroom_gib = 8\n" if name == "krex16-perslot" else ""
+
+
 # The budget's shares: a native command's seconds one at a time, each mode's speed-up over that
 # and its fixed start (a daemon and its warm workers). Estimates, not measurements.
 EST_S = {"eager": 5.0, "compile": 14.0}
 EST_SPEEDUP = {"exclusive": 1.0, "exclusive2": 1.0, "shared8": 4.0, "krex8": 4.0, "krex16": 3.0,
                "krex8-cold": 3.0, "krex1": 1.2, "krex1-cold": 1.0,
                "krex1-allcores": 1.2, "krex8-allcores": 4.0, "exclusive-nvml": 1.0,
-               "exclusive-churn": 1.0}  # fmt: skip
+               "exclusive-churn": 1.0, "krex16-perslot": 3.0}  # fmt: skip
 EST_START_S = {"krex8": 20.0, "krex16": 20.0, "krex8-cold": 10.0, "krex1": 20.0,
                "krex1-cold": 10.0, "krex1-allcores": 20.0, "krex8-allcores": 20.0,
-               "exclusive-churn": 10.0}  # fmt: skip
+               "exclusive-churn": 10.0, "krex16-perslot": 20.0}  # fmt: skip
 
 
 class Problem(NamedTuple):
@@ -510,7 +523,7 @@ def run_mode(
                 tag = "" if name == f"krex{slots}" else name.removeprefix(f"krex{slots}-")
                 sock = stack.enter_context(
                     memory_check.daemon(tmp, slots, start_s=start_s, stop_s=10, tag=tag,
-                                        config=all_cores_config() if name in ALL_CORES else "")
+                                        config=mode_config(name))
                 )  # fmt: skip
             except Exception as e:  # the mode is lost, not the run
                 mode["error"] = str(e)[-1500:]

@@ -125,9 +125,9 @@ def effective_config(cfg: Config) -> dict[str, Any]:
         "pool.workers": cfg.workers_per_gpu(),
         "pool.preload": preload,
         "memory.headroom_gib": (
-            cfg.headroom_bytes() / (1 << 30)
-            if cfg.memory_headroom_gib is not None or cfg.sim
-            else f"{cfg.headroom_each_bytes() / (1 << 30):g} per command on the GPU"
+            f"{cfg.headroom_each_bytes() / (1 << 30):g} per command on the GPU"
+            if cfg.headroom_each_bytes()
+            else cfg.headroom_bytes() / (1 << 30)
         ),
         "slices": {
             str(s.gpu): {

@@ -257,6 +257,15 @@ def fake_daemon(tmp: Path, slots: int, tag: str = "", **kw: Any) -> Iterator[Pat
 daemon_configs: list[str] = []  # each fake daemon's configuration text
 
 
+def clean_run(
+    cmd: Any, argv: list[str], env: dict[str, str], logs: Path, deadline: float, value: str
+) -> Any:
+    """kb_memory.run_command's stand-in: the command ran through krex, its one region clean."""
+    report = Path(argv[argv.index("--report") + 1])
+    report.write_text(json.dumps({"exit_code": 0, "regions": [{"clean": True}]}))
+    return {"rc": 0, "status": "ok", "median_ms": 1.0}
+
+
 def test_krex_modes_run_each_command_through_krex_run_with_auto_regions(
     kb: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -266,10 +275,8 @@ def test_krex_modes_run_each_command_through_krex_run_with_auto_regions(
         cmd: Any, argv: list[str], env: dict[str, str], logs: Path, deadline: float, value: str
     ) -> Any:
         seen.append(argv)
-        report = Path(argv[argv.index("--report") + 1])
-        report.write_text(json.dumps({"exit_code": 0, "regions": [{"clean": True}]}))
         assert env["TORCHINDUCTOR_CACHE_DIR"].startswith(str(tmp_path))
-        return {"rc": 0, "status": "ok", "median_ms": 1.0}
+        return clean_run(cmd, argv, env, logs, deadline, value)
 
     monkeypatch.setattr(kb.memory_check, "daemon", fake_daemon)
     monkeypatch.setattr(kb, "run_command", fake_run)
@@ -460,3 +467,45 @@ def test_merge_summarises_one_or_more_calls_modes_first_come(kb: Any, tmp_path: 
     assert doc["native_spread_pct"]["a:eager"] == pytest.approx(2.0)
     assert kb.merge(paths[:1], out) == 0  # one call's alone: summarised again
     assert [m["mode"] for m in json.loads(out.read_text())["modes"]] == ["exclusive"]
+
+
+def test_a_mode_run_again_knows_the_first_runs_peaks_and_the_tables_say_so(
+    kb: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mode named twice in one run: its second daemon (same socket) starts knowing every peak
+    the first learned (the H100's krex8 then ran 47 against 28 commands a minute); the record
+    counts them, and the table and a merge keep both runs apart."""
+    monkeypatch.setattr(kb.memory_check, "daemon", fake_daemon)
+    monkeypatch.setattr(kb, "run_command", clean_run)
+    cmds = kb.commands(kb.PROBLEMS[:2])
+    argv_for = kb.candidate(tmp_path / "problems")
+    log = kb.Log(tmp_path / "c.jsonl")
+    first = kb.run_mode("krex8", cmds, argv_for, tmp_path, tmp_path, time.monotonic() + 60, log)
+    assert first["peaks_known"] == 0  # a fresh daemon: no peaks file yet
+    peaks = tmp_path / "krex-8.sock.peaks.json"  # what the daemon writes as commands end
+    peaks.write_text(json.dumps({f"{i:032x}": (i + 1) << 30 for i in range(4)}))
+    again = kb.run_mode("krex8", cmds, argv_for, tmp_path, tmp_path, time.monotonic() + 60, log)
+    assert again["peaks_known"] == 4
+    other = kb.run_mode("krex16", cmds, argv_for, tmp_path, tmp_path, time.monotonic() + 60, log)
+    assert other["peaks_known"] == 0  # another name, another daemon's peaks
+    peaks.write_text("{not json")
+    assert kb.peaks_known(tmp_path / "krex-8.sock") is None
+
+    doc = kb.summarise([first, again, other])
+    text = kb.table(doc)
+    assert kb.mode_labels(doc["modes"]) == ["krex8", "krex8#2", "krex16"]
+    rows = {line.split()[0]: line.split() for line in text.splitlines()[-3:]}
+    assert rows["krex8"][1] == "0" and rows["krex8#2"][1] == "4" and rows["krex16"][1] == "0"
+    header = next(line for line in text.splitlines() if line.startswith("command"))
+    assert header.split()[-3:] == ["krex8", "krex8#2", "krex16"]
+    # A merge keeps a call's repeated mode; a later call's krex8 still yields to the first's.
+    paths = [tmp_path / "1.json", tmp_path / "2.json"]
+    paths[0].write_text(json.dumps(doc))
+    paths[1].write_text(json.dumps({"modes": [again | {"cmds_per_min_ok": 99.0}]}))
+    assert kb.merge(paths, tmp_path / "m.json") == 0
+    merged = json.loads((tmp_path / "m.json").read_text())["modes"]
+    assert [(m["mode"], m["from_call"]) for m in merged] == [
+        ("krex8", str(paths[0])),
+        ("krex8", str(paths[0])),
+        ("krex16", str(paths[0])),
+    ]

@@ -30,6 +30,12 @@ order (a shuffle seeded with SEED) in every mode:
   slot (`memory.headroom_gib = 8`), where krex16 now keeps half a GiB per command on the GPU:
   side by side, what that change buys at 16 slots.
 
+A krex mode named twice in one run (`--modes krex8,krex16,krex8,krex16`) runs the second time
+with the first's daemon name, so knowing every command's peak it learned (`peaks_known` in the
+JSON, "known" in the table, the repeat labelled krex8#2): a fresh daemon's admission against a
+daemon that has seen these commands before. Modes of other names (krex8-cold) have daemons of
+their own and know nothing of each other's commands.
+
 Memory: PROBLEMS gives each problem's device memory from its shapes (fp32: inputs, outputs,
 parameters, the eager forward's temporaries; a compile command also keeps the eager output as
 the check's reference): from 0.19 GiB to 24 GiB a command, 14.3 GiB on average, plus ~0.24 GiB
@@ -539,6 +545,8 @@ def run_mode(
             out = out_dir / f"{file}-{name}.json"
             mode[key] = stack.enter_context(beside([*script, "--out", str(out)], out))
         mode["start_s"] = round(time.monotonic() - t_start, 1)  # the daemon's, with its pool
+        if sock is not None:
+            mode["peaks_known"] = peaks_known(sock)
         t0 = time.monotonic()
         if not records:
             with ThreadPoolExecutor(concurrency) as pool:
@@ -546,6 +554,20 @@ def run_mode(
                 records = [f.result() for f in futs]
         wall = time.monotonic() - t0
     return mode | counts(records, wall) | {"commands": records}
+
+
+def peaks_known(sock: Path) -> int | None:
+    """How many commands' peaks a daemon knew as it started: what it learned in a mode of the
+    same name earlier in this run (its `<socket>.peaks.json`, docs/operator-guide.md). A mode
+    named twice runs the second time knowing every peak of the first: its admission is then
+    not a fresh daemon's."""
+    try:
+        doc = json.loads(Path(f"{sock}.peaks.json").read_text())
+    except FileNotFoundError:
+        return 0
+    except (OSError, ValueError):
+        return None  # unreadable: the daemon would not use it either
+    return len(doc) if isinstance(doc, dict) else None
 
 
 def _q(xs: list[float], q: float) -> float | None:
@@ -713,15 +735,26 @@ def _f(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+def mode_labels(modes: list[dict[str, Any]]) -> list[str]:
+    """Each mode's name in the tables, a mode run again numbered: krex8, krex8#2."""
+    seen: dict[str, int] = {}
+    labels = []
+    for m in modes:
+        seen[m["mode"]] = seen.get(m["mode"], 0) + 1
+        labels.append(m["mode"] + (f"#{seen[m['mode']]}" if seen[m["mode"]] > 1 else ""))
+    return labels
+
+
 def table(doc: dict[str, Any]) -> str:
     """Per command (its medians against exclusive), then per mode: the summary, last."""
     modes = doc["modes"]
-    names = [m["mode"] for m in modes if m["mode"] != "exclusive"]
+    labels = mode_labels(modes)
+    names = [n for n in labels if n != "exclusive"]
     rows: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
-    for m in modes:
+    for m, label in zip(modes, labels, strict=True):
         for r in m["commands"]:
             key = (r["problem"], r["variant"])
-            rows.setdefault(key, {})[m["mode"]] = r
+            rows.setdefault(key, {})[label] = r
     head = f"{'command':44} {'est GiB':>7} {'peak GiB':>8} {'excl ms':>9} "
     lines = [head + " ".join(f"{n:>10}" for n in names)]
     for (problem, variant), by in rows.items():
@@ -746,19 +779,21 @@ def table(doc: dict[str, Any]) -> str:
         "exclusive, ! when off by more than the native repeat's spread + 0.3 points; queue: "
         "a command's wait for admission (a slot, memory); wait: its waits for memory once "
         "running; retake: regions revoked for memory whose timing call was timed again in a new "
-        "region, its command not run again; unclean counts them)"
+        "region, its command not run again; unclean counts them; known: the peaks its daemon "
+        "had learned as it started, from a mode of the same name before it (#2: its second run))"
     )
     lines.append("")
-    lines.append(f"{'mode':10} {'ok':>3} {'fail':>4} {'oom':>3} {'not':>3} {'wall s':>6} "
-                 f"{'ok/min':>6} {'x excl':>6} {'rerun':>5} {'preem':>5} {'retake':>6} "
-                 f"{'queue p95':>9} "
+    lines.append(f"{'mode':16} {'known':>5} {'ok':>3} {'fail':>4} {'oom':>3} {'not':>3} "
+                 f"{'wall s':>6} {'ok/min':>6} {'x excl':>6} {'rerun':>5} {'preem':>5} "
+                 f"{'retake':>6} {'queue p95':>9} "
                  f"{'wait p50':>8} "
                  f"{'wait p95':>8} {'regions':>7} {'unclean':>7} {'drain':>5} "
                  f"{'|d|p50%':>7} {'|d|max%':>7}  off")  # fmt: skip
-    for m in modes:
+    for m, label in zip(modes, labels, strict=True):
         off = off_cell(m)
         lines.append(
-            f"{m['mode']:10} {m['ok']:>3} {m['failed']:>4} {m['oom']:>3} {m['not_run']:>3} "
+            f"{label:16} {_f(m.get('peaks_known'), 'd'):>5} {m['ok']:>3} {m['failed']:>4} "
+            f"{m['oom']:>3} {m['not_run']:>3} "
             f"{m['wall_s']:>6.0f} {m['cmds_per_min_ok']:>6.1f} "
             f"{_f(m.get('throughput_vs_exclusive'), '.2f'):>6} {_f(m.get('reruns'), 'd'):>5} "
             f"{_f(m.get('preempted'), 'd'):>5} {_f(m.get('retaken'), 'd'):>6} "
@@ -833,14 +868,16 @@ def run(
 
 
 def merge(paths: list[Path], json_path: Path, capacity_gib: float | None = None) -> int:
-    """Calls' results as one summary: every mode of the first, then those of the next that the
-    ones before lack (each mode keeps the call it ran in: `from_call`). One call's alone: its
-    summary again (a newer summary, e.g. the memory-time ceiling)."""
+    """Calls' results as one summary: every mode of the first (a mode it ran twice, twice),
+    then those of the next that the calls before lack (each mode keeps the call it ran in:
+    `from_call`). One call's alone: its summary again (a newer summary, e.g. the memory-time
+    ceiling)."""
     docs = [json.loads(p.read_text()) for p in paths]
     modes: list[dict[str, Any]] = []
     for path, d in zip(paths, docs, strict=True):
+        before = {x["mode"] for x in modes}
         for m in d.get("modes", []):
-            if m.get("from_baseline") or any(x["mode"] == m["mode"] for x in modes):
+            if m.get("from_baseline") or m["mode"] in before:
                 continue
             modes.append(m | {"from_call": str(path)})
     doc = summarise(modes, capacity_gib * (1 << 30) if capacity_gib else None)

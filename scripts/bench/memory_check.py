@@ -156,14 +156,16 @@ def daemon(
     stopped on exit, killed after `stop_s`. `sim`: of the simulated GPU, its node and driver's
     settings in `env` (the daemon's environment). `tag` names a daemon apart from another of
     the same settings: its socket, log and learned peaks (kept beside the socket) are its
-    own."""
+    own; the same name again (in one TMP) starts knowing the peaks the last one learned."""
     name = f"{'sim-' if sim else ''}{slots}{'' if waits else '-nowait'}{'-mps' if mps else ''}"
     name += f"-{tag}" if tag else ""
     sock = tmp / f"krex-{name}.sock"
     cfg = tmp / f"krex-{name}.toml"
     cfg.write_text(("" if waits else "[memory]\nwait_s = 0.001\n") + config)
     log_path = LOGS / f"daemon-{name}.log"
-    log = open(log_path, "wb")  # noqa: SIM115
+    # Appended to: a mode run twice under one name keeps both daemons' logs.
+    log = open(log_path, "ab")  # noqa: SIM115
+    start = log.tell()
     argv = [sys.executable, "-m", "krex.cli", "daemon", "--socket", str(sock)]
     proc = subprocess.Popen(
         [*argv, "--slots", str(slots), "--config", str(cfg), *(["--mps"] if mps else []),
@@ -189,7 +191,10 @@ def daemon(
                         raise RuntimeError("krex daemon --mps runs without MPS: " + st.stdout)
                     break
             if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("daemon did not start: " + log_path.read_text())
+                with open(log_path, "rb") as f:
+                    f.seek(start)
+                    mine = f.read().decode(errors="replace")
+                raise RuntimeError("daemon did not start: " + mine)
             time.sleep(0.5)
         yield sock
     finally:

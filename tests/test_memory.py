@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from pathlib import Path
 from typing import cast
 
@@ -708,6 +709,43 @@ def test_learned_peaks_are_kept_under_the_command_key(tmp_path: Path) -> None:
     assert node.mem.need("b" * 32, 0) == 0
 
 
+def test_a_command_never_seen_is_expected_to_need_its_familys_last_peak(tmp_path: Path) -> None:
+    """The guess for an agent's next candidate (a rewritten bench.py: a new key, the same
+    family): its family's last peak, not the largest, and not one a preemption cut short; a
+    declared budget or the command's own peak first, the prior where the family is new too.
+    Families are kept in the peaks file beside the commands and are not in the prior's median."""
+    node = Node(tmp_path)
+    fam = "f" * 32
+    for i, (gib, preempted) in enumerate([(20, ""), (6, ""), (1, "a memory deadlock")]):
+        t = node.tenant(i + 1, argv=["python", "bench.py"])
+        t.mem_key, t.mem_family, t.preempted = f"{i:032x}", fam, preempted
+        node.mem.learn(t, gib * GIB)
+    assert node.mem.families == {fam: 6 * GIB}  # the last that ran to its end
+    assert node.mem.learned[f"{2:032x}"] == GIB  # a command's own peak: learned all the same
+    assert node.mem.need("e" * 32, 0, family=fam) == 6 * GIB
+    assert node.mem.need("e" * 32, 3 * GIB, family=fam) == 3 * GIB  # declared first
+    assert node.mem.need(f"{0:032x}", 0, family=fam) == 20 * GIB  # its own peak first
+    assert node.mem.need("e" * 32, 0, rerun=8 * GIB, family=fam) == 8 * GIB
+    assert node.mem.need("e" * 32, 0, family="d" * 32) == node.mem.prior()
+    r = dataclasses.replace(req(["python", "bench.py"]), key="e" * 32, family=fam)
+    assert node.mem.requested(r) == 6 * GIB
+    t = node.tenant(9, argv=["python", "bench.py"])
+    t.mem_key, t.mem_family = "e" * 32, fam
+    assert node.mem.expected(t) == 6 * GIB
+    again = Node(tmp_path)  # a daemon started again reads both back
+    assert again.mem.families == {fam: 6 * GIB} and again.mem.learned == node.mem.learned
+    peaks = json.loads((tmp_path / "peaks.json").read_text())
+    assert peaks["family:" + fam] == 6 * GIB and len(peaks) == 4
+    just_families = Node(tmp_path / "x")
+    (tmp_path / "x").mkdir()
+    for i in range(5):
+        t = just_families.tenant(i + 1)
+        t.mem_key, t.mem_family = f"{i % 2:032x}", f"{i:032x}"
+        just_families.mem.learn(t, (i + 1) * GIB)
+    assert len(just_families.mem.learned) == 2  # fewer than three commands: no median yet
+    assert just_families.mem.prior() == just_families.mem.unknown
+
+
 def test_the_admission_pass_that_admits_an_alone_rerun_admits_nobody_else() -> None:
     """Issue #47, 6, in the daemon's own admission pass: the GPU empties with an alone rerun at
     the head of its queue and others behind it. The rerun is promised the slot; before, the
@@ -749,6 +787,30 @@ def test_a_commands_key_is_its_argv_and_the_contents_of_the_files_it_names(
     assert command_key(argv, str(b)) != key  # rewritten: another command
     assert command_key(["python", "other.py"], str(a)) != key
     assert command_key(["python", "caf\udce9.py"], str(a))  # a non-UTF-8 name: still a key
+
+
+def test_a_commands_family_is_its_argv_and_directory_whatever_its_files_hold(
+    tmp_path: Path,
+) -> None:
+    """The family: what stays when an agent rewrites bench.py (the key changes with it)."""
+    from krex.client.run import command_family, command_key
+    from krex.daemon.memory import is_key
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    (a / "bench.py").write_text("x = 1\n")
+    argv = ["python", "bench.py"]
+    family, key = command_family(argv, str(a)), command_key(argv, str(a))
+    assert is_key(family) and family != key
+    (a / "bench.py").write_text("x = 2\n")
+    assert command_family(argv, str(a)) == family and command_key(argv, str(a)) != key
+    assert command_family(argv, str(b)) != family  # another directory: another agent's
+    assert command_family(["python", "bench.py", "--n", "2"], str(a)) != family
+    assert command_family(["python", "bench.py--n"], str(a)) != command_family(
+        ["python", "bench.py", "--n"], str(a)
+    )  # arguments kept apart
+    assert is_key(command_family(["python", "caf\udce9.py"], str(a)))
 
 
 def test_eight_commands_never_seen_are_admitted_at_once_on_a_fresh_node() -> None:

@@ -668,6 +668,17 @@ def command_key(argv: list[str], cwd: str) -> str:
     return h.hexdigest()[:32]
 
 
+def command_family(argv: list[str], cwd: str) -> str:
+    """What a command is whatever its files hold (docs/memory.md): its argv and directory. An
+    agent that rewrites bench.py and runs `python bench.py` again runs another command of the
+    same family; the family's last peak is the daemon's guess for it."""
+    h = hashlib.sha256(b"family")
+    for part in (cwd, *argv):
+        raw = part.encode("utf-8", "surrogateescape")
+        h.update(len(raw).to_bytes(8, "little") + raw)
+    return h.hexdigest()[:32]
+
+
 def run(opts: RunOptions) -> int:
     """`krex run`: the command's exit status, or 125/127 (module docstring).
 
@@ -719,7 +730,8 @@ def _retries(opts: RunOptions) -> bool:
 
 def _run(opts: RunOptions) -> int:
     attempts: list[dict[str, Any]] = []
-    key = command_key(opts.argv, os.getcwd())
+    cwd = os.getcwd()
+    key = (command_key(opts.argv, cwd), command_family(opts.argv, cwd))
     while True:
         code, report = _run_once(opts, key)
         again = None if opts.no_memory_retry else _again(report, attempts)
@@ -786,7 +798,7 @@ def _say_unclean(report: dict[str, Any]) -> None:
         )
 
 
-def _run_once(opts: RunOptions, key: str = "") -> tuple[int, dict[str, Any]]:
+def _run_once(opts: RunOptions, key: tuple[str, str] = ("", "")) -> tuple[int, dict[str, Any]]:
     """One attempt: the exit status and the report ({} when krex could not do its part)."""
     _release_signals()  # an earlier attempt's command is over: Ctrl-C while queued ends us
     t0 = time.monotonic()
@@ -826,7 +838,9 @@ def _run_once(opts: RunOptions, key: str = "") -> tuple[int, dict[str, Any]]:
     return _run_cold(attempt, env, how.reason)
 
 
-def _admitted(path: Path, opts: RunOptions, key: str) -> tuple[Connection, dict[str, Any]]:
+def _admitted(
+    path: Path, opts: RunOptions, key: tuple[str, str]
+) -> tuple[Connection, dict[str, Any]]:
     """The command admitted by the daemon at path (after waiting in its queue, at most
     --queue-timeout): the connection and the admission's reply."""
     conn = connect(path, sim=opts.sim, start=True)
@@ -843,7 +857,8 @@ def _admitted(path: Path, opts: RunOptions, key: str) -> tuple[Connection, dict[
         mem_bytes=opts.mem_bytes,
         mem_alone=opts.mem_alone,
         mem_rerun=opts.mem_rerun,
-        mem_key=key or None,
+        mem_key=key[0] or None,  # the command's, and its family's (command_family)
+        mem_family=key[1] or None,
         mem_retry=_retries(opts),
     )
     conn.send(admit.to_wire())

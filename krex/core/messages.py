@@ -125,6 +125,9 @@ class Admit(Message):
     mem_alone: bool = field(default=False, metadata=OMIT)
     mem_rerun: int = field(default=0, metadata=OMIT)  # a rerun: what its last attempt needed
     mem_key: str | None = field(default=None, metadata=OMIT)  # identity for learned peaks
+    # What the command is, run again edited (its argv and directory, not its files' contents):
+    # the last peak of its family stands for a command never seen (docs/memory.md).
+    mem_family: str | None = field(default=None, metadata=OMIT)
     # `krex run` runs the command again when it is preempted or a region of it is revoked for
     # memory (false: --no-memory-retry, or its last attempt).
     mem_retry: bool = field(default=True, metadata=OMIT)
@@ -174,6 +177,9 @@ class Admit(Message):
         mem_key = msg.get("mem_key")
         if mem_key is not None and not is_key(mem_key):
             raise ProtocolError("mem_key must be 32 lower-case hexadecimal digits")
+        mem_family = msg.get("mem_family")
+        if mem_family is not None and not is_key(mem_family):
+            raise ProtocolError("mem_family must be 32 lower-case hexadecimal digits")
         return cls(
             build=cls.build_of(msg),
             argv=argv,
@@ -188,6 +194,7 @@ class Admit(Message):
             mem_alone=alone,
             mem_rerun=rerun,
             mem_key=mem_key,
+            mem_family=mem_family,
             mem_retry=retry,
         )
 

@@ -160,6 +160,7 @@ def admit_request(
         admit.mem_rerun > 0,
         rerun_need(admit.mem_rerun),
         key=admit.mem_key or argv_key(admit.argv),
+        family=admit.mem_family or "",
         settle=float(cfg.region_settle_s if settle is None else settle),
         capped_settle=float(cfg.region_capped_settle_s if capped is None else capped),
         retry=admit.mem_retry,

@@ -29,10 +29,11 @@ could have had the memory (shim/preload, docs/shim.md). This module is the daemo
   many as the room needs.
 - Admission: a GPU with waiters admits nobody; otherwise a command is admitted when the memory
   it is expected to need (`--mem`, else the peak learned from earlier runs of the same command,
-  else the median of all learned peaks, else an eighth of the GPU less eight commands'
-  headroom) fits beside what the GPU's tenants hold or are expected to need, within the GPU
-  less the headroom (half a GiB per command on it by default), and the driver's free figure
-  (NVML) has room for it.
+  else the last peak of its family (the same argv and directory, its files edited), else the
+  median of all learned peaks, else an eighth of the GPU less eight commands' headroom) fits
+  beside what the GPU's tenants hold or are expected to need, within the GPU less the
+  headroom (half a GiB per command on it by default), and the driver's free figure (NVML) has
+  room for it.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ log = logging.getLogger("krex.daemon")
 GIB = 1 << 30
 _LEARNED_MAX = 10_000  # command keys kept in the learned-peaks file
 _PRIOR_MIN = 3  # learned peaks needed before their median stands for an unknown command
+FAMILY = "family:"  # a family's peak in the learned-peaks file, beside the commands' keys
 ALL_WAITING_S = 1.0  # nobody can free: the preemption period (time for a free in flight)
 # Memory back by less than this below the lowest seen since the last progress is not progress:
 # a running process that frees what it just allocated (a compiler's scratch, an allocator's
@@ -202,7 +204,7 @@ class Memory:
         self.headroom_each = headroom_each  # and per command on the GPU (its default)
         self.deadlock_ns = int(deadlock_s * 1e9)
         self.learned_path = learned
-        self.learned: dict[str, int] = _load(learned)
+        self.learned, self.families = _load(learned)
         self.room = room
         self.room_wait_s = room_wait_s
         self.verdicts: dict[tuple[int, int], Verdict] = {}  # (slot's pid, index) -> its wait
@@ -491,19 +493,22 @@ class Memory:
 
     # Admission.
     def expected(self, t: Tenant) -> int:
-        """What t is expected to need: its declared budget, else its learned peak, else the
-        prior (what a command never seen is expected to need)."""
-        return self.need(t.mem_key or argv_key(t.argv), t.mem_declared, t.mem_rerun_need)
+        """What t is expected to need: its declared budget, else its learned peak, else its
+        family's last, else the prior (what a command never seen is expected to need)."""
+        key = t.mem_key or argv_key(t.argv)
+        return self.need(key, t.mem_declared, t.mem_rerun_need, t.mem_family)
 
     def requested(self, req: AdmitRequest) -> int:
         """What the command of req, asking to be admitted, is expected to need (as expected)."""
-        return self.need(req.key or argv_key(req.argv), req.mem, req.rerun_need)
+        return self.need(req.key or argv_key(req.argv), req.mem, req.rerun_need, req.family)
 
-    def need(self, key: str, declared: int, rerun: int = 0) -> int:
+    def need(self, key: str, declared: int, rerun: int = 0, family: str = "") -> int:
         """What a command about to be admitted is expected to need (0: unknown): its declared
-        budget, else its learned peak, else the node's prior; for a rerun at least what its
-        earlier run showed."""
-        return max(declared or self.learned.get(key, 0) or self.prior(), rerun)
+        budget, else its learned peak, else the last peak of its family (the same argv in the
+        same directory, its files since edited: an agent's next candidate), else the node's
+        prior; for a rerun at least what its earlier run showed."""
+        known = declared or self.learned.get(key, 0) or self.families.get(family, 0)
+        return max(known or self.prior(), rerun)
 
     def prior(self) -> int:
         """What a command never seen is expected to need: the median of the learned peaks,
@@ -563,11 +568,18 @@ class Memory:
         if peak <= 0 or self.learned_path is None:
             return
         key = t.mem_key or argv_key(t.argv)
-        if peak <= self.learned.get(key, 0):
+        # A command's peak is the most of its runs; a family's is its last command's (the
+        # next candidate is more like the last than like the largest ever), one that ran to
+        # its end: a preempted one's peak is where it was stopped.
+        family = t.mem_family if is_key(t.mem_family) and not t.preempted else ""
+        if peak <= self.learned.get(key, 0) and (not family or self.families.get(family) == peak):
             return
-        self.learned[key] = peak
-        if len(self.learned) > _LEARNED_MAX:
-            self.learned = dict(list(self.learned.items())[-_LEARNED_MAX:])
+        self.learned[key] = max(peak, self.learned.get(key, 0))
+        if family:
+            self.families.pop(family, None)  # the newest last: what a trim keeps
+            self.families[family] = peak
+        self.learned = _newest(self.learned)
+        self.families = _newest(self.families)
         tmp = self.learned_path.with_suffix(".tmp")
         try:
             # Beside a socket someone may share a directory with: a new file of ours, never
@@ -575,24 +587,33 @@ class Memory:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
             fd = open_beside(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            doc = self.learned | {FAMILY + k: v for k, v in self.families.items()}
             with os.fdopen(fd, "w") as f:
-                f.write(json.dumps(self.learned))
+                f.write(json.dumps(doc))
             os.replace(tmp, self.learned_path)
         except (OSError, TrustError) as e:
             log.warning("cannot save the learned peaks to %s: %s", self.learned_path, e)
 
 
-def _load(path: Path | None) -> dict[str, int]:
+def _newest(peaks: dict[str, int]) -> dict[str, int]:
+    """At most _LEARNED_MAX of them, the latest written."""
+    return peaks if len(peaks) <= _LEARNED_MAX else dict(list(peaks.items())[-_LEARNED_MAX:])
+
+
+def _load(path: Path | None) -> tuple[dict[str, int], dict[str, int]]:
+    """The learned peaks of commands and of families (keys prefixed FAMILY in the file)."""
     if path is None:
-        return {}
+        return {}, {}
     try:
         with os.fdopen(open_beside(path, os.O_RDONLY), encoding="utf-8") as f:
             doc = json.loads(f.read())
     except FileNotFoundError:
-        return {}
+        return {}, {}
     except (OSError, ValueError, TrustError) as e:
         log.warning("not using the learned peaks in %s: %s", path, e)
-        return {}
+        return {}, {}
     if not isinstance(doc, dict):
-        return {}
-    return {k: v for k, v in doc.items() if isinstance(k, str) and type(v) is int and v > 0}
+        return {}, {}
+    good = {k: v for k, v in doc.items() if isinstance(k, str) and type(v) is int and v > 0}
+    families = {k.removeprefix(FAMILY): v for k, v in good.items() if k.startswith(FAMILY)}
+    return {k: v for k, v in good.items() if not k.startswith(FAMILY)}, families

@@ -53,6 +53,7 @@ class Tenant:
     mem_rerun: bool = False  # a rerun after a sharing out-of-memory: released last
     mem_rerun_need: int = 0  # what it is expected to need, from its failed run's peak
     mem_key: str = ""  # what identifies the command for its learned peak (krex/daemon/memory.py)
+    mem_family: str = ""  # what it is, edited or not (its argv and directory): "" unknown
     mem_peak: int = 0
     mem_wait_ns: int = 0
     mem_waits: int = 0
@@ -193,6 +194,7 @@ class AdmitRequest:
     rerun: bool = False  # a first memory rerun (released last)
     rerun_need: int = 0  # what that rerun is expected to need (bytes)
     key: str = ""  # the command's identity for learned peaks (the client's, else its argv's)
+    family: str = ""  # its argv and directory's, for a command never seen (the client's)
     settle: float = 0.0  # its regions' settle (krex run --settle, else regions.settle_s)
     capped_settle: float = 0.0  # once power-capped (--capped-settle, else regions.capped_settle_s)
     retry: bool = True  # krex run runs the command again if preempted or revoked for memory

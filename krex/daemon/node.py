@@ -289,6 +289,7 @@ class Node:
             mem_rerun=req.rerun,
             mem_rerun_need=req.rerun_need,
             mem_key=req.key,
+            mem_family=req.family,
             mem_retry=req.retry,
         )
         self.tenants[tid] = t

@@ -15,13 +15,21 @@ GPU), launches, the workspace, then its timing in a region. Modes side by side i
 - `krex8-c16`: 8 slots, 16 clients at once (8 of them queued): the slots' share of a
   difference between krex16 and krex8, apart from the clients'.
 
+With `--agents N` the commands are N agents' candidates instead: agent a works on one problem
+of the mix (the mix of N), and runs its candidates one after another, each from its own
+directory, its workspace differing by up to a fifth from candidate to candidate; each candidate
+is a script the agent writes before running it (`python bench.py`, the sizes in the script).
+`--agent-file same` rewrites one bench.py (the command line repeats: its family's last peak is
+the daemon's guess, docs/memory.md), `new` writes cand<i>.py (every command line new: the
+daemon can only guess its prior), so the two runs measure what the family buys.
+
 Per mode: commands that succeeded and failed, those that took the fallback where alone they did
 not, regions and those unclean, drains that timed out, preemptions, reruns, memory waits,
 throughput over successful commands (and as a multiple of `alone`'s).
 
     python3 scripts/bench/sim_memory.py --json OUT.json [--modes alone,shared8,krex8,krex16]
         [--commands 32] [--capacity 4G] [--compile-s 1.0] [--clients N] [--output-in-region S]
-        [--timer]
+        [--timer] [--agents N [--agent-file same|new]]
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts" / "bench")]
@@ -119,6 +127,30 @@ def mix(n: int, capacity: int, seed: int = 47) -> list[tuple[int, int]]:
     return out
 
 
+def agents_mix(n: int, agents: int, capacity: int, seed: int = 47) -> list[tuple[int, int]]:
+    """n candidates of `agents` agents, candidate i agent i % agents's: the agent's problem from
+    mix(agents) (its input), its workspace within a fifth of the problem's either way."""
+    rng = random.Random(seed)
+    problems = mix(agents, capacity, seed)
+    out = []
+    for i in range(n):
+        inp, ws = problems[i % agents]
+        out.append((inp, max(1, int(ws * rng.uniform(0.8, 1.2)))))
+    return out
+
+
+class Agent(NamedTuple):
+    """Where a candidate is written and run from (run_one's `agent`)."""
+
+    directory: Path
+    file: str  # the script's name: bench.py each time, or cand<i>.py
+
+
+def script_name(i: int, agent_file: str) -> str:
+    """Where an agent writes candidate i: one bench.py rewritten (same) or a file each (new)."""
+    return "bench.py" if agent_file == "same" else f"cand{i}.py"
+
+
 def run_one(
     cmd: tuple[int, int],
     sock: Path | None,
@@ -128,15 +160,28 @@ def run_one(
     base: float = 0.0,
     out_share: float = 0.0,
     timer: bool = False,
+    agent: Agent | None = None,
 ) -> dict[str, Any]:
     out_mib = str(int(cmd[0] * out_share))
-    argv = [sys.executable, "-c", COMMAND, str(cmd[0]), str(cmd[1]), str(compile_s), LOCAL, out_mib,
+    args = [str(cmd[0]), str(cmd[1]), str(compile_s), LOCAL, out_mib,
             "timer" if timer else "region"]  # fmt: skip
+    argv = [sys.executable, "-c", COMMAND, *args]
+    if agent is not None:  # the candidate as a script the agent wrote, its sizes inside it
+        script = agent.directory / agent.file
+        script.write_text(f"import sys\nsys.argv[1:] = {args!r}\n" + COMMAND)
+        argv = [sys.executable, agent.file]
     if sock is not None:
         argv = [sys.executable, "-m", "krex.cli", "run", "--sim", "--socket", str(sock),
                 "--report", str(report), "--", *argv]  # fmt: skip
     t0 = time.monotonic()
-    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+    p = subprocess.run(
+        argv,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=None if agent is None else agent.directory,
+    )
     out: dict[str, Any] = {"input_mib": cmd[0], "ws_mib": cmd[1], "rc": p.returncode}
     t1 = time.monotonic()
     out["wall_s"] = t1 - t0
@@ -194,10 +239,14 @@ def run_mode(
     clients: int = 0,
     out_share: float = 0.0,
     timer: bool = False,
+    agents: int = 0,
+    agent_file: str = "same",
 ) -> dict[str, Any]:
     concurrency, slots = MODES[name]
     if slots and clients:  # krex modes: this many `krex run` clients at once instead
         concurrency = clients
+    if agents:  # each agent one client, its candidates one after another
+        concurrency = min(concurrency, agents)
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     with tempfile.TemporaryDirectory(prefix=f"krex-simmem-{name}-") as d, node(capacity) as env:
         tmp = Path(d)
@@ -210,14 +259,24 @@ def run_mode(
             if sock is None:
                 env = env | {"LD_LIBRARY_PATH": str(sim_library_dir())}
             t0 = time.monotonic()
+
+            def one(i: int, agent: Agent | None = None) -> dict[str, Any]:
+                report = tmp / f"{i}.json"
+                return run_one(cmds[i], sock, env, report, compile_s, t0, out_share, timer, agent)
+
+            def candidates(a: int) -> list[tuple[int, dict[str, Any]]]:
+                directory = tmp / f"agent{a}"
+                directory.mkdir()
+                mine = range(a, len(cmds), agents)
+                return [(i, one(i, Agent(directory, script_name(i, agent_file)))) for i in mine]
+
             with ThreadPoolExecutor(concurrency) as ex:
-                futs = [
-                    ex.submit(
-                        run_one, c, sock, env, tmp / f"{i}.json", compile_s, t0, out_share, timer
-                    )
-                    for i, c in enumerate(cmds)
-                ]
-                results = [f.result() for f in futs]
+                if agents:
+                    done = dict(r for f in [ex.submit(candidates, a) for a in range(agents)]
+                                for r in f.result())  # fmt: skip
+                    results = [done[i] for i in range(len(cmds))]
+                else:
+                    results = [f.result() for f in [ex.submit(one, i) for i in range(len(cmds))]]
             wall = time.monotonic() - t0
     # CPU-seconds of everything this mode started and waited for (clients, their commands, the
     # daemon and its pool once it stopped): what more clients cost on a machine of few cores.
@@ -293,6 +352,15 @@ def main() -> int:
         help="time each command through a timer krex's auto-regions wrap (as they wrap "
         "triton.testing.do_bench: a region revoked for memory is retaken), not krex.region()",
     )  # fmt: skip
+    by_agents = ap.add_argument_group(
+        "agents",
+        "the commands as agents' candidates, each agent's one after another (the "
+        "module's docstring)",
+    )
+    by_agents.add_argument("--agents", type=int, default=0, help="how many (default 0: none)")
+    by_agents.add_argument("--agent-file", choices=("same", "new"), default="same",
+                           help="each candidate written to the agent's bench.py (same) or to "
+                           "a new cand<i>.py (new)")  # fmt: skip
     args = ap.parse_args()
     names = [m for m in args.modes.split(",") if m]
     if unknown := [m for m in names if m not in MODES]:
@@ -301,18 +369,22 @@ def main() -> int:
         capacity = parse_size(args.capacity)
     except ValueError as e:
         ap.error(f"--capacity: {e}")
-    if args.commands < 1 or not args.compile_s >= 0 or args.clients < 0:
-        ap.error("--commands must be >= 1, --compile-s >= 0 and --clients >= 0")
+    if args.commands < 1 or not args.compile_s >= 0 or args.clients < 0 or args.agents < 0:
+        ap.error("--commands must be >= 1, --compile-s >= 0, --clients and --agents >= 0")
     if not 0 <= args.output_in_region <= 0.9:
         ap.error("--output-in-region must be a share from 0 to 0.9")
-    cmds = mix(args.commands, capacity)
+    agents = args.agents
+    cmds = agents_mix(args.commands, agents, capacity) if agents else mix(args.commands, capacity)
     args.json.resolve().parent.mkdir(parents=True, exist_ok=True)
     memory_check.LOGS = args.json.resolve().parent  # the daemons' logs
     modes = []
     for name in names:
         print(f"== {name} (simulated GPU)", flush=True)
         share, timer = args.output_in_region, args.timer
-        modes.append(run_mode(name, cmds, capacity, args.compile_s, args.clients, share, timer))
+        modes.append(
+            run_mode(name, cmds, capacity, args.compile_s, args.clients, share, timer, agents,
+                     args.agent_file)
+        )  # fmt: skip
         args.json.write_text(json.dumps({"partial": True, "modes": modes}, indent=1))
     summarise(modes)
     doc = {
@@ -321,6 +393,8 @@ def main() -> int:
         "command": "python3 scripts/bench/sim_memory.py " + " ".join(sys.argv[1:]),
         "capacity_bytes": capacity,
         "peaks_sum_bytes": sum(a + b for a, b in cmds) * MIB,
+        "agents": agents,
+        "agent_file": args.agent_file if agents else None,
         "driver": DRIVER | {"local": LOCAL},
         "modes": modes,
     }

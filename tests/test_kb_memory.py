@@ -509,3 +509,44 @@ def test_a_mode_run_again_knows_the_first_runs_peaks_and_the_tables_say_so(
         ("krex8", str(paths[0])),
         ("krex16", str(paths[0])),
     ]
+
+
+@pytest.mark.parametrize("file", ["same", "new"])
+def test_agents_run_their_candidates_one_after_another_each_written_before_it_runs(
+    kb: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, file: str
+) -> None:
+    """krex8-agents (-new): 8 agents at once, each on one problem, its 4 candidates in turn,
+    each its problem's file with a line of its own, at one path (bench.py, a family) or a new
+    one each time."""
+    problems = tmp_path / "problems"
+    problems.mkdir()
+    cmds = kb.commands(kb.PROBLEMS[:5])  # 10 commands: the agents take the first 8
+    for c in cmds:
+        (problems / c.problem).write_text(f"# {c.problem}\n")
+    seen: list[tuple[str, str, str]] = []  # (agent's candidate, its file, its text)
+
+    def fake_run(
+        cmd: Any, argv: list[str], env: dict[str, str], logs: Path, deadline: float, value: str
+    ) -> Any:
+        path = Path(argv[argv.index("--") + 3])  # python kb_candidate.py PROBLEM VARIANT
+        seen.append((cmd.agent, str(path), path.read_text()))
+        return clean_run(cmd, argv, env, logs, deadline, value)
+
+    monkeypatch.setattr(kb.memory_check, "daemon", fake_daemon)
+    monkeypatch.setattr(kb, "run_command", fake_run)
+    log = kb.Log(tmp_path / "c.jsonl")
+    name = "krex8-agents" if file == "same" else "krex8-agents-new"
+    m = kb.run_mode(name, cmds, kb.candidate(problems), tmp_path / "o", tmp_path,
+                    time.monotonic() + 60, log)  # fmt: skip
+    assert m["ok"] == 32 and len(seen) == 32
+    for a in range(8):
+        mine = [(agent, path, text) for agent, path, text in seen if agent.startswith(f"a{a}c")]
+        assert [agent for agent, _, _ in mine] == [f"a{a}c{j}" for j in range(4)]  # in turn
+        assert all(text.startswith(f"# {cmds[a].problem}\n") for _, _, text in mine)
+        assert len({text for _, _, text in mine}) == 4  # another command each time
+        paths = {path for _, path, _ in mine}
+        assert len(paths) == (1 if file == "same" else 4)
+        assert all(Path(p).parent.name == f"agent{a}" for p in paths)
+    with pytest.raises(ValueError, match="problems' directory"):
+        kb.run_mode(name, cmds, lambda c: ["x"], tmp_path / "o2", tmp_path,
+                    time.monotonic() + 60, log)  # fmt: skip

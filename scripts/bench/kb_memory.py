@@ -30,6 +30,13 @@ order (a shuffle seeded with SEED) in every mode:
   slot (`memory.headroom_gib = 8`), where krex16 now keeps half a GiB per command on the GPU:
   side by side, what that change buys at 16 slots.
 
+- krex8-agents, krex8-agents-new: 8 agents at once, agent a on the problem and variant of the
+  a-th command, each running 4 candidates one after another (32 commands); a candidate is its
+  problem's file with a line of its own, written just before it runs, to the agent's bench.py
+  (krex8-agents: its command line repeats, a family that the daemon knows from the second
+  candidate on, docs/memory.md) or to a new cand<j>.py (-new: every command line new). Their
+  commands are not the other modes': compare the two with each other.
+
 A krex mode named twice in one run (`--modes krex8,krex16,krex8,krex16`) runs the second time
 with the first's daemon name, so knowing every command's peak it learned (`peaks_known` in the
 JSON, "known" in the table, the repeat labelled krex8#2): a fresh daemon's admission against a
@@ -130,7 +137,14 @@ MODES: dict[str, tuple[int, int | None]] = {
     # 16 slots with the headroom admission kept before 2026-12-06 (half a GiB per slot, 8 GiB
     # in all, `memory.headroom_gib = 8`), beside krex16's per command: what the change buys.
     "krex16-perslot": (16, 16),
+    # Agents (AGENTS): 8 at once, each its own problem, 4 candidates one after another.
+    "krex8-agents": (8, 8),
+    "krex8-agents-new": (8, 8),
 }
+# An agent's candidates: the file it writes each one to, rewritten (its command line repeats:
+# a family, docs/memory.md) or new each time (every command line new).
+AGENTS = {"krex8-agents": "same", "krex8-agents-new": "new"}
+AGENT_COUNT, AGENT_CANDIDATES = 8, 4
 # through `krex run --no-pool`: the warm pool's gain is krex8 against krex8-cold
 COLD = ("krex8-cold", "krex1-cold")
 NATIVE = ("exclusive", "exclusive2")  # the references: a command's median against these
@@ -196,10 +210,12 @@ EST_S = {"eager": 5.0, "compile": 14.0}
 EST_SPEEDUP = {"exclusive": 1.0, "exclusive2": 1.0, "shared8": 4.0, "krex8": 4.0, "krex16": 3.0,
                "krex8-cold": 3.0, "krex1": 1.2, "krex1-cold": 1.0,
                "krex1-allcores": 1.2, "krex8-allcores": 4.0, "exclusive-nvml": 1.0,
-               "exclusive-churn": 1.0, "krex16-perslot": 3.0}  # fmt: skip
+               "exclusive-churn": 1.0, "krex16-perslot": 3.0, "krex8-agents": 4.0,
+               "krex8-agents-new": 4.0}  # fmt: skip
 EST_START_S = {"krex8": 20.0, "krex16": 20.0, "krex8-cold": 10.0, "krex1": 20.0,
                "krex1-cold": 10.0, "krex1-allcores": 20.0, "krex8-allcores": 20.0,
-               "exclusive-churn": 10.0, "krex16-perslot": 20.0}  # fmt: skip
+               "exclusive-churn": 10.0, "krex16-perslot": 20.0, "krex8-agents": 20.0,
+               "krex8-agents-new": 20.0}  # fmt: skip
 
 
 class Problem(NamedTuple):
@@ -254,9 +270,10 @@ PROBLEMS = (
 
 
 class Command(NamedTuple):
-    problem: str  # a file of PROBLEMS (or a test's name)
+    problem: str  # a file of PROBLEMS (or a test's name; an agent's candidate: its path)
     variant: str  # eager | compile
     est_gib: float = 0.0
+    agent: str = ""  # an agent's candidate: "a<agent>c<candidate>" (agent_candidates)
 
     @property
     def key(self) -> str:
@@ -264,7 +281,8 @@ class Command(NamedTuple):
 
     @property
     def tag(self) -> str:
-        return f"{Path(self.problem).stem}-{self.variant}"
+        tag = f"{Path(self.problem).stem}-{self.variant}"
+        return f"{tag}-{self.agent}" if self.agent else tag
 
 
 def commands(problems: Iterable[Problem] = PROBLEMS, seed: int = SEED) -> list[Command]:
@@ -278,9 +296,41 @@ def commands(problems: Iterable[Problem] = PROBLEMS, seed: int = SEED) -> list[C
     return cmds
 
 
-def candidate(problems_dir: Path) -> Callable[[Command], list[str]]:
-    """A command's argv (natively; krex modes put `krex run` before it)."""
-    return lambda c: [sys.executable, str(CANDIDATE), str(problems_dir / c.problem), c.variant]
+class Candidate:
+    """A command's argv (natively; krex modes put `krex run` before it), its problem a file in
+    `problems_dir` (or a path of its own: an agent's candidate)."""
+
+    def __init__(self, problems_dir: Path) -> None:
+        self.problems_dir = problems_dir
+
+    def __call__(self, c: Command) -> list[str]:
+        return [sys.executable, str(CANDIDATE), str(self.problems_dir / c.problem), c.variant]
+
+
+def candidate(problems_dir: Path) -> Candidate:
+    return Candidate(problems_dir)
+
+
+def agent_candidates(cmds: list[Command], where: Path, file: str) -> list[list[Command]]:
+    """AGENT_COUNT agents' candidates: agent a works on the problem (and variant) of the a-th
+    command, AGENT_CANDIDATES of them one after another, each written under where/agent<a>/ to
+    bench.py (file "same": one command line, a family) or cand<j>.py ("new")."""
+    out = []
+    for a, c in enumerate(cmds[:AGENT_COUNT]):
+        home = where / f"agent{a}"
+        out.append([
+            Command(str(home / ("bench.py" if file == "same" else f"cand{j}.py")), c.variant,
+                    c.est_gib, f"a{a}c{j}")
+            for j in range(AGENT_CANDIDATES)
+        ])  # fmt: skip
+    return out
+
+
+def write_candidate(c: Command, source: Path) -> None:
+    """An agent's candidate j: its problem's text and a line of its own (another command each
+    time: its key hashes the file, docs/memory.md)."""
+    Path(c.problem).parent.mkdir(parents=True, exist_ok=True)
+    Path(c.problem).write_text(source.read_text() + f"\n# candidate {c.agent}\n")
 
 
 def estimate_s(mode: str, cmds: list[Command]) -> float:
@@ -548,12 +598,39 @@ def run_mode(
         if sock is not None:
             mode["peaks_known"] = peaks_known(sock)
         t0 = time.monotonic()
-        if not records:
+        if not records and name in AGENTS:
+            records = run_agents(one, cmds, argv_for, tmp / name, AGENTS[name], sock)
+        elif not records:
             with ThreadPoolExecutor(concurrency) as pool:
                 futs = [pool.submit(one, i, c, sock) for i, c in enumerate(cmds)]
                 records = [f.result() for f in futs]
         wall = time.monotonic() - t0
     return mode | counts(records, wall) | {"commands": records}
+
+
+def run_agents(
+    one: Callable[[int, Command, Path | None], dict[str, Any]],
+    cmds: list[Command],
+    argv_for: Callable[[Command], list[str]],
+    where: Path,
+    file: str,
+    sock: Path | None,
+) -> list[dict[str, Any]]:
+    """The agents of agent_candidates at once, each its candidates one after another, each
+    written from its problem's file just before it runs."""
+    if not isinstance(argv_for, Candidate):
+        raise ValueError("agent modes need the problems' directory (kb_memory.candidate)")
+    agents = agent_candidates(cmds, where, file)
+
+    def agent(a: int) -> list[dict[str, Any]]:
+        rows = []
+        for j, c in enumerate(agents[a]):
+            write_candidate(c, argv_for.problems_dir / cmds[a].problem)
+            rows.append(one(a * AGENT_CANDIDATES + j, c, sock))
+        return rows
+
+    with ThreadPoolExecutor(len(agents)) as pool:
+        return [r for rows in pool.map(agent, range(len(agents))) for r in rows]
 
 
 def peaks_known(sock: Path) -> int | None:

@@ -744,6 +744,14 @@ def test_a_command_never_seen_is_expected_to_need_its_familys_last_peak(tmp_path
         just_families.mem.learn(t, (i + 1) * GIB)
     assert len(just_families.mem.learned) == 2  # fewer than three commands: no median yet
     assert just_families.mem.prior() == just_families.mem.unknown
+    # A planted family of no key (or not a key) stands for nobody: not for the commands that
+    # come with no family (older clients).
+    planted = tmp_path / "y"
+    planted.mkdir()
+    (planted / "peaks.json").write_text(json.dumps({"family:": 9 * GIB, "family:x": 9 * GIB}))
+    hand = Node(planted)
+    assert hand.mem.families == {}
+    assert hand.mem.need("e" * 32, 0) == hand.mem.need("e" * 32, 0, family="") == hand.mem.prior()
 
 
 def test_the_admission_pass_that_admits_an_alone_rerun_admits_nobody_else() -> None:

@@ -507,7 +507,8 @@ class Memory:
         budget, else its learned peak, else the last peak of its family (the same argv in the
         same directory, its files since edited: an agent's next candidate), else the node's
         prior; for a rerun at least what its earlier run showed."""
-        known = declared or self.learned.get(key, 0) or self.families.get(family, 0)
+        family_peak = self.families.get(family, 0) if family else 0
+        known = declared or self.learned.get(key, 0) or family_peak
         return max(known or self.prior(), rerun)
 
     def prior(self) -> int:
@@ -615,5 +616,9 @@ def _load(path: Path | None) -> tuple[dict[str, int], dict[str, int]]:
     if not isinstance(doc, dict):
         return {}, {}
     good = {k: v for k, v in doc.items() if isinstance(k, str) and type(v) is int and v > 0}
-    families = {k.removeprefix(FAMILY): v for k, v in good.items() if k.startswith(FAMILY)}
+    families = {
+        k.removeprefix(FAMILY): v
+        for k, v in good.items()
+        if k.startswith(FAMILY) and is_key(k.removeprefix(FAMILY))
+    }
     return {k: v for k, v in good.items() if not k.startswith(FAMILY)}, families

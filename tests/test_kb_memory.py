@@ -257,6 +257,17 @@ def fake_daemon(tmp: Path, slots: int, tag: str = "", **kw: Any) -> Iterator[Pat
 daemon_configs: list[str] = []  # each fake daemon's configuration text
 
 
+def faked_krex(
+    kb: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run: Any
+) -> tuple[list[Any], Any, Any]:
+    """Two problems' commands through fake daemons and `run` in place of run_command: the
+    commands, their argv and a log."""
+    monkeypatch.setattr(kb.memory_check, "daemon", fake_daemon)
+    monkeypatch.setattr(kb, "run_command", run)
+    cmds = kb.commands(kb.PROBLEMS[:2])
+    return cmds, kb.candidate(tmp_path / "problems"), kb.Log(tmp_path / "c.jsonl")
+
+
 def clean_run(
     cmd: Any, argv: list[str], env: dict[str, str], logs: Path, deadline: float, value: str
 ) -> Any:
@@ -278,11 +289,7 @@ def test_krex_modes_run_each_command_through_krex_run_with_auto_regions(
         assert env["TORCHINDUCTOR_CACHE_DIR"].startswith(str(tmp_path))
         return clean_run(cmd, argv, env, logs, deadline, value)
 
-    monkeypatch.setattr(kb.memory_check, "daemon", fake_daemon)
-    monkeypatch.setattr(kb, "run_command", fake_run)
-    cmds = kb.commands(kb.PROBLEMS[:2])
-    argv_for = kb.candidate(tmp_path / "problems")
-    log = kb.Log(tmp_path / "c.jsonl")
+    cmds, argv_for, log = faked_krex(kb, tmp_path, monkeypatch, fake_run)
     m = kb.run_mode("krex16", cmds, argv_for, tmp_path, tmp_path, time.monotonic() + 60, log)
     assert m["ok"] == 4 and m["regions"] == 4 and m["unclean"] == 0 and m["slots"] == 16
     for argv in seen:
@@ -475,11 +482,7 @@ def test_a_mode_run_again_knows_the_first_runs_peaks_and_the_tables_say_so(
     """A mode named twice in one run: its second daemon (same socket) starts knowing every peak
     the first learned (the H100's krex8 then ran 47 against 28 commands a minute); the record
     counts them, and the table and a merge keep both runs apart."""
-    monkeypatch.setattr(kb.memory_check, "daemon", fake_daemon)
-    monkeypatch.setattr(kb, "run_command", clean_run)
-    cmds = kb.commands(kb.PROBLEMS[:2])
-    argv_for = kb.candidate(tmp_path / "problems")
-    log = kb.Log(tmp_path / "c.jsonl")
+    cmds, argv_for, log = faked_krex(kb, tmp_path, monkeypatch, clean_run)
     first = kb.run_mode("krex8", cmds, argv_for, tmp_path, tmp_path, time.monotonic() + 60, log)
     assert first["peaks_known"] == 0  # a fresh daemon: no peaks file yet
     peaks = tmp_path / "krex-8.sock.peaks.json"  # what the daemon writes as commands end

@@ -26,5 +26,6 @@ def test_an_agents_candidates_share_its_problem_and_vary_its_workspace(sm: Any) 
         assert inp == p_inp  # the agent's problem: its input
         assert 0.8 * p_ws - 1 <= ws <= 1.2 * p_ws + 1  # a candidate's own workspace
     assert len({ws for _, ws in cands[0::4]}) > 1  # candidates differ
-    assert sm.script_name(5, "same") == sm.script_name(9, "same") == "bench.py"
-    assert sm.script_name(5, "new") != sm.script_name(9, "new")
+    script = sm.memory_check.agent_script
+    assert script(5, "same") == script(9, "same") == "bench.py"
+    assert script(5, "new") != script(9, "new")

@@ -319,8 +319,8 @@ def agent_candidates(cmds: list[Command], where: Path, file: str) -> list[list[C
     for a, c in enumerate(cmds[:AGENT_COUNT]):
         home = where / f"agent{a}"
         out.append([
-            Command(str(home / ("bench.py" if file == "same" else f"cand{j}.py")), c.variant,
-                    c.est_gib, f"a{a}c{j}")
+            Command(str(home / memory_check.agent_script(j, file)), c.variant, c.est_gib,
+                    f"a{a}c{j}")
             for j in range(AGENT_CANDIDATES)
         ])  # fmt: skip
     return out

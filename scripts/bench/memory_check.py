@@ -75,6 +75,13 @@ def command_env(
     return env
 
 
+def agent_script(candidate: int, file: str) -> str:
+    """Where an agent writes its candidate (sim_memory.py's and kb_memory.py's agents): one
+    bench.py rewritten each time ("same": its command line repeats, a family,
+    docs/memory.md) or a file each ("new": every command line new)."""
+    return "bench.py" if file == "same" else f"cand{candidate}.py"
+
+
 def krex_argv(
     argv: list[str],
     sock: Path,

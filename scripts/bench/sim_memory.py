@@ -146,11 +146,6 @@ class Agent(NamedTuple):
     file: str  # the script's name: bench.py each time, or cand<i>.py
 
 
-def script_name(i: int, agent_file: str) -> str:
-    """Where an agent writes candidate i: one bench.py rewritten (same) or a file each (new)."""
-    return "bench.py" if agent_file == "same" else f"cand{i}.py"
-
-
 def run_one(
     cmd: tuple[int, int],
     sock: Path | None,
@@ -268,7 +263,10 @@ def run_mode(
                 directory = tmp / f"agent{a}"
                 directory.mkdir()
                 mine = range(a, len(cmds), agents)
-                return [(i, one(i, Agent(directory, script_name(i, agent_file)))) for i in mine]
+                return [
+                    (i, one(i, Agent(directory, memory_check.agent_script(i, agent_file))))
+                    for i in mine
+                ]
 
             with ThreadPoolExecutor(concurrency) as ex:
                 if agents:

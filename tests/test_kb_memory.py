@@ -553,3 +553,32 @@ def test_agents_run_their_candidates_one_after_another_each_written_before_it_ru
     with pytest.raises(ValueError, match="problems' directory"):
         kb.run_mode(name, cmds, lambda c: ["x"], tmp_path / "o2", tmp_path,
                     time.monotonic() + 60, log)  # fmt: skip
+
+
+def test_an_agents_candidate_is_compared_with_its_problem_and_has_its_own_row(kb: Any) -> None:
+    """An agent's candidate (its own path) is timed against the problem it copies, and each
+    candidate j is one row in every agent mode, whichever file it was written to."""
+    ex = _mode("exclusive", 2.0, {"p.py:eager": 1.0})
+    ex2 = _mode("exclusive2", 2.0, {"p.py:eager": 1.0})
+    clean = kb.krex_summary({"regions": [{"clean": True}]})
+    modes = [_counted(kb, ex), _counted(kb, ex2)]
+    for name, file in (("krex8-agents", "same"), ("krex8-agents-new", "new")):
+        rows = []
+        for j in range(2):
+            path = f"/tmp/{name}/agent0/{kb.memory_check.agent_script(j, file)}"
+            ms = 1.1 if j else 1.0
+            rows.append({"problem": path, "variant": "eager", "agent": f"a0c{j}", "of": "p.py",
+                         "status": "ok", "median_ms": ms, "krex": clean})  # fmt: skip
+        modes.append(_counted(kb, {"mode": name, "slots": 8, "cmds_per_min_ok": 3.0,
+                                   "commands": rows}))  # fmt: skip
+    doc = kb.summarise(modes)
+    for m in modes[2:]:
+        c0, c1 = m["commands"]
+        assert c0["diff_pct"] == pytest.approx(0.0) and not c0["off"]
+        assert c1["diff_pct"] == pytest.approx(10.0) and c1["off"]
+        assert (m["off"], m["off_of"]) == (1, 2)
+    lines = kb.table(doc).splitlines()
+    assert [ln.split()[:3] for ln in lines[1:4]] == [
+        ["p", "eager", "-"], ["p", "eager", "c0"], ["p", "eager", "c1"]
+    ]  # fmt: skip
+    assert lines[3].split()[-2:] == ["+10.00%!", "+10.00%!"]  # both agent modes, one row

@@ -274,6 +274,7 @@ class Command(NamedTuple):
     variant: str  # eager | compile
     est_gib: float = 0.0
     agent: str = ""  # an agent's candidate: "a<agent>c<candidate>" (agent_candidates)
+    of: str = ""  # an agent's candidate: the file of PROBLEMS it is a copy of
 
     @property
     def key(self) -> str:
@@ -320,7 +321,7 @@ def agent_candidates(cmds: list[Command], where: Path, file: str) -> list[list[C
         home = where / f"agent{a}"
         out.append([
             Command(str(home / memory_check.agent_script(j, file)), c.variant, c.est_gib,
-                    f"a{a}c{j}")
+                    f"a{a}c{j}", c.problem)
             for j in range(AGENT_CANDIDATES)
         ])  # fmt: skip
     return out
@@ -550,6 +551,8 @@ def run_mode(
     def one(i: int, c: Command, sock: Path | None) -> dict[str, Any]:
         row: dict[str, Any] = {"mode": name, "index": i, "problem": c.problem}
         row |= {"variant": c.variant, "est_gib": c.est_gib}
+        if c.agent:  # its problem's row and exclusive's timing (row_key)
+            row |= {"agent": c.agent, "of": c.of}
         if time.monotonic() >= deadline:
             row |= {"status": "not_run", "why": "budget (not started)"}
         else:
@@ -722,6 +725,12 @@ def off_rate_if_native(spread: dict[str, float]) -> float | None:
     return sum(a > b + OFF_MARGIN_PTS for a, b in pairs) / len(pairs)
 
 
+def row_key(r: dict[str, Any]) -> str:
+    """A record's command: its problem and variant; an agent's candidate, the problem it is a
+    copy of (its timing compared with that problem's alone)."""
+    return f"{r.get('of') or r['problem']}:{r['variant']}"
+
+
 def summarise(modes: list[dict[str, Any]], capacity_bytes: float | None = None) -> dict[str, Any]:
     """Throughput against exclusive, and each command's median against its exclusive median:
     a % difference, and whether it is off by more than the native repeat's spread (exclusive2
@@ -731,9 +740,7 @@ def summarise(modes: list[dict[str, Any]], capacity_bytes: float | None = None) 
     def medians(mode: str) -> dict[str, float]:
         m = next((x for x in modes if x["mode"] == mode), None)
         rows = m["commands"] if m else []
-        return {
-            f"{r['problem']}:{r['variant']}": r["median_ms"] for r in rows if r.get("median_ms")
-        }
+        return {row_key(r): r["median_ms"] for r in rows if r.get("median_ms")}
 
     ref, rep = medians("exclusive"), medians("exclusive2")
     base = next((m for m in modes if m["mode"] == "exclusive"), None)
@@ -747,7 +754,7 @@ def summarise(modes: list[dict[str, Any]], capacity_bytes: float | None = None) 
         diffs: list[float] = []
         off = compared = 0
         for r in m["commands"]:
-            key = f"{r['problem']}:{r['variant']}"
+            key = row_key(r)
             if r.get("status") != "ok" or key not in ref:
                 continue
             r["diff_pct"] = (r["median_ms"] / ref[key] - 1) * 100
@@ -827,10 +834,13 @@ def table(doc: dict[str, Any]) -> str:
     modes = doc["modes"]
     labels = mode_labels(modes)
     names = [n for n in labels if n != "exclusive"]
+    # An agent's candidate j of a problem is a row of its own beside the problem's, in every
+    # agent mode the same row (c<j>), whatever file it was written to.
     rows: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
     for m, label in zip(modes, labels, strict=True):
         for r in m["commands"]:
-            key = (r["problem"], r["variant"])
+            cand = r.get("agent", "").partition("c")[2]
+            key = (r.get("of") or r["problem"], r["variant"] + (f" c{cand}" if cand else ""))
             rows.setdefault(key, {})[label] = r
     head = f"{'command':44} {'est GiB':>7} {'peak GiB':>8} {'excl ms':>9} "
     lines = [head + " ".join(f"{n:>10}" for n in names)]

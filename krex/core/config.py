@@ -101,6 +101,12 @@ def sim_mem_bytes(text: str) -> int:
     return bytes_
 
 
+def kept_free(total: int, each: int, commands: int) -> int:
+    """The device memory admission keeps free on a GPU with `commands` on it: a configured
+    total, or `each` per command (Config.headroom_bytes, headroom_each_bytes)."""
+    return total + commands * each
+
+
 def runtime_dir() -> Path:
     """Where the per-user daemon keeps its socket, lock and log (checked: krex/core/trust.py)."""
     from krex.core.trust import TrustError
@@ -493,7 +499,8 @@ class Config:
         memory that eight long-running commands of 0.6 GiB each never needed.)"""
         if self.memory_unknown_gib is not None:
             return int(self.memory_unknown_gib * (1 << 30))
-        return max(0, capacity - self.headroom_bytes() - 8 * self.headroom_each_bytes()) // 8
+        free = kept_free(self.headroom_bytes(), self.headroom_each_bytes(), 8)
+        return max(0, capacity - free) // 8
 
     def preload(self) -> tuple[str, ...]:
         """Modules each worker imports (those not installed are skipped by the daemon)."""

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from krex.core.config import kept_free
 from krex.core.messages import is_key as is_key  # a key's form is admit's mem_key's
 from krex.core.shm import MEM_KINDS, SlotView
 from krex.core.trust import TrustError, open_beside
@@ -553,7 +554,7 @@ class Memory:
 
     def headroom_for(self, commands: int) -> int:
         """What admission keeps free on a GPU with this many commands on it."""
-        return self.headroom + commands * self.headroom_each
+        return kept_free(self.headroom, self.headroom_each, commands)
 
     def too_large(self, declared: int, gpu: int) -> bool:
         """A declared budget the GPU cannot give even to a command alone on it."""

@@ -29,8 +29,15 @@ def test_region_overhead_by_sibling_kind_on_the_simulated_gpu(tmp_path: Path) ->
     ]  # fmt: skip
     for k in doc["kinds"]:
         assert k["regions"] == 4 and k["clean"] == 4, k
+        # Launching siblings' turn timed alone first (two 1 ms simulated kernels and a sync):
+        # the most work a drain can wait for.
+        assert ("turn_ms" in k) == (k["kind"] == "launching"), k
         assert 0 <= k["entry_s"]["p50_ms"] <= k["wait_s"]["p95_ms"] + 1e-6, k
         assert k["freeze_s"]["max_ms"] is not None and k["exit_s"]["max_ms"] is not None
+    launching = doc["kinds"][1]
+    assert launching["turn_ms"] >= 2.0, launching
+    assert launching["queued_most_ms"] == pytest.approx(2 * launching["turn_ms"])
+    assert "2 siblings' most queued work" in p.stdout
 
 
 @pytest.mark.slow

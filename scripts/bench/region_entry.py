@@ -8,7 +8,10 @@ the owner's `krex run --report` (docs/architecture.md, "What a region record say
 and max of `entry_s` (its own set-up: room to grant), `wait_s` (request to grant), `drain_s`,
 `freeze_s`, `settle_s`, `exit_s`, each step of entry and exit (`entry_steps_s`: quiesce, drain,
 freeze, pin, audit, sample; `exit_steps_s`: audit, pin_back, thaw, open), how many regions
-were clean, and the most sibling processes a region left running (`awake`).
+were clean, and the most sibling processes a region left running (`awake`). Before the
+launching siblings start, one turn of their loop (two kernels and a sync) is timed alone:
+`turn_ms`, and `queued_most_ms` = SIBLINGS turns, the most GPU work queued as a gate closes, which
+a drain waits for and krex cannot withdraw.
 
     python3 scripts/bench/region_entry.py --json OUT.json [--sim]
         [--kinds idle,launching,compiling,memwait]
@@ -106,10 +109,14 @@ def run_kind(
     go, owner_go = tmp / f"go-{name}", tmp / f"owner-go-{name}"
     report, err = tmp / f"owner-{name}.json", tmp / f"owner-{name}.err"
     cfg = f'[regions]\nfreeze = "{freeze}"\n'
-    with (
-        node(sim) as env,
-        memory_check.daemon(tmp, siblings + 1, sim=sim, env=env, tag=name, config=cfg) as sock,
-    ):
+    out: dict[str, Any] = {"kind": kind, "freeze": freeze, "siblings": siblings}
+    with contextlib.ExitStack() as stack:
+        env = stack.enter_context(node(sim))
+        if kind == "launching":  # what the drain can at most wait for, measured first
+            out |= turn(where, env, siblings)
+        sock = stack.enter_context(
+            memory_check.daemon(tmp, siblings + 1, sim=sim, env=env, tag=name, config=cfg)
+        )
         # Declared: with its memory unknown a command is admitted as an eighth of the GPU, so
         # an owner and 8 siblings would leave one queued (on the H200, 2026-12-05: the 8th
         # sibling never started). What they hold is small.
@@ -135,13 +142,24 @@ def run_kind(
         finally:
             for p in procs:
                 _stop(p)
-    out: dict[str, Any] = {
-        "kind": kind, "freeze": freeze, "siblings": siblings, "rc": rc, "owner_wall_s": wall
-    }  # fmt: skip
+    out |= {"rc": rc, "owner_wall_s": wall}
     if rc != 0 or not report.exists():
         return out | {"stderr_tail": err.read_text()[-800:]}
     records = json.loads(report.read_text())["regions"]
     return out | summarise(records)
+
+
+def turn(where: str, env: dict[str, str], siblings: int) -> dict[str, Any]:
+    """A launching sibling's turn (its two kernels and a sync) timed alone, no sibling and no
+    krex: `turn_ms`; `queued_most_ms`, siblings turns: the GPU work a drain waits for when
+    every sibling has just launched its turn as the gate closes (none launches more), the floor
+    of a drain's worst case that krex cannot lower (queued work is not withdrawn)."""
+    argv = [sys.executable, str(SIBLING), "turn", where, "-"]
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=READY_S)
+    if p.returncode != 0:
+        return {"turn_error": (p.stdout + p.stderr)[-800:]}
+    ms = float(json.loads(p.stdout.strip().splitlines()[-1])["turn_ms"])
+    return {"turn_ms": ms, "queued_most_ms": siblings * ms}
 
 
 def _ready(p: subprocess.Popen[str], who: str, deadline: float) -> None:
@@ -203,6 +221,14 @@ def table(kinds: list[dict[str, Any]]) -> str:
             continue
         cells = " ".join(f"{k[f]['p50_ms']:>8.1f}/{k[f]['p95_ms']:<8.1f}" for f in FIELDS)
         lines.append(f"{what} {k['clean']:>3}/{k['regions']:<3} {k['awake']:>5} {cells}")
+    for k in kinds:
+        if "turn_ms" in k and "regions" in k:
+            lines.append(
+                f"{k['kind']} ({k.get('freeze', 'all')}): a sibling's turn alone "
+                f"{k['turn_ms']:.1f} ms; {k['siblings']} siblings' most queued work "
+                f"{k['queued_most_ms']:.1f} ms; drain p50/p95/max {k['drain_s']['p50_ms']:.1f}/"
+                f"{k['drain_s']['p95_ms']:.1f}/{k['drain_s']['max_ms']:.1f} ms"
+            )
     head = "step by step, p50/p95 ms (entry: the pin beside the others, audit and sample beside"
     lines += ["", f"{head} the grant; exit)"]
     names = [(key, s) for key, steps in STEPS.items() for s in steps]

@@ -14,6 +14,9 @@ Kinds:
 - memwait: a context, then, once GO_FILE exists (every sibling admitted: a GPU where someone
   waits for memory admits nobody), asks for MEMWAIT_FRACTION of the GPU's memory: the first
   gets it and holds it, every later one waits for memory in the shim (the arbiter's waiters);
+- turn: no sibling, natively before the launching siblings start: one turn of a launching
+  sibling's loop (its two kernels, a sync) timed alone TURNS times; prints {"turn_ms": median}:
+  the most GPU work a launching sibling can have queued as a gate closes (it launches no more);
 - owner: once GO_FILE exists, REGIONS regions, each a short kernel and a sync in
   `krex.region()`, 50 ms apart (its own record of each is the region record in its `krex run
   --report`).
@@ -33,6 +36,7 @@ import time
 from collections.abc import Callable
 
 WORKERS = 8
+TURNS = 20  # a turn's repeats (after TURNS // 4 to warm up)
 MEMWAIT_FRACTION = 0.6  # of the GPU's memory: one sibling holds it, two never fit at once
 GO_WAIT_S = 600.0
 
@@ -52,10 +56,31 @@ def _burn(stop_at: float) -> None:
         x = (x * 1103515245 + 12345) % (1 << 31)
 
 
+def _turn_ms(turn: Callable[[], object]) -> None:
+    """Prints {"turn_ms": the median of TURNS timed turns} (wall clock around a synced turn)."""
+    for _ in range(TURNS // 4):
+        turn()
+    times = []
+    for _ in range(TURNS):
+        t0 = time.perf_counter()
+        turn()
+        times.append(1000 * (time.perf_counter() - t0))
+    print(json.dumps({"turn_ms": sorted(times)[len(times) // 2], "turns": TURNS}), flush=True)
+
+
 def _sim(kind: str, go: str, regions: int) -> None:
     from krex.sim.simgpu import SimGPU
 
     g = SimGPU()
+    if kind == "turn":
+
+        def turn() -> None:
+            g.launch(1_000_000)
+            g.launch(1_000_000)
+            g.sync()
+
+        _turn_ms(turn)
+        return
     print("ready", flush=True)
     if kind == "owner":
 
@@ -94,6 +119,9 @@ def _gpu(kind: str, go: str, regions: int) -> None:
 
     a = torch.randn(4096, 4096, device="cuda")
     torch.cuda.synchronize()
+    if kind == "turn":
+        _turn_ms(lambda: (a @ a, (a @ a).sum().item()))  # launching's loop, once
+        return
     print("ready", flush=True)
     if kind == "owner":
         small = torch.randn(256, 256, device="cuda")

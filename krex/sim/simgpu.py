@@ -237,12 +237,16 @@ class SimGPU(SimDriver):
             out.append(ms.value)
         return out
 
+    def turn(self, ns: int) -> None:
+        """Two ns kernels and a sync: one turn of hammer's loop."""
+        self.launch(ns)
+        self.launch(ns)
+        self.sync()
+
     def hammer(self, ns: int, seconds: float) -> None:
         stop = time.monotonic() + seconds
         while time.monotonic() < stop:
-            self.launch(ns)
-            self.launch(ns)
-            self._call("cuStreamSynchronize", self.stream)
+            self.turn(ns)
 
     def workspace_op(self, ns: int, workspace_bytes: int, slow_factor: float = 4.0) -> bool:
         """One operation of a library that wants a workspace, as cuDNN's and cuBLAS's do: it

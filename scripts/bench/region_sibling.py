@@ -37,6 +37,7 @@ from collections.abc import Callable
 
 WORKERS = 8
 TURNS = 20  # a turn's repeats (after TURNS // 4 to warm up)
+LAUNCH_NS = 1_000_000  # a launching sibling's kernel on the simulated GPU
 MEMWAIT_FRACTION = 0.6  # of the GPU's memory: one sibling holds it, two never fit at once
 GO_WAIT_S = 600.0
 
@@ -73,13 +74,7 @@ def _sim(kind: str, go: str, regions: int) -> None:
 
     g = SimGPU()
     if kind == "turn":
-
-        def turn() -> None:
-            g.launch(1_000_000)
-            g.launch(1_000_000)
-            g.sync()
-
-        _turn_ms(turn)
+        _turn_ms(lambda: g.turn(LAUNCH_NS))
         return
     print("ready", flush=True)
     if kind == "owner":
@@ -93,7 +88,7 @@ def _sim(kind: str, go: str, regions: int) -> None:
         _go(go)
         g.alloc(int(MEMWAIT_FRACTION * g.total_mem()))  # holds it, or waits until the end
     if kind == "launching":
-        g.hammer(1_000_000, 3600)
+        g.hammer(LAUNCH_NS, 3600)
     elif kind == "compiling":
         _compile_shape(3600)
     time.sleep(3600)
@@ -119,8 +114,13 @@ def _gpu(kind: str, go: str, regions: int) -> None:
 
     a = torch.randn(4096, 4096, device="cuda")
     torch.cuda.synchronize()
+
+    def turn() -> None:  # launching's loop, once: two matmuls, the second synced
+        a @ a
+        (a @ a).sum().item()
+
     if kind == "turn":
-        _turn_ms(lambda: (a @ a, (a @ a).sum().item()))  # launching's loop, once
+        _turn_ms(turn)
         return
     print("ready", flush=True)
     if kind == "owner":
@@ -134,8 +134,7 @@ def _gpu(kind: str, go: str, regions: int) -> None:
         time.sleep(3600)
     if kind == "launching":
         while True:
-            a @ a
-            (a @ a).sum().item()
+            turn()
     elif kind == "compiling":
         import torch._inductor.config as inductor
 

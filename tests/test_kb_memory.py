@@ -542,6 +542,8 @@ def test_agents_run_their_candidates_one_after_another_each_written_before_it_ru
     m = kb.run_mode(name, cmds, kb.candidate(problems), tmp_path / "o", tmp_path,
                     time.monotonic() + 60, log)  # fmt: skip
     assert m["ok"] == 32 and len(seen) == 32
+    rows = {r["agent"]: r for r in m["commands"]}
+    assert all(rows[f"a{a}c{j}"]["candidate"] == j for a in range(8) for j in range(4))
     for a in range(8):
         mine = [(agent, path, text) for agent, path, text in seen if agent.startswith(f"a{a}c")]
         assert [agent for agent, _, _ in mine] == [f"a{a}c{j}" for j in range(4)]  # in turn
@@ -568,7 +570,8 @@ def test_an_agents_candidate_is_compared_with_its_problem_and_has_its_own_row(kb
             path = f"/tmp/{name}/agent0/{kb.memory_check.agent_script(j, file)}"
             ms = 1.1 if j else 1.0
             rows.append({"problem": path, "variant": "eager", "agent": f"a0c{j}", "of": "p.py",
-                         "status": "ok", "median_ms": ms, "krex": clean})  # fmt: skip
+                         "candidate": j, "status": "ok", "median_ms": ms,
+                         "krex": clean})  # fmt: skip
         modes.append(_counted(kb, {"mode": name, "slots": 8, "cmds_per_min_ok": 3.0,
                                    "commands": rows}))  # fmt: skip
     doc = kb.summarise(modes)

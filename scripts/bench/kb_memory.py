@@ -275,6 +275,7 @@ class Command(NamedTuple):
     est_gib: float = 0.0
     agent: str = ""  # an agent's candidate: "a<agent>c<candidate>" (agent_candidates)
     of: str = ""  # an agent's candidate: the file of PROBLEMS it is a copy of
+    candidate: int = -1  # an agent's candidate: its number j (its table row, c<j>)
 
     @property
     def key(self) -> str:
@@ -321,7 +322,7 @@ def agent_candidates(cmds: list[Command], where: Path, file: str) -> list[list[C
         home = where / f"agent{a}"
         out.append([
             Command(str(home / memory_check.agent_script(j, file)), c.variant, c.est_gib,
-                    f"a{a}c{j}", c.problem)
+                    f"a{a}c{j}", c.problem, j)
             for j in range(AGENT_CANDIDATES)
         ])  # fmt: skip
     return out
@@ -552,7 +553,7 @@ def run_mode(
         row: dict[str, Any] = {"mode": name, "index": i, "problem": c.problem}
         row |= {"variant": c.variant, "est_gib": c.est_gib}
         if c.agent:  # its problem's row and exclusive's timing (row_key)
-            row |= {"agent": c.agent, "of": c.of}
+            row |= {"agent": c.agent, "of": c.of, "candidate": c.candidate}
         if time.monotonic() >= deadline:
             row |= {"status": "not_run", "why": "budget (not started)"}
         else:
@@ -839,8 +840,8 @@ def table(doc: dict[str, Any]) -> str:
     rows: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
     for m, label in zip(modes, labels, strict=True):
         for r in m["commands"]:
-            cand = r.get("agent", "").partition("c")[2]
-            key = (r.get("of") or r["problem"], r["variant"] + (f" c{cand}" if cand else ""))
+            cand = f" c{r['candidate']}" if r.get("agent") else ""
+            key = (r.get("of") or r["problem"], r["variant"] + cand)
             rows.setdefault(key, {})[label] = r
     head = f"{'command':44} {'est GiB':>7} {'peak GiB':>8} {'excl ms':>9} "
     lines = [head + " ".join(f"{n:>10}" for n in names)]

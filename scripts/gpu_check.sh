@@ -78,6 +78,8 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # one process, natively, beside churned memory, with empty_cache a no-op, through krex 8 at once;
 # PLACEMENT_MODES, default alone,churn,churn-hold,krex8,krex8-hold; PLACEMENT_ROUNDS, default 6;
 # PLACEMENT_SUBSET; PLACEMENT_BUDGET_S, default what is left of 555 s since this script started).
+# simmem (scripts/bench/sim_memory.py: the simulated GPU's memory mix, no GPU used, on this
+# machine's cores: SIMMEM_PAIRS pairs of krex16 and krex8, default 4, alternating which runs first).
 # NCCL_NVLS_ENABLE=0 as the device's KINDS.md asks.
 PARTS=${PARTS:-"shim overhead controller mps demo"}
 rc=0
@@ -255,6 +257,16 @@ if [[ " $PARTS " == *" timers "* ]]; then
         --budget-s "${TIMERS_BUDGET_S:-$((555 - SECONDS))}" \
         ${TIMERS_LIST:+--timers "$TIMERS_LIST"} \
         ${TIMERS_KB_TIMING:+--kernelbench-timing "$TIMERS_KB_TIMING"} || rc=1
+fi
+if [[ " $PARTS " == *" simmem "* ]]; then
+    echo "== the simulated GPU's memory mix on $(nproc) cores: ${SIMMEM_PAIRS:-4} pairs of krex16, krex8"
+    mkdir -p "$OUT/simmem"
+    for i in $(seq 1 "${SIMMEM_PAIRS:-4}"); do
+        if (( i % 2 )); then modes=krex16,krex8; else modes=krex8,krex16; fi
+        python3 scripts/bench/sim_memory.py --json "$OUT/simmem/run$i.json" --modes "$modes" \
+            > "$OUT/simmem/run$i.txt" 2>&1 || rc=1
+        tail -3 "$OUT/simmem/run$i.txt"
+    done
 fi
 if [[ " $PARTS " == *" mgpu-memory "* ]]; then
     echo "== two GPUs: device memory, the mix on each GPU at once"

@@ -206,6 +206,12 @@ def test_krex_reports_in_figures_old_and_new_fields(kb: Any) -> None:
     assert (old["attempts"], old["preempted"], old["timing_clean"]) == (0, 0, True)
     assert "waits_by_kind" not in old and old["nvml_peak_bytes"] is None
     assert kb.krex_summary({})["timing_clean"] is False  # no region: not a clean timing
+    # A region revoked for memory and its call timed again (`retaken`): its result was dropped,
+    # the new region's kept (an H100, 2026-12-07: counted unclean before).
+    revoked = {"clean": False, "revoked": True, "retaken": True, "problems": ["the owner waited"]}
+    retake = kb.krex_summary({"exit_code": 0, "regions": [revoked, {"clean": True}]})
+    assert (retake["timing_clean"], retake["unclean"], retake["retaken"]) == (True, 1, 1)
+    assert kb.krex_summary({"regions": [revoked]})["timing_clean"] is False  # none kept
     memory_preempted = kb.krex_summary({"memory": {"preempted": "for room"}, "regions": []})
     assert memory_preempted["preempted"] == 1
     rows = [{"status": "ok", "krex": k}, {"status": "ok", "krex": old}, {"status": "not_run"}]

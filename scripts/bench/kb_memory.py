@@ -477,7 +477,9 @@ def krex_summary(rep: dict[str, Any]) -> dict[str, Any]:
         return m if isinstance(m, dict) else {}
 
     every = [x for r in reports for x in regions(r)]
-    timing = [x for x in regions(rep) if not x.get("candidate")]  # not an autotuner's
+    # The timings the command kept: not an autotuner's candidates, nor a region revoked for
+    # memory whose call was timed again in a new region (`retaken`: its result was dropped).
+    timing = [x for x in regions(rep) if not x.get("candidate") and not x.get("retaken")]
     kinds: dict[str, float] = {}
     for r in reports:
         for k, v in (mem(r).get("waits_by_kind") or {}).items():

@@ -79,7 +79,8 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # PLACEMENT_MODES, default alone,churn,churn-hold,krex8,krex8-hold; PLACEMENT_ROUNDS, default 6;
 # PLACEMENT_SUBSET; PLACEMENT_BUDGET_S, default what is left of 555 s since this script started).
 # checkpoint (scripts/gpu/checkpoint_probe.py: the driver's checkpoint API on a torch process,
-# its device memory to host and back, the process kept; CHECKPOINT_GIB, default 8),
+# its device memory to host and back, the process kept; CHECKPOINT_GIB, default 8;
+# CHECKPOINT_CASES, default sleeping,busy; krex-wait: a command waiting in krex's memory wait),
 # simmem (scripts/bench/sim_memory.py: the simulated GPU's memory mix, no GPU used, on this
 # machine's cores: SIMMEM_PAIRS pairs of krex16 and krex8, default 4, alternating which runs first).
 # NCCL_NVLS_ENABLE=0 as the device's KINDS.md asks.
@@ -263,7 +264,7 @@ fi
 if [[ " $PARTS " == *" checkpoint "* ]]; then
     echo "== the driver's checkpoint API on a torch process (checkpoint_probe.py)"
     python3 scripts/gpu/checkpoint_probe.py --json "$OUT/checkpoint_probe.json" \
-        --gib "${CHECKPOINT_GIB:-8}" || rc=1
+        --gib "${CHECKPOINT_GIB:-8}" --cases "${CHECKPOINT_CASES:-sleeping,busy}" || rc=1
 fi
 if [[ " $PARTS " == *" simmem "* ]]; then
     echo "== the simulated GPU's memory mix on $(nproc) cores: ${SIMMEM_PAIRS:-4} pairs of krex16, krex8"

@@ -15,15 +15,24 @@ process's device memory to host memory and back, the process kept. This probe, o
 Case `sleeping`: the child's main thread sleeps in Python while locked (as a command waiting in
 the shim's memory wait does: outside the driver). Case `busy`: the child's main thread is inside
 `cudaDeviceSynchronize` behind a long kernel when the lock is asked for (a 2 s lock time-out).
+Case `krex-wait`: under krex (a private daemon, no warm pool), a holder command takes most of
+the GPU and a waiter command, having filled `--first-mib` with a pattern, asks for
+`--more-mib` that fits alone but not beside the holder, so it waits in the shim; the waiter is
+locked, checkpointed (its memory given back while it waits), restored and unlocked; then the
+holder ends, the waiter gets its memory and checks its pattern (driver API through ctypes, so
+it runs on the simulated GPU too, where there is no checkpoint API: `--sim`).
 
-    python3 scripts/gpu/checkpoint_probe.py --json OUT.json [--gib 8]
+    python3 scripts/gpu/checkpoint_probe.py --json OUT.json [--gib 8] [--cases ...]
+        [--holder-mib N --first-mib N --more-mib N] [--sim]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
+import os
 import subprocess
 import sys
 import time
@@ -60,9 +69,49 @@ print(f"done same={same} matmul_same={again == ref} ticks={ticks[0] - t0}", flus
 """
 
 
+# A krex command of the `krex-wait` case: a context, FIRST MiB filled with a pattern; the holder
+# then waits for a release file, the waiter asks for MORE MiB (a wait in the shim) and checks
+# its pattern once it has it.
+KREX_CHILD = r"""
+import ctypes, json, os, sys, time
+from ctypes import byref, c_int, c_uint64, c_void_p
+role, first, more, release = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+cu = ctypes.CDLL("libcuda.so.1")
+dev, ctx, p1, p2 = c_int(), c_void_p(), c_uint64(), c_uint64()
+assert cu.cuInit(0) == 0 and cu.cuDeviceGet(byref(dev), 0) == 0
+assert cu.cuCtxCreate_v2(byref(ctx), 0, dev) == 0
+assert cu.cuMemAlloc_v2(byref(p1), ctypes.c_size_t(first << 20)) == 0
+assert cu.cuMemsetD32_v2(p1, ctypes.c_uint(0xA5A5A5A5), ctypes.c_size_t((first << 20) // 4)) == 0
+print(json.dumps({"pid": os.getpid(), "role": role, "held_mib": first}), flush=True)
+if role == "holder":
+    while not os.path.exists(release):
+        time.sleep(0.05)
+    sys.exit(0)
+t0 = time.monotonic()
+rc = cu.cuMemAlloc_v2(byref(p2), ctypes.c_size_t(more << 20))
+waited = time.monotonic() - t0
+buf = (ctypes.c_uint * 1024)()
+same = True
+for off in (0, (first << 20) // 2, (first << 20) - 4096):
+    assert cu.cuMemcpyDtoH_v2(buf, c_uint64(p1.value + off), ctypes.c_size_t(4096)) == 0
+    same = same and all(v == 0xA5A5A5A5 for v in buf)
+print(json.dumps({"alloc_rc": rc, "waited_s": round(waited, 3), "same": same}), flush=True)
+"""
+
+
 def used_mib() -> int:
     out = subprocess.run(
         ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return int(out.split()[0])
+
+
+def total_mib() -> int:
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
         capture_output=True,
         text=True,
         check=True,
@@ -136,22 +185,116 @@ def probe(cu: ctypes.CDLL, gib: float, case: str) -> dict[str, Any]:
     return out
 
 
+def _step(steps: dict[str, Any], name: str, fn: Any, pid: int, arg: Any) -> int:
+    t0 = time.monotonic()
+    rc = int(fn(pid, ctypes.byref(arg)))
+    steps[name] = {"rc": rc, "s": round(time.monotonic() - t0, 4)}
+    return rc
+
+
+def krex_wait(cu: ctypes.CDLL | None, a: argparse.Namespace) -> dict[str, Any]:
+    """The `krex-wait` case: a waiter in krex's memory wait checkpointed and restored."""
+    import tempfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path[:0] = [str(root), str(root / "scripts" / "bench")]
+    import memory_check  # its private daemons
+
+    out: dict[str, Any] = {"case": "krex-wait", "holder_mib": a.holder_mib,
+                           "first_mib": a.first_mib, "more_mib": a.more_mib}  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(root))
+    ctx = contextlib.ExitStack()
+    with ctx:
+        tmp = Path(ctx.enter_context(tempfile.TemporaryDirectory(prefix="krex-ckpt-")))
+        if a.sim:
+            import sim_memory
+
+            env = ctx.enter_context(sim_memory.node(a.sim_capacity_mib << 20))
+        memory_check.LOGS = Path(a.json).resolve().parent
+        sock = ctx.enter_context(
+            memory_check.daemon(
+                tmp, 2, sim=a.sim, env=env, tag="ckpt", config="[pool]\nworkers = 0\n"
+            )
+        )
+        release = tmp / "release"
+
+        def start(role: str, first: int, more: int) -> subprocess.Popen[str]:
+            argv = [sys.executable, "-m", "krex.cli", "run", *(["--sim"] if a.sim else []),
+                    "--socket", str(sock), "--no-pool",
+                    "--report", str(tmp / f"{role}.json"), "--", sys.executable, "-c",
+                    KREX_CHILD, role, str(first), str(more), str(release)]  # fmt: skip
+            return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+
+        holder = start("holder", a.holder_mib, 0)
+        assert holder.stdout is not None
+        out["holder"] = holder.stdout.readline().strip()
+        waiter = start("waiter", a.first_mib, a.more_mib)
+        assert waiter.stdout is not None
+        line = waiter.stdout.readline().strip()
+        out["waiter"] = [line]
+        pid = json.loads(line)["pid"]
+        time.sleep(2.0)  # into its wait for the memory beside the holder
+        st = subprocess.run([sys.executable, "-m", "krex.cli", "status", "--json", "--socket",
+                             str(sock)], capture_output=True, text=True, env=env)  # fmt: skip
+        out["status"] = (
+            json.loads(st.stdout)["gpus"][0].get("memory") if st.returncode == 0 else None
+        )
+        steps: dict[str, Any] = {}
+        if cu is None or not hasattr(cu, "cuCheckpointProcessLock"):
+            out["checkpoint"] = "no checkpoint API in this driver"
+        else:
+            out["used_before_mib"] = None if a.sim else used_mib()
+            if _step(steps, "lock", cu.cuCheckpointProcessLock, pid, Args(5000, 0)) == 0:
+                if _step(steps, "checkpoint", cu.cuCheckpointProcessCheckpoint, pid, Zero()) == 0:
+                    out["used_checkpointed_mib"] = None if a.sim else used_mib()
+                    time.sleep(1.0)
+                    _step(steps, "restore", cu.cuCheckpointProcessRestore, pid, Zero())
+                    out["used_restored_mib"] = None if a.sim else used_mib()
+                _step(steps, "unlock", cu.cuCheckpointProcessUnlock, pid, Zero())
+        out["steps"] = steps
+        time.sleep(1.0)
+        release.touch()  # the holder ends: the waiter gets its memory
+        out["waiter"].append(waiter.stdout.readline().strip())
+        out["holder_rc"], out["waiter_rc"] = holder.wait(timeout=60), waiter.wait(timeout=60)
+        rep = tmp / "waiter.json"
+        if rep.exists():
+            doc = json.loads(rep.read_text())
+            out["waiter_report"] = {k: doc.get(k) for k in ("exit_code", "memory", "attempts")}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", required=True)
     ap.add_argument("--gib", type=float, default=8.0)
     ap.add_argument("--cases", default="sleeping,busy")
+    ap.add_argument(
+        "--holder-mib", type=int, default=0, help="default: the GPU less 24 GiB (--sim: 5/8 of it)"
+    )
+    ap.add_argument("--first-mib", type=int, default=8 << 10)
+    ap.add_argument("--more-mib", type=int, default=20 << 10)
+    ap.add_argument("--sim", action="store_true", help="krex-wait on the simulated GPU")
+    ap.add_argument("--sim-capacity-mib", type=int, default=4096)
     a = ap.parse_args()
-    cu = ctypes.CDLL("libcuda.so.1")
     res: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
-    res["cuInit"] = cu.cuInit(0)
-    ver = ctypes.c_int(0)
-    cu.cuDriverGetVersion(ctypes.byref(ver))
-    res["driver_version"] = ver.value
+    cu: ctypes.CDLL | None = None
+    if not a.sim:
+        cu = ctypes.CDLL("libcuda.so.1")
+        res["cuInit"] = cu.cuInit(0)
+        ver = ctypes.c_int(0)
+        cu.cuDriverGetVersion(ctypes.byref(ver))
+        res["driver_version"] = ver.value
+    if not a.holder_mib:  # room beside the holder for the waiter's first part, not its second
+        a.holder_mib = a.sim_capacity_mib * 5 // 8 if a.sim else total_mib() - (24 << 10)
     res["cases"] = []
     for case in a.cases.split(","):
         try:
-            r = probe(cu, a.gib, case)
+            if case == "krex-wait":
+                r = krex_wait(cu, a)
+            else:
+                assert cu is not None, "--sim runs krex-wait only"
+                r = probe(cu, a.gib, case)
         except Exception as e:  # a probe: say what broke, go on to the next case
             r = {"case": case, "error": repr(e)}
         res["cases"].append(r)

@@ -185,6 +185,17 @@ def probe(cu: ctypes.CDLL, gib: float, case: str) -> dict[str, Any]:
     return out
 
 
+def _end(proc: subprocess.Popen[str], release: Any) -> None:
+    """Let a krex-wait command go (the holder waits for the release file), then end it."""
+    with contextlib.suppress(OSError):
+        release.touch()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _step(steps: dict[str, Any], name: str, fn: Any, pid: int, arg: Any) -> int:
     t0 = time.monotonic()
     rc = int(fn(pid, ctypes.byref(arg)))
@@ -224,7 +235,9 @@ def krex_wait(cu: ctypes.CDLL | None, a: argparse.Namespace) -> dict[str, Any]:
                     "--socket", str(sock), "--no-pool",
                     "--report", str(tmp / f"{role}.json"), "--", sys.executable, "-c",
                     KREX_CHILD, role, str(first), str(more), str(release)]  # fmt: skip
-            return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+            ctx.callback(_end, proc, release)  # whatever happens below: no command left behind
+            return proc
 
         holder = start("holder", a.holder_mib, 0)
         assert holder.stdout is not None

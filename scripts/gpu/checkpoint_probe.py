@@ -99,19 +99,10 @@ print(json.dumps({"alloc_rc": rc, "waited_s": round(waited, 3), "same": same}), 
 """
 
 
-def used_mib() -> int:
+def smi_mib(field: str) -> int:
+    """GPU 0's `memory.used` or `memory.total` in MiB, as nvidia-smi reads it."""
     out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return int(out.split()[0])
-
-
-def total_mib() -> int:
-    out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
+        ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits", "-i", "0"],
         capture_output=True,
         text=True,
         check=True,
@@ -145,35 +136,7 @@ def probe(cu: ctypes.CDLL, gib: float, case: str) -> dict[str, Any]:
         state = ctypes.c_int(-1)
         out["state_rc"] = cu.cuCheckpointProcessGetState(p.pid, ctypes.byref(state))
         out["state"] = state.value
-        out["used_before_mib"] = used_mib()
-        steps: dict[str, Any] = {}
-        lock = Args(2000 if case == "busy" else 10000, 0)
-        for name, fn, arg in (
-            ("lock", cu.cuCheckpointProcessLock, lock),
-            ("checkpoint", cu.cuCheckpointProcessCheckpoint, Zero()),
-        ):
-            t0 = time.monotonic()
-            rc = fn(p.pid, ctypes.byref(arg))
-            steps[name] = {"rc": rc, "s": round(time.monotonic() - t0, 4)}
-            if rc != 0:
-                break
-        else:
-            out["used_checkpointed_mib"] = used_mib()
-            time.sleep(1.0)  # the child's CPU thread runs on meanwhile
-        if steps.get("checkpoint", {}).get("rc") == 0:
-            for name, fn in (
-                ("restore", cu.cuCheckpointProcessRestore),
-                ("unlock", cu.cuCheckpointProcessUnlock),
-            ):
-                t0 = time.monotonic()
-                rc = fn(p.pid, ctypes.byref(Zero()))
-                steps[name] = {"rc": rc, "s": round(time.monotonic() - t0, 4)}
-            out["used_restored_mib"] = used_mib()
-        elif steps.get("lock", {}).get("rc") == 0:
-            t0 = time.monotonic()
-            rc = cu.cuCheckpointProcessUnlock(p.pid, ctypes.byref(Zero()))
-            steps["unlock"] = {"rc": rc, "s": round(time.monotonic() - t0, 4)}
-        out["steps"] = steps
+        _cycle(cu, p.pid, 2000 if case == "busy" else 10000, out, used=True)
         p.stdin.write("go\n")
         p.stdin.flush()
         out["child"].append(p.stdout.readline().strip())
@@ -201,6 +164,25 @@ def _step(steps: dict[str, Any], name: str, fn: Any, pid: int, arg: Any) -> int:
     rc = int(fn(pid, ctypes.byref(arg)))
     steps[name] = {"rc": rc, "s": round(time.monotonic() - t0, 4)}
     return rc
+
+
+def _cycle(cu: ctypes.CDLL, pid: int, lock_ms: int, out: dict[str, Any], used: bool) -> None:
+    """Lock pid (at most lock_ms), checkpoint it, restore it a second later, unlock it: each
+    step's rc and seconds in out["steps"], the GPU's used memory around them where `used`."""
+
+    def mib() -> int | None:
+        return smi_mib("memory.used") if used else None
+
+    steps: dict[str, Any] = {}
+    out["used_before_mib"], out["steps"] = mib(), steps
+    if _step(steps, "lock", cu.cuCheckpointProcessLock, pid, Args(lock_ms, 0)) != 0:
+        return
+    if _step(steps, "checkpoint", cu.cuCheckpointProcessCheckpoint, pid, Zero()) == 0:
+        out["used_checkpointed_mib"] = mib()
+        time.sleep(1.0)  # the process's CPU threads run on meanwhile
+        _step(steps, "restore", cu.cuCheckpointProcessRestore, pid, Zero())
+        out["used_restored_mib"] = mib()
+    _step(steps, "unlock", cu.cuCheckpointProcessUnlock, pid, Zero())
 
 
 def krex_wait(cu: ctypes.CDLL | None, a: argparse.Namespace) -> dict[str, Any]:
@@ -253,19 +235,10 @@ def krex_wait(cu: ctypes.CDLL | None, a: argparse.Namespace) -> dict[str, Any]:
         out["status"] = (
             json.loads(st.stdout)["gpus"][0].get("memory") if st.returncode == 0 else None
         )
-        steps: dict[str, Any] = {}
         if cu is None or not hasattr(cu, "cuCheckpointProcessLock"):
-            out["checkpoint"] = "no checkpoint API in this driver"
+            out["checkpoint"], out["steps"] = "no checkpoint API in this driver", {}
         else:
-            out["used_before_mib"] = None if a.sim else used_mib()
-            if _step(steps, "lock", cu.cuCheckpointProcessLock, pid, Args(5000, 0)) == 0:
-                if _step(steps, "checkpoint", cu.cuCheckpointProcessCheckpoint, pid, Zero()) == 0:
-                    out["used_checkpointed_mib"] = None if a.sim else used_mib()
-                    time.sleep(1.0)
-                    _step(steps, "restore", cu.cuCheckpointProcessRestore, pid, Zero())
-                    out["used_restored_mib"] = None if a.sim else used_mib()
-                _step(steps, "unlock", cu.cuCheckpointProcessUnlock, pid, Zero())
-        out["steps"] = steps
+            _cycle(cu, pid, 5000, out, used=not a.sim)
         time.sleep(1.0)
         release.touch()  # the holder ends: the waiter gets its memory
         out["waiter"].append(waiter.stdout.readline().strip())
@@ -299,7 +272,9 @@ def main() -> int:
         cu.cuDriverGetVersion(ctypes.byref(ver))
         res["driver_version"] = ver.value
     if not a.holder_mib:  # room beside the holder for the waiter's first part, not its second
-        a.holder_mib = a.sim_capacity_mib * 5 // 8 if a.sim else total_mib() - (24 << 10)
+        a.holder_mib = (
+            a.sim_capacity_mib * 5 // 8 if a.sim else smi_mib("memory.total") - (24 << 10)
+        )
     res["cases"] = []
     for case in a.cases.split(","):
         try:

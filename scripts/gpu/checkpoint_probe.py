@@ -196,7 +196,11 @@ def krex_wait(cu: ctypes.CDLL | None, a: argparse.Namespace) -> dict[str, Any]:
 
     out: dict[str, Any] = {"case": "krex-wait", "holder_mib": a.holder_mib,
                            "first_mib": a.first_mib, "more_mib": a.more_mib}  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(root))
+    # Keep the caller's PYTHONPATH: on the GPU box it names the carried cffi and posix_ipc.
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p),
+    )
     ctx = contextlib.ExitStack()
     with ctx:
         tmp = Path(ctx.enter_context(tempfile.TemporaryDirectory(prefix="krex-ckpt-")))

@@ -20,6 +20,7 @@ from krex.core.slices import Slice
 from krex.core.tenants import TenantGroup
 from krex.daemon.memory import GIB, Memory, Pokable, argv_key
 from krex.daemon.model import AdmitRequest, Gpu, Tenant
+from krex.daemon.swap import Swap
 
 CAP = 10 * GIB
 
@@ -71,6 +72,30 @@ def slot(
     )
 
 
+class FakeSwaps(dict[int, Swap]):
+    """The node's swaps by tenant (krex/daemon/swap.py's Swaps as the arbiter sees them): a
+    test moves each one's phase on; `put` lists those put back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.put: list[int] = []
+
+    def swapped(self) -> set[int]:
+        return {t for t, s in self.items() if s.phase != "done"}
+
+    def busy(self, gpu: int) -> bool:
+        return any(s.phase in ("out", "in") for s in self.values())
+
+    def off(self, gpu: int) -> list[Swap]:
+        return sorted(
+            (s for s in self.values() if s.phase == "off"), key=lambda s: s.waited_since_ns
+        )
+
+    def put_back(self, s: Swap, now: float) -> None:
+        s.phase = "in"
+        self.put.append(s.tenant.id)
+
+
 class Node:
     """One GPU, its tenants' slots (editable), and a Memory over them: the arbiter's node
     (MemoryNode). Tenants are preempted youngest (highest id) first, reruns last; `preempted`
@@ -102,6 +127,11 @@ class Node:
         self.can_free: list[bool] = []
         self.users = users  # the driver's bytes per pid (None: unknown)
         self.free = free
+        # Swaps (krex/daemon/swap.py): the tenants that can be taken off the GPU, those taken
+        # (their Swap, whose phase a test moves on), and those put back.
+        self.swappable: set[int] = set()
+        self.swaps = FakeSwaps()
+        self.put = self.swaps.put
         self.mem = Memory(
             self,
             [cap],
@@ -130,6 +160,14 @@ class Node:
 
     def preempt(self, tid: int, why: str) -> bool:
         self.preempted.append((tid, why))
+        return True
+
+    def swap_out(self, tid: int, gpu: int, why: str, want: int, since_ns: int) -> bool:
+        if tid not in self.swappable:
+            return False
+        held = sum(s.mem_bytes for s in self.view if s.tenant == tid)
+        pids = [s.pid for s in self.view if s.tenant == tid]
+        self.swaps[tid] = Swap(self.tenant(tid), gpu, pids, held, held + want, since_ns, why)
         return True
 
     def device_free(self, gpu: int) -> int | None:
@@ -927,3 +965,87 @@ def test_admission_never_depends_on_the_number_of_slots(
         node.gpu.tenants += [node.tenant(i + 1) for i in range(len(held))]
         answers.add(node.mem.fits(node.gpu, req(["new"], int(need * GIB) if declared else 0)))
     assert len(answers) == 1
+
+
+def deadlocked(node: Node) -> None:
+    """Tenants 1 and 2 each hold 4 GiB and want 3 more of 10 (1 GiB of headroom): every holder
+    waits."""
+    node.view = [slot(0, 1, held=4, want=3, since=1 * S), slot(1, 2, held=4, want=3, since=2 * S)]
+
+
+def test_a_deadlock_takes_a_command_that_can_be_swapped_off_the_gpu_instead_of_preempting_it() -> (
+    None
+):
+    """Issue #47, 2: where the driver can checkpoint the youngest waiting holder, the deadlock
+    is broken by taking it off the GPU, its work kept, instead of killing it; while its memory
+    moves, nobody else is taken or preempted; what it held is not counted as anyone's."""
+    node = Node()
+    node.swappable = {2}
+    deadlocked(node)
+    node.mem.tick(10 * S)
+    node.mem.tick(11 * S + 1)
+    assert node.preempted == [] and list(node.swaps) == [2]
+    assert node.swaps[2].need == 7 * GIB  # what it held, and what it waits for
+    assert node.mem.status(0)["swaps"] == 1 and node.mem.status(0)["preemptions"] == 0
+    for t in range(12, 20):  # its copy out takes long: no second victim meanwhile
+        node.mem.tick(t * S)
+    assert node.preempted == [] and list(node.swaps) == [2]
+    node.swaps[2].phase = "off"
+    node.seg.seen.clear()
+    node.mem.tick(20 * S)
+    assert node.mem.status(0)["held_bytes"] == 4 * GIB  # tenant 2's is off the GPU
+    assert 1 not in node.seg.granted  # slot 1 is tenant 2's
+    assert 1 in node.seg.seen  # its wait is seen: no retry of its own into the locked driver
+    assert node.mem.waiting(0)  # admission waits while a command is off the GPU
+
+
+def test_a_command_that_cannot_be_swapped_is_preempted_as_before() -> None:
+    node = Node()
+    deadlocked(node)
+    node.mem.tick(10 * S)
+    node.mem.tick(11 * S + 1)
+    assert [t for t, _ in node.preempted] == [2] and node.swaps == {}
+
+
+def test_a_command_off_the_gpu_is_put_back_once_its_need_is_free_and_no_region_holds_it() -> None:
+    node = Node(free=0)
+    node.swappable = {2}
+    deadlocked(node)
+    node.mem.tick(10 * S)
+    node.mem.tick(11 * S + 1)
+    node.swaps[2].phase = "off"
+    node.free = 6 * GIB  # tenant 2's 4 GiB back, tenant 1 still waits for 3
+    node.mem.tick(12 * S)
+    assert node.put == []  # tenant 1 waited longer (since 1 s): its turn first
+    node.view = [s for s in node.view if s.tenant == 2]  # tenant 1 got its memory and ended
+    node.free = 7 * GIB - 1
+    node.mem.tick(13 * S)
+    assert node.put == []  # 7 GiB needed
+    node.owner = 5  # a region holds the GPU: a restore's copies would share it
+    node.free = 10 * GIB
+    node.mem.tick(14 * S)
+    assert node.put == []
+    node.owner = None
+    node.mem.tick(15 * S)
+    assert node.put == [2] and node.swaps[2].phase == "in"
+
+
+def test_memory_freed_is_kept_for_a_command_off_the_gpu_that_waited_before_the_head() -> None:
+    """A younger waiter is not let take, bit by bit, what the command off the GPU waits for:
+    memory goes in the order waits began, as for any waiter."""
+    node = Node(free=0)
+    node.swappable = {1}
+    node.view = [slot(0, 2, held=4, want=3, since=1 * S), slot(1, 1, held=4, want=3, since=2 * S)]
+    node.mem.tick(10 * S)
+    node.mem.tick(11 * S + 1)
+    assert list(node.swaps) == [1]  # not the head's command (2)
+    node.swaps[1].phase = "off"
+    node.view[0] = slot(0, 2, held=7)  # tenant 2 got its memory and runs
+    node.view.append(slot(2, 3, held=0, want=1, since=30 * S))
+    node.free = 5 * GIB  # less than tenant 1's 7 GiB
+    node.seg.granted.clear()
+    node.mem.tick(31 * S)
+    assert node.seg.granted == [] and node.put == []  # tenant 3's 1 GiB would leave 4
+    node.free = 8 * GIB
+    node.mem.tick(32 * S)
+    assert node.put == [1] and node.seg.granted == [2]  # 8 - 1 >= 7: both

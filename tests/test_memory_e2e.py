@@ -80,6 +80,15 @@ def memd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
         yield d
 
 
+@pytest.fixture
+def memd_noswap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Daemon]:
+    """As memd, with swaps off (`memory.swap = "off"`): a deadlock preempts its victim."""
+    monkeypatch.setenv("KREX_SIM_MEM_BYTES", str(CAPACITY))
+    doc = '[memory]\ndeadlock_s = 0.5\nwait_s = 60\nswap = "off"\n'
+    with configured(tmp_path, doc, slots=16) as d:
+        yield d
+
+
 def memhog(
     steps: list[int], hold: float = 0.2, kind: str = "plain", region: bool = False
 ) -> list[str]:
@@ -264,23 +273,53 @@ def test_a_command_larger_than_the_gpu_fails_at_once_as_alone(memd: Daemon, tmp_
     assert "attempts" not in r["report"]  # not run again: it fails alone too
 
 
-@pytest.mark.parametrize("kind", ["plain", "retry", "cache"])
-def test_every_tenant_waiting_at_once_ends(memd: Daemon, tmp_path: Path, kind: str) -> None:
-    """Four commands each hold 250 MiB and want 250 more: nothing can be freed. Issue #47, 2:
-    the deadlock is broken by preempting a whole command (the youngest), which runs again
-    from the start, its report saying so; no out-of-memory error reaches any command, so none
-    goes down a path it would not take alone (a caching allocator's included: it never sees
-    an error to free its cache on)."""
+def all_waiting(d: Daemon, tmp_path: Path, kind: str) -> list[dict[str, Any]]:
+    """Four commands each hold 250 MiB of the 1 GiB and then want 250 more: nothing can be
+    freed, a deadlock."""
 
     def one(i: int) -> dict[str, Any]:
         time.sleep(0.05 * i)
         # Held 2 s before the second ask: all four hold their first 250 MiB by then, however
         # late a loaded machine starts the last (at 0.5 s the first was served and no deadlock
         # formed).
-        return through(memd, memhog([250, 250], hold=2.0, kind=kind), tmp_path / f"d{i}.json")
+        return through(d, memhog([250, 250], hold=2.0, kind=kind), tmp_path / f"d{i}.json")
 
     with ThreadPoolExecutor(4) as ex:
-        results = list(ex.map(one, range(4)))
+        return list(ex.map(one, range(4)))
+
+
+@pytest.mark.parametrize("kind", ["plain", "cache"])
+def test_every_tenant_waiting_at_once_ends_by_a_swap(
+    memd: Daemon, tmp_path: Path, kind: str
+) -> None:
+    """Issue #47, 2, where the driver can checkpoint (krex/daemon/swap.py): the deadlock is
+    broken by taking a waiting command off the GPU (its device memory to host memory, its
+    processes locked) and putting it back once the others freed: nobody is killed or run
+    again, no out-of-memory error reaches anyone, and the report counts the swap."""
+    results = all_waiting(memd, tmp_path, kind)
+    assert [r["rc"] for r in results] == [0] * 4, [r["err"][-400:] for r in results]
+    assert not [r for r in results if r["report"].get("attempts")], "no command run again"
+    swapped = [r["report"]["memory"] for r in results if r["report"]["memory"]["swaps"]]
+    assert swapped and all(m["off_gpu_s"] > 0 for m in swapped), [
+        r["report"]["memory"] for r in results
+    ]
+    for r in results:
+        m = r["report"]["memory"]
+        assert m["oom_shared"] == 0 and m["oom_alone"] == 0 and "preempted" not in r["report"]
+        assert json.loads(r["out"].splitlines()[-1]) == {"ok": True}
+    assert (memd.status() or {})["gpus"][0]["memory"]["swaps"] >= 1
+    assert_nothing_left(memd)
+
+
+@pytest.mark.parametrize("kind", ["plain", "retry", "cache"])
+def test_every_tenant_waiting_at_once_ends(memd_noswap: Daemon, tmp_path: Path, kind: str) -> None:
+    """Four commands each hold 250 MiB and want 250 more: nothing can be freed. Issue #47, 2,
+    swaps off: the deadlock is broken by preempting a whole command (the youngest), which runs
+    again from the start, its report saying so; no out-of-memory error reaches any command, so
+    none goes down a path it would not take alone (a caching allocator's included: it never
+    sees an error to free its cache on)."""
+    memd = memd_noswap
+    results = all_waiting(memd, tmp_path, kind)
     assert [r["rc"] for r in results] == [0] * 4, [r["err"][-400:] for r in results]
     retried = [r for r in results if r["report"].get("attempts")]
     assert retried, "a deadlock ends by a preemption and a rerun"
@@ -494,18 +533,29 @@ def owner_beside_gated_hogs(
     return hogs, owner
 
 
+def gave_way(results: list[dict[str, Any]], swap: bool) -> list[dict[str, Any]]:
+    """The reports of the commands that gave way to a deadlock: with swaps, taken off the GPU
+    (and none run again); without, preempted and run again."""
+    if swap:
+        assert not [r for r in results if r["report"].get("attempts")], "nobody run again"
+        return [r["report"] for r in results if r["report"]["memory"]["swaps"]]
+    return [r["report"] for r in results if r["report"].get("attempts")]
+
+
+@pytest.mark.parametrize("swap", [True, False], ids=["swap", "noswap"])
 def test_a_deadlock_beside_a_region_waiting_for_room_is_broken_for_the_room(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swap: bool
 ) -> None:
     """Issue #47, as an H100 showed it (docs/results/h100-wave3/2026-12-05-c/): two commands
     hold 400 MiB each of 1 GiB; a third asks for a region with room for 300 MiB (not free:
     it waits for room); then the two ask for 400 MiB more each: every holder waits. The
     arbiter used to stand aside while a region was being set up, so the region waited out its
     whole room_wait_s (60 s here) with nobody able to free. Now the deadlock is broken for the
-    room (one of the two preempted and run again): the region is granted long before its
-    bound, and every command succeeds."""
+    room (one of the two taken off the GPU, or with swaps off preempted and run again): the
+    region is granted long before its bound, and every command succeeds."""
     monkeypatch.setenv("KREX_SIM_MEM_BYTES", str(CAPACITY))
     config = "[memory]\ndeadlock_s = 30\nroom_gib = 0.3\nroom_wait_s = 60\n"
+    config += "" if swap else 'swap = "off"\n'
     with configured(tmp_path, config) as d, ThreadPoolExecutor(3) as ex:
         # Once the region waits for room, every holder asks for more: nobody can free.
         hogs, owner = owner_beside_gated_hogs(d, ex, tmp_path, 400, 800)
@@ -517,22 +567,24 @@ def test_a_deadlock_beside_a_region_waiting_for_room_is_broken_for_the_room(
     (region,) = ro["report"]["regions"]
     assert region["room_s"] < 30, region  # broken for the room, not its 60 s bound run out
     assert region["clean"] and not region["revoked"], json.dumps(region) + d.log.read_text()[-4000:]
-    preempted = [r["report"] for r in rh if r["report"].get("attempts")]
-    assert preempted, [r["report"] for r in rh]  # one of the two ran again
+    assert gave_way(rh, swap), [r["report"] for r in rh]  # one of the two
     assert "every process holding memory waits" in d.log.read_text()
 
 
+@pytest.mark.parametrize("swap", [True, False], ids=["swap", "noswap"])
 def test_a_region_waiting_for_room_beside_a_running_holder_gets_it_within_its_bound(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swap: bool
 ) -> None:
     """Issue #47, as an H100 showed it (docs/results/h100-wave3/2026-12-06-d/): as above, but a
     third command holds memory and runs (a compiling command), so the deadlock's period is
     deadlock_s (30 s), longer than the room's bound (20 s here): the region used to go ahead
     without its room, its owner then waited for memory its frozen siblings held and the region
     was revoked (its command run again). Now, half-way through the bound, a waiting holder is
-    preempted for the room: the region gets it, clean, on the owner's first run."""
+    taken off the GPU (or with swaps off preempted) for the room: the region gets it, clean, on
+    the owner's first run."""
     monkeypatch.setenv("KREX_SIM_MEM_BYTES", str(CAPACITY))
     config = "[memory]\ndeadlock_s = 30\nroom_gib = 0.3\nroom_wait_s = 20\n"
+    config += "" if swap else 'swap = "off"\n'
     with configured(tmp_path, config) as d, ThreadPoolExecutor(4) as ex:
         runner = ex.submit(through, d, memhog([50], hold=25.0), tmp_path / "runner.json")
         # The two holders ask for more; the runner could free, but does not.
@@ -543,7 +595,7 @@ def test_a_region_waiting_for_room_beside_a_running_holder_gets_it_within_its_bo
     (region,) = ro["report"]["regions"]
     assert region["room_s"] < 18, region  # before its 20 s bound ran out
     assert region["clean"] and not region["revoked"], json.dumps(region) + d.log.read_text()[-4000:]
-    assert any(r["report"].get("attempts") for r in rh)  # one of the two ran again
+    assert gave_way(rh, swap)  # one of the two
     assert "region waits for room" in d.log.read_text()
 
 
@@ -705,14 +757,17 @@ FALLBACK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize("swap", [True, False], ids=["swap", "noswap"])
 def test_no_error_sends_a_library_down_its_slower_path_under_a_clean_region(
-    memd: Daemon, tmp_path: Path
+    request: pytest.FixtureRequest, tmp_path: Path, swap: bool
 ) -> None:
     """Issue #47, 2 and 3: two commands each hold 400 of the GPU's 1024 MiB and then ask for a
     300 MiB workspace: neither can go on, nobody can free. Alone each takes the fast path. Breaking
     that deadlock by failing one allocation (as krex did before) sent a library down its slow
-    path, timed in a clean region (the H200's conv at +160 %). Now one command is preempted and
-    run again; no error reaches either, and every clean region timed the fast path."""
+    path, timed in a clean region (the H200's conv at +160 %). Now one command is taken off the
+    GPU and put back (or with swaps off preempted and run again); no error reaches either, and
+    every clean region timed the fast path."""
+    memd = request.getfixturevalue("memd" if swap else "memd_noswap")
     argv = [sys.executable, "-c", FALLBACK, "400", "300"]
     with ThreadPoolExecutor(2) as ex:
         runs = list(ex.map(lambda i: through(memd, argv, tmp_path / f"f{i}.json"), range(2)))
@@ -723,7 +778,7 @@ def test_no_error_sends_a_library_down_its_slower_path_under_a_clean_region(
         for attempt in [r["report"], *r["report"].get("attempts", [])]:
             assert attempt["memory"]["oom_shared"] == 0, attempt["memory"]
         assert all(reg["clean"] for reg in r["report"]["regions"]), r["report"]["regions"]
-    assert sum(bool(r["report"].get("attempts")) for r in runs) == 1  # one preempted, rerun
+    assert len(gave_way(runs, swap)) == 1
 
 
 # A command that gets an out-of-memory error and goes on: a library that falls back to its

@@ -433,6 +433,12 @@ class Config:
         "this long; a younger command is preempted and run again, cheaper than holding its "
         "memory through the wait (0: always retake; see Device memory)", zero=True,
     )  # fmt: skip
+    memory_swap: str = _choice(
+        "auto", "memory.swap", ("auto", "off"),
+        "break a memory deadlock by taking a waiting command off the GPU with the driver's "
+        "checkpoint API and putting it back later, where the driver can (auto), instead of "
+        "preempting it (see Device memory)",
+    )  # fmt: skip
     memory_unknown_gib: float | None = _gib(
         "memory.unknown_gib",
         "what a command never seen is expected to need until a few peaks are learned (0: "

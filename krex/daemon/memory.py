@@ -56,6 +56,7 @@ from krex.core.messages import is_key as is_key  # a key's form is admit's mem_k
 from krex.core.shm import MEM_KINDS, SlotView
 from krex.core.trust import TrustError, open_beside
 from krex.daemon.model import AdmitRequest, Gpu, Tenant
+from krex.daemon.swap import Swap
 
 log = logging.getLogger("krex.daemon")
 
@@ -98,6 +99,23 @@ class Pokable(Protocol):
     def mem_seen(self, index: int) -> None: ...
 
 
+class SwapView(Protocol):
+    """What the arbiter asks of the node's swaps (krex/daemon/swap.py)."""
+
+    def swapped(self) -> set[int]:
+        """Tenants off a GPU or on the way: they hold nothing there and are let retry by
+        nobody."""
+
+    def busy(self, gpu: int) -> bool:
+        """A swap copies on the GPU: no deadlock is broken again until its memory moved."""
+
+    def off(self, gpu: int) -> list[Swap]:
+        """The GPU's commands off it, the longest waiting first."""
+
+    def put_back(self, s: Swap, now: float) -> None:
+        """Put a command back on its GPU (its need is free there)."""
+
+
 class MemoryNode(Protocol):
     """What the arbiter reads of the node it runs on, and what it may do there
     (krex.daemon.node.Node is one; tests/test_memory.py has a fake)."""
@@ -121,6 +139,14 @@ class MemoryNode(Protocol):
 
     def preempt(self, tid: int, why: str) -> bool:
         """End a command so that it runs again from the start (True: done)."""
+
+    def swap_out(self, tid: int, gpu: int, why: str, want: int, since_ns: int) -> bool:
+        """Take a command that waits for `want` bytes more (since since_ns) off the GPU, its
+        processes kept (True: begun; False: it cannot be, preempt it instead)."""
+
+    @property
+    def swaps(self) -> SwapView:
+        """The commands taken off a GPU (krex/daemon/swap.py's Swaps)."""
 
     def device_free(self, gpu: int) -> int | None:
         """The driver's free bytes (NVML); None where unknown."""
@@ -158,8 +184,10 @@ class GpuMemory:
     # The lowest held and used bytes seen since then: memory is back only below them.
     low_held: int = 0
     low_used: int = 0
-    preempted_ns: int = 0  # last preemption
+    preempted_ns: int = 0  # last preemption (or swap)
     preemptions: int = 0
+    swaps: int = 0  # deadlocks broken by taking a command off the GPU instead
+    reserve: int = 0  # free bytes kept for a command off the GPU that waited before the head
     denials: int = 0
     room_for: int = 0  # a tenant whose region waits for room before its gate closes (0: none)
     room_want: int = 0  # the bytes free it waits for
@@ -177,6 +205,7 @@ class GpuMemory:
             "waiting": len(self.waiters),
             "oldest_wait_s": (now_ns - oldest) / 1e9 if oldest else 0.0,
             "preemptions": self.preemptions,
+            "swaps": self.swaps,
             "denials": self.denials,
             "region_waits_for_room": self.room_for or None,
         }
@@ -216,23 +245,7 @@ class Memory:
         """One look at every process slot: judge new waits, order the waiters, let the head of
         each GPU retry, break a deadlock. Returns whether anyone waits (the daemon then ticks
         faster)."""
-        held = [0] * len(self.state)
-        waiters: list[list[Waiter]] = [[] for _ in self.state]
-        freeing = [False] * len(self.state)
-        by_tenant: dict[tuple[int, int], int] = {}  # (gpu, tenant) -> shim bytes
-        pids: dict[int, set[int]] = {}  # tenant -> its live pids
-        for seg, s in self.node.slots():
-            if not s.alive or not 0 <= s.gpu < len(self.state):
-                continue
-            held[s.gpu] += s.mem_bytes
-            by_tenant[s.gpu, s.tenant] = by_tenant.get((s.gpu, s.tenant), 0) + s.mem_bytes
-            pids.setdefault(s.tenant, set()).add(s.pid)
-            if s.mem_want:
-                owner = self.node.region_owner(s.gpu)
-                waiters[s.gpu].append(Waiter(seg, s, owner is not None and owner.id == s.tenant))
-            elif s.mem_bytes and s.tenant != self.state[s.gpu].room_for:
-                # (A command whose region waits for room waits too: for that memory.)
-                freeing[s.gpu] = True
+        held, waiters, freeing, by_tenant, pids = _scan(self.node, self.state)
         self._forget_ended(waiters)
         anyone = False
         for i, st in enumerate(self.state):
@@ -253,6 +266,10 @@ class Memory:
             st.waiters = sorted(waiters[i], key=lambda w: (not w.owner, w.slot.mem_since_ns))
             if st.room_for:
                 anyone = True
+            offs = self.node.swaps.off(i)
+            if offs or self.node.swaps.busy(i):
+                anyone = True
+            st.reserve = self._put_back(i, st, offs, users)
             if not st.waiters:
                 continue
             anyone = True
@@ -267,7 +284,10 @@ class Memory:
             if kept is None or kept.id != st.room_kept[0]:
                 st.room_kept = (0, 0)  # its region ended (or never was): the room is anyone's
             self._grant(st, live, free, now_ns)
-            self._break_deadlock(i, st, now_ns, free, by_tenant, pids, users)
+            if self.node.swaps.busy(i):
+                st.preempted_ns = now_ns  # a swap's memory is on the way: a period after it
+            else:
+                self._break_deadlock(i, st, now_ns, free, by_tenant, pids, users)
         return anyone
 
     def _grant(self, st: GpuMemory, live: list[Waiter], free: int, now_ns: int) -> None:
@@ -278,6 +298,7 @@ class Memory:
         granted: set[int] = set()
         head = live[0]
         room = st.room_want if st.room_for else st.room_kept[1]
+        room = max(room, st.reserve)  # (a command off the GPU that waited before the head)
         if not room or head.owner or free - room >= _want(head.slot):
             # (While a region waits for room, and once found until the region ends, what is
             # free stays free for it: the head may retry only where its ask leaves that room.)
@@ -295,6 +316,26 @@ class Memory:
                 self._note_grant(w)
             else:
                 w.seg.mem_seen(w.slot.index)
+
+    def _put_back(
+        self, gpu: int, st: GpuMemory, offs: list[Swap], users: dict[int, int] | None
+    ) -> int:
+        """Put the GPU's longest-waiting command off it back once what it needs is free, no
+        region holds or takes the GPU (a restore's copies would share it with the region's
+        kernels) and no swap copies; it goes before the waiters that began waiting after it.
+        Returns the bytes to keep free for it meanwhile (0: none)."""
+        if not offs:
+            return 0
+        first = offs[0]
+        if st.waiters and st.waiters[0].slot.mem_since_ns < first.waited_since_ns:
+            return 0  # the head waited longer: its turn first
+        if self.node.swaps.busy(gpu) or self.node.region_owner(gpu) is not None or st.room_for:
+            return first.need
+        users = users if users is not None else self.node.device_users(gpu)
+        margin = self.headroom_each if st.held or (users and sum(users.values())) else 0
+        if self.free(gpu, users) - margin >= first.need:
+            self.node.swaps.put_back(first, time.monotonic())
+        return first.need
 
     def _forget_ended(self, waiters: list[list[Waiter]]) -> None:
         current = {(w.slot.pid, w.slot.index): w.slot.mem_since_ns for ws in waiters for w in ws}
@@ -469,9 +510,10 @@ class Memory:
             + ("" if st.others_can_free else " (every process holding memory waits)")
             + (f" while tenant {st.room_for}'s region waits for room" if st.room_for else "")
         )
-        done = [tid for tid in chosen if self.node.preempt(tid, why)]
-        if done:
-            st.preempted_ns, st.preemptions = now_ns, st.preemptions + len(done)
+        done, swaps = _give_way(self.node, gpu, st.waiters, chosen, why)
+        if done or swaps:
+            st.preempted_ns = now_ns
+            st.preemptions, st.swaps = st.preemptions + len(done), st.swaps + len(swaps)
 
     def _room_stuck(self, st: GpuMemory, stuck: int, now_ns: int) -> bool:
         """A region has waited half its room_wait_s for room, and nothing came back for as
@@ -487,7 +529,8 @@ class Memory:
         return min(stuck, now_ns - st.room_since_ns) >= half
 
     def waiting(self, gpu: int) -> bool:
-        return bool(self.state[gpu].waiters)
+        """Anyone waits for memory on the GPU (a command off it included): admission waits."""
+        return bool(self.state[gpu].waiters) or bool(self.node.swaps.off(gpu))
 
     def status(self, gpu: int) -> dict[str, Any]:
         return self.state[gpu].status(time.monotonic_ns())
@@ -595,6 +638,52 @@ class Memory:
             os.replace(tmp, self.learned_path)
         except (OSError, TrustError) as e:
             log.warning("cannot save the learned peaks to %s: %s", self.learned_path, e)
+
+
+Scan = tuple[
+    list[int], list[list[Waiter]], list[bool], dict[tuple[int, int], int], dict[int, set[int]]
+]
+
+
+def _scan(node: MemoryNode, state: list[GpuMemory]) -> Scan:
+    """Every live process slot once: per GPU the bytes held and the waiters, whether some
+    holder runs (can free), per (GPU, tenant) the shims' bytes, per tenant its pids. A command
+    off the GPU (or on the way) holds nothing there, and a retry would only block in its locked
+    driver: its waits are seen (no retry on their own either) and left out."""
+    held = [0] * len(state)
+    waiters: list[list[Waiter]] = [[] for _ in state]
+    freeing = [False] * len(state)
+    by_tenant: dict[tuple[int, int], int] = {}  # (gpu, tenant) -> shim bytes
+    pids: dict[int, set[int]] = {}  # tenant -> its live pids
+    swapped = node.swaps.swapped()
+    for seg, s in node.slots():
+        if not s.alive or not 0 <= s.gpu < len(state):
+            continue
+        if s.tenant in swapped:
+            if s.mem_want:
+                seg.mem_seen(s.index)
+            continue
+        held[s.gpu] += s.mem_bytes
+        by_tenant[s.gpu, s.tenant] = by_tenant.get((s.gpu, s.tenant), 0) + s.mem_bytes
+        pids.setdefault(s.tenant, set()).add(s.pid)
+        if s.mem_want:
+            owner = node.region_owner(s.gpu)
+            waiters[s.gpu].append(Waiter(seg, s, owner is not None and owner.id == s.tenant))
+        elif s.mem_bytes and s.tenant != state[s.gpu].room_for:
+            # (A command whose region waits for room waits too: for that memory.)
+            freeing[s.gpu] = True
+    return held, waiters, freeing, by_tenant, pids
+
+
+def _give_way(
+    node: MemoryNode, gpu: int, waiters: list[Waiter], chosen: list[int], why: str
+) -> tuple[list[int], list[int]]:
+    """The deadlock's chosen commands give way: each taken off the GPU where it can be (its
+    work kept), else preempted. Returns (preempted, swapped)."""
+    # Each one's wait: its oldest waiting process's (the waiters are in order).
+    wants = {w.slot.tenant: (_want(w.slot), w.slot.mem_since_ns) for w in waiters[::-1]}
+    swaps = [t for t in chosen if node.swap_out(t, gpu, why, *wants[t])]
+    return [t for t in chosen if t not in swaps and node.preempt(t, why)], swaps
 
 
 def _newest(peaks: dict[str, int]) -> dict[str, int]:

@@ -81,6 +81,11 @@ class Tenant:
     # were killed and `krex run` runs it again (docs/memory.md).
     preempted: str = ""
     preempted_need: int = 0  # what it held and waited for then: its rerun's expected need
+    # Swapped out to break a deadlock instead (krex/daemon/swap.py): how often, the seconds its
+    # memory took to copy out and back, and the seconds it spent off the GPU.
+    mem_swaps: int = 0
+    mem_swapped_s: float = 0.0
+    mem_off_s: float = 0.0
 
     def __post_init__(self) -> None:
         self.gpus = sorted(self.gpus) if self.gpus else [self.gpu]

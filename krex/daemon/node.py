@@ -41,6 +41,7 @@ from krex.daemon.model import AdmitRequest, Gpu, Tenant, gpu_names
 from krex.daemon.mps import Mps
 from krex.daemon.regions import Regions
 from krex.daemon.segments import Segments
+from krex.daemon.swap import Swaps
 from krex.daemon.workers import Pool
 from krex.sim.simnode import segment_name as sim_segment
 
@@ -74,11 +75,18 @@ class Node:
             self.nvml = None if cfg.sim or self.vendor == "amd" else Nvml.open()
             self.metrics = Metrics(n)
             self.machinery = NodeMachinery(cfg, self.gpus, self.segments, self.nvml)
+            self.swaps = Swaps(
+                enabled=cfg.memory_swap == "auto" and not cfg.mps,
+                sim_shm=sim_segment(self.segments.gates.name) if cfg.sim else "",
+                on_refused=self._swap_refused,
+                on_failed=self._swap_refused,
+            )
             self.memory = self._memory()
             self.regions = Regions(
                 self.gpus,
                 self.machinery,
                 room=self.memory,
+                swaps=self.swaps,
                 on_record=lambda t, rec: self.metrics.region(t.gpu, rec),
             )
             self.admission = Admission(self.gpus, self.memory)
@@ -207,7 +215,38 @@ class Node:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        self.swaps.forget(tid)
         return True
+
+    def swap_out(self, tid: int, gpu: int, why: str, want: int, since_ns: int) -> bool:
+        """Take command `tid`, which waits for `want` bytes more, off `gpu` to break a memory
+        deadlock (krex/daemon/swap.py): False where it cannot be (it is then preempted)."""
+        t = self.tenants.get(tid)
+        if t is None or t.gone or t.preempted:
+            return False
+        mine = [s for _, s in self.segments.live_slots() if s.alive and s.tenant == tid]
+        users = self.machinery.device_users(gpu)
+        if users is not None:
+            pids = sorted({s.pid for s in mine if users.get(s.pid, 0) > 0})
+            held = sum(users.get(p, 0) for p in pids)
+        else:
+            pids = sorted({s.pid for s in mine if s.mem_bytes > 0})
+            held = sum(s.mem_bytes for s in mine)
+        held = max(held, sum(s.mem_bytes for s in mine))
+        not_swapped = self.swaps.can_take(t, held, time.monotonic()) or (
+            "" if pids else "none of its processes holds memory on the GPU"
+        )
+        if not_swapped:
+            log.info("tenant %d is not swapped out (%s)", tid, not_swapped)
+            return False
+        self.swaps.take_off(t, gpu, pids, held, held + want, since_ns, why)
+        return True
+
+    def _swap_refused(self, tid: int, why: str) -> None:
+        """A command could not be taken off (or its swap failed): preempted, as before swaps."""
+        t = self.tenants.get(tid)
+        if t is not None and not t.gone and not self.preempt(tid, why):
+            log.warning("tenant %d: no process to preempt after its swap (%s)", tid, why)
 
     def device_free(self, gpu: int) -> int | None:
         """The driver's free bytes (NVML: contexts and library workspaces included)."""
@@ -320,6 +359,7 @@ class Node:
         if t.gone:
             return
         t.gone = True
+        self.swaps.forget(t.id)
         self.regions.tenant_left(t)
         if t.worker is not None:
             # Its child may still be tearing down: into the pool tenant before ours goes.
@@ -403,6 +443,7 @@ class Node:
         # it finishes first (each of its waits is bounded), then every region ends.
         bound = cfg.quiesce_timeout_s + cfg.drain_timeout_s + cfg.freeze_timeout_s + 5.0
         await self.regions.shutdown(bound)
+        await self.swaps.close()
         await self.pool.stop()
         for g in self.gpus:
             self.segments.gates.gate_open(g.index)
@@ -438,6 +479,9 @@ def _memory_report(t: Tenant) -> dict[str, Any]:
         "oom_shared": t.mem_oom_shared,
         "revoked_regions": t.mem_revoked - retaken,
         "retaken_regions": retaken,
+        "swaps": t.mem_swaps,
+        "swapped_s": round(t.mem_swapped_s, 3),
+        "off_gpu_s": round(t.mem_off_s, 3),
     }
 
 

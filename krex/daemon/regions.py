@@ -72,6 +72,16 @@ class Room(Protocol):
     async def make_room(self, gpu: int, owner: int) -> float: ...
 
 
+class SwapsView(Protocol):
+    """The commands swapped off a GPU (krex/daemon/swap.py's Swaps): their processes are
+    locked, with nothing on the GPU (no drain asks them: they would block in the driver), and
+    while one's memory moves no region may begin on its GPU."""
+
+    def swapped(self) -> set[int]: ...
+
+    async def idle(self, gpu: int) -> float: ...
+
+
 class Regions:
     """Schedules and runs the regions of one node's GPUs."""
 
@@ -81,10 +91,12 @@ class Regions:
         machinery: Machinery,
         room: Room | None = None,
         on_record: Callable[[Tenant, dict[str, Any]], None] = lambda t, rec: None,
+        swaps: SwapsView | None = None,
     ) -> None:
         self.gpus = gpus
         self.m = machinery
         self.room = room
+        self.swaps = swaps
         self.on_record = on_record  # each ended region's record (metrics)
         self._q = [_Queue() for _ in gpus]
         # The grant's audit and samples (NVML reads), off the event loop and off the grant's
@@ -276,12 +288,17 @@ class Regions:
             beside: list[asyncio.Future[Any]] = []  # the pin (beside the steps), then the audit
             try:
                 r.room_s += await _make_room(self.room, gpu, t)
+                if self.swaps is not None:
+                    # (A deadlock broken while it made room may have begun a swap: its copies
+                    # end before the region's kernels run.)
+                    r.room_s += await self.swaps.idle(gpu)
                 # The owner moves onto this GPU's region cores beside the gate, drain and
                 # freeze: they are nobody else's while its set-up runs (one region a GPU), and
                 # the owner only waits for its grant meanwhile.
                 cores = _region_cores(self.gpus, [*r.gpus, gpu])  # cores(t) once this GPU is r's
                 beside.append(_step(r, "pin", self.m.pin, t, cores))
-                hold = await _close_and_drain(self.m, gpu, r, skip=self.still_frozen())
+                skip = self.still_frozen() | (self.swaps.swapped() if self.swaps else set())
+                hold = await _close_and_drain(self.m, gpu, r, skip=skip)
                 await self._freeze(gpu, r, siblings)
                 await _settle(self.m, gpu, r, siblings, q.last)
                 await self._pin(gpu, r, hold, beside)

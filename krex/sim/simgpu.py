@@ -6,7 +6,9 @@ nanoseconds is its first parameter.
 
 Device memory: SimGPU.alloc/free/mem_info/total_mem (cuMemAlloc_v2, cuMemFree_v2,
 cuMemGetInfo_v2, cuDeviceTotalMem_v2); an allocation the node's capacity cannot hold raises
-SimOutOfMemory. mem_users reads who holds how much on a simulated node (krexsim_mem_users).
+SimOutOfMemory. mem_users reads who holds how much on a simulated node (krexsim_mem_users);
+checkpoint locks, checkpoints, restores and unlocks a process of one, as the driver's
+cuCheckpointProcess* calls do (krexsim_checkpoint).
 
 The memory the driver takes for itself (docs/simulator.md, "Device memory"; KREX_SIM_CTX_BYTES,
 KREX_SIM_MODULE_BYTES, KREX_SIM_LOCAL_BYTES, KREX_SIM_GRAPH_BYTES, CUDA_MODULE_LOADING): contexts
@@ -28,7 +30,17 @@ from typing import Any
 
 from krex.core.errors import KrexError
 
+CUDA_ERROR_INVALID_VALUE = 1
 CUDA_ERROR_OUT_OF_MEMORY = 2
+CUDA_ERROR_NOT_INITIALIZED = 3
+CUDA_ERROR_ILLEGAL_STATE = 401
+CUDA_ERROR_NOT_READY = 600
+
+# CUprocessState (cuda.h), as checkpoint reports it; -1: the process has none (it is gone).
+CU_PROCESS_STATE_RUNNING = 0
+CU_PROCESS_STATE_LOCKED = 1
+CU_PROCESS_STATE_CHECKPOINTED = 2
+CU_PROCESS_STATE_FAILED = 3
 
 
 class SimDriverError(KrexError, RuntimeError):
@@ -324,3 +336,42 @@ def mem_users(sim_shm: str, gpu: int, lib_path: str | None = None) -> dict[int, 
     except OSError:
         return None
     return {pids[i]: int(used[i]) for i in range(n)} if n >= 0 else None
+
+
+_CHECKPOINT_OPS = {"state": 0, "lock": 1, "checkpoint": 2, "restore": 3, "unlock": 4}
+_ckpt_lib: Any = None
+
+
+def checkpoint(
+    sim_shm: str, op: str, pid: int, timeout_ms: int = 0, lib_path: str | None = None
+) -> tuple[int, int]:
+    """The driver's checkpoint API on process `pid` of node `sim_shm`, from outside the node
+    (krexsim_checkpoint): op is "state", "lock" (timeout_ms: 0 waits for as long as it takes),
+    "checkpoint", "restore" or "unlock". Returns (CUresult, CU_PROCESS_STATE_* after the call,
+    or -1 when the process has none). Lock, checkpoint and restore take time (the modelled
+    times: KREX_SIM_CHECKPOINT_S_PER_GIB and KREX_SIM_RESTORE_S_PER_GIB of this process)."""
+    global _ckpt_lib
+    if op not in _CHECKPOINT_OPS:
+        raise ValueError(f"unknown checkpoint op {op!r} (one of {', '.join(_CHECKPOINT_OPS)})")
+    if _ckpt_lib is None:
+        if lib_path is None:
+            from krex.core.paths import sim_library_dir
+
+            lib_path = str(sim_library_dir() / "libcuda.so.1")
+        lib = ctypes.CDLL(lib_path)
+        lib.krexsim_checkpoint.argtypes = [
+            ctypes.c_char_p,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_uint,
+            ctypes.POINTER(ctypes.c_int),
+        ]
+        lib.krexsim_checkpoint.restype = ctypes.c_int
+        _ckpt_lib = lib
+    state = c_int(-1)
+    rc = int(
+        _ckpt_lib.krexsim_checkpoint(
+            sim_shm.encode(), _CHECKPOINT_OPS[op], pid, timeout_ms, byref(state)
+        )
+    )
+    return rc, int(state.value)

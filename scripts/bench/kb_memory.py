@@ -140,6 +140,10 @@ MODES: dict[str, tuple[int, int | None]] = {
     # Agents (AGENTS): 8 at once, each its own problem, 4 candidates one after another.
     "krex8-agents": (8, 8),
     "krex8-agents-new": (8, 8),
+    # krex8 and krex16 with swaps off (`memory.swap = "off"`): a deadlock preempts its victim,
+    # as before swaps; the comparison shows what swaps buy
+    "krex8-noswap": (8, 8),
+    "krex16-noswap": (16, 16),
 }
 # An agent's candidates: the file it writes each one to, rewritten (its command line repeats:
 # a family, docs/memory.md) or new each time (every command line new).
@@ -201,6 +205,8 @@ def mode_config(name: str) -> str:
     """More of a krex mode's daemon configuration (TOML)."""
     if name in ALL_CORES:
         return all_cores_config()
+    if name.endswith("-noswap"):
+        return '[memory]\nswap = "off"\n'
     return "[memory]\nheadroom_gib = 8\n" if name == "krex16-perslot" else ""
 
 
@@ -211,11 +217,11 @@ EST_SPEEDUP = {"exclusive": 1.0, "exclusive2": 1.0, "shared8": 4.0, "krex8": 4.0
                "krex8-cold": 3.0, "krex1": 1.2, "krex1-cold": 1.0,
                "krex1-allcores": 1.2, "krex8-allcores": 4.0, "exclusive-nvml": 1.0,
                "exclusive-churn": 1.0, "krex16-perslot": 3.0, "krex8-agents": 4.0,
-               "krex8-agents-new": 4.0}  # fmt: skip
+               "krex8-agents-new": 4.0, "krex8-noswap": 4.0, "krex16-noswap": 3.0}  # fmt: skip
 EST_START_S = {"krex8": 20.0, "krex16": 20.0, "krex8-cold": 10.0, "krex1": 20.0,
                "krex1-cold": 10.0, "krex1-allcores": 20.0, "krex8-allcores": 20.0,
                "exclusive-churn": 10.0, "krex16-perslot": 20.0, "krex8-agents": 20.0,
-               "krex8-agents-new": 20.0}  # fmt: skip
+               "krex8-agents-new": 20.0, "krex8-noswap": 20.0, "krex16-noswap": 20.0}  # fmt: skip
 
 
 class Problem(NamedTuple):
@@ -493,6 +499,10 @@ def krex_summary(rep: dict[str, Any]) -> dict[str, Any]:
         "pool_reason": rep.get("pool_reason"),
         "attempts": len(attempts),
         "preempted": len(preempted),
+        # taken off the GPU to break a deadlock instead (krex/daemon/swap.py), and the seconds
+        # it spent off it
+        "swaps": int(sum(_num(mem(r).get("swaps")) for r in reports)),
+        "off_gpu_s": sum(_num(mem(r).get("off_gpu_s")) for r in reports),
         "peak_bytes": mem(rep).get("peak_bytes"),
         "nvml_peak_bytes": mem(rep).get("nvml_peak_bytes"),
         "queue_s": sum(_num(r.get("queue_s")) for r in reports),  # admission's, every attempt
@@ -677,6 +687,8 @@ def counts(records: list[dict[str, Any]], wall: float) -> dict[str, Any]:
         out |= {
             "reruns": sum(k["attempts"] > 0 for k in kx),
             "preempted": sum(k["preempted"] for k in kx),
+            "swaps": int(sum(k.get("swaps", 0) for k in kx)),
+            "off_gpu_s": round(sum(k.get("off_gpu_s", 0.0) for k in kx), 1),
             "queue_p50_s": _q(queues, 0.5),
             "queue_p95_s": _q(queues, 0.95),
             "mem_wait_p50_s": _q(waits, 0.5),
@@ -868,14 +880,16 @@ def table(doc: dict[str, Any]) -> str:
         "(est: from the shapes; peak: the largest max_memory_allocated of its runs; % against "
         "exclusive, ! when off by more than the native repeat's spread + 0.3 points; queue: "
         "a command's wait for admission (a slot, memory); wait: its waits for memory once "
-        "running; retake: regions revoked for memory whose timing call was timed again in a new "
+        "running; preem: commands preempted (killed, run again) to break a memory deadlock; swap: "
+        "commands taken off the GPU (checkpointed, put back) instead; retake: regions revoked "
+        "for memory whose timing call was timed again in a new "
         "region, its command not run again; unclean counts them; known: the peaks its daemon "
         "had learned as it started, from a mode of the same name before it (#2: its second run))"
     )
     lines.append("")
     lines.append(f"{'mode':16} {'known':>5} {'ok':>3} {'fail':>4} {'oom':>3} {'not':>3} "
                  f"{'wall s':>6} {'ok/min':>6} {'x excl':>6} {'rerun':>5} {'preem':>5} "
-                 f"{'retake':>6} {'queue p95':>9} "
+                 f"{'swap':>4} {'retake':>6} {'queue p95':>9} "
                  f"{'wait p50':>8} "
                  f"{'wait p95':>8} {'regions':>7} {'unclean':>7} {'drain':>5} "
                  f"{'|d|p50%':>7} {'|d|max%':>7}  off")  # fmt: skip
@@ -886,7 +900,8 @@ def table(doc: dict[str, Any]) -> str:
             f"{m['oom']:>3} {m['not_run']:>3} "
             f"{m['wall_s']:>6.0f} {m['cmds_per_min_ok']:>6.1f} "
             f"{_f(m.get('throughput_vs_exclusive'), '.2f'):>6} {_f(m.get('reruns'), 'd'):>5} "
-            f"{_f(m.get('preempted'), 'd'):>5} {_f(m.get('retaken'), 'd'):>6} "
+            f"{_f(m.get('preempted'), 'd'):>5} {_f(m.get('swaps'), 'd'):>4} "
+            f"{_f(m.get('retaken'), 'd'):>6} "
             f"{_f(m.get('queue_p95_s'), '.1f'):>9} "
             f"{_f(m.get('mem_wait_p50_s'), '.1f'):>8} "
             f"{_f(m.get('mem_wait_p95_s'), '.1f'):>8} {_f(m.get('regions'), 'd'):>7} "

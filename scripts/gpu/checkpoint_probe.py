@@ -21,6 +21,13 @@ the GPU and a waiter command, having filled `--first-mib` with a pattern, asks f
 locked, checkpointed (its memory given back while it waits), restored and unlocked; then the
 holder ends, the waiter gets its memory and checks its pattern (driver API through ctypes, so
 it runs on the simulated GPU too, where there is no checkpoint API: `--sim`).
+Case `krex-deadlock`: krex's own swap (krex/daemon/swap.py) on a memory deadlock. Under a
+private daemon (no warm pool, swaps on), command A takes the GPU less 24 GiB and command B
+`--first-mib`, each filled with a pattern; told to, A asks for `--more-mib` at once and B 6 s
+later: neither fits, every holder waits. krex should take B (the youngest, old enough that its
+round trip costs less than its rerun) off the GPU, let A have its memory and end, put B back and
+let it have its own: both exit 0 with their patterns intact, nobody run again, B's report
+counting one swap.
 
     python3 scripts/gpu/checkpoint_probe.py --json OUT.json [--gib 8] [--cases ...]
         [--holder-mib N --first-mib N --more-mib N] [--sim]
@@ -35,7 +42,10 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 CHILD = r"""
@@ -76,6 +86,7 @@ KREX_CHILD = r"""
 import ctypes, json, os, sys, time
 from ctypes import byref, c_int, c_uint64, c_void_p
 role, first, more, release = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+delay = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
 cu = ctypes.CDLL("libcuda.so.1")
 dev, ctx, p1, p2 = c_int(), c_void_p(), c_uint64(), c_uint64()
 assert cu.cuInit(0) == 0 and cu.cuDeviceGet(byref(dev), 0) == 0
@@ -83,10 +94,12 @@ assert cu.cuCtxCreate_v2(byref(ctx), 0, dev) == 0
 assert cu.cuMemAlloc_v2(byref(p1), ctypes.c_size_t(first << 20)) == 0
 assert cu.cuMemsetD32_v2(p1, ctypes.c_uint(0xA5A5A5A5), ctypes.c_size_t((first << 20) // 4)) == 0
 print(json.dumps({"pid": os.getpid(), "role": role, "held_mib": first}), flush=True)
-if role == "holder":
+if role in ("holder", "late"):  # a late one asks for more once told to, and delay later
     while not os.path.exists(release):
         time.sleep(0.05)
-    sys.exit(0)
+    if role == "holder":
+        sys.exit(0)
+    time.sleep(delay)
 t0 = time.monotonic()
 rc = cu.cuMemAlloc_v2(byref(p2), ctypes.c_size_t(more << 20))
 waited = time.monotonic() - t0
@@ -185,24 +198,20 @@ def _cycle(cu: ctypes.CDLL, pid: int, lock_ms: int, out: dict[str, Any], used: b
     _step(steps, "unlock", cu.cuCheckpointProcessUnlock, pid, Zero())
 
 
-def krex_wait(cu: ctypes.CDLL | None, a: argparse.Namespace) -> dict[str, Any]:
-    """The `krex-wait` case: a waiter in krex's memory wait checkpointed and restored."""
-    import tempfile
-    from pathlib import Path
-
+@contextlib.contextmanager
+def _krex_node(a: argparse.Namespace, tag: str) -> Iterator[tuple[Path, Path, dict[str, str]]]:
+    """A private krex daemon of 2 slots and no warm pool (memory_check.py's), on the simulated
+    GPU with --sim: (a scratch folder, its socket, the environment its commands run in)."""
     root = Path(__file__).resolve().parents[2]
     sys.path[:0] = [str(root), str(root / "scripts" / "bench")]
-    import memory_check  # its private daemons
+    import memory_check
 
-    out: dict[str, Any] = {"case": "krex-wait", "holder_mib": a.holder_mib,
-                           "first_mib": a.first_mib, "more_mib": a.more_mib}  # fmt: skip
     # Keep the caller's PYTHONPATH: on the GPU box it names the carried cffi and posix_ipc.
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p),
     )
-    ctx = contextlib.ExitStack()
-    with ctx:
+    with contextlib.ExitStack() as ctx:
         tmp = Path(ctx.enter_context(tempfile.TemporaryDirectory(prefix="krex-ckpt-")))
         if a.sim:
             import sim_memory
@@ -210,20 +219,51 @@ def krex_wait(cu: ctypes.CDLL | None, a: argparse.Namespace) -> dict[str, Any]:
             env = ctx.enter_context(sim_memory.node(a.sim_capacity_mib << 20))
         memory_check.LOGS = Path(a.json).resolve().parent
         sock = ctx.enter_context(
-            memory_check.daemon(
-                tmp, 2, sim=a.sim, env=env, tag="ckpt", config="[pool]\nworkers = 0\n"
-            )
+            memory_check.daemon(tmp, 2, sim=a.sim, env=env, tag=tag, config="[pool]\nworkers = 0\n")
         )
-        release = tmp / "release"
+        yield tmp, sock, env
+
+
+def _command(
+    ctx: contextlib.ExitStack, a: argparse.Namespace, node: tuple[Path, Path, dict[str, str]],
+    name: str, child: list[str], release: Path,
+) -> subprocess.Popen[str]:  # fmt: skip
+    """`krex run` of KREX_CHILD with `child`'s arguments, its report <name>.json; ended (its
+    release file touched) whatever happens in ctx."""
+    tmp, sock, env = node
+    argv = [sys.executable, "-m", "krex.cli", "run", *(["--sim"] if a.sim else []),
+            "--socket", str(sock), "--no-pool", "--report", str(tmp / f"{name}.json"), "--",
+            sys.executable, "-c", KREX_CHILD, *child]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+    ctx.callback(_end, proc, release)
+    return proc
+
+
+def _report(node: tuple[Path, Path, dict[str, str]], name: str) -> dict[str, Any] | None:
+    rep = node[0] / f"{name}.json"
+    if not rep.exists():
+        return None
+    doc = json.loads(rep.read_text())
+    return {k: doc.get(k) for k in ("exit_code", "memory", "attempts")}
+
+
+def _status(node: tuple[Path, Path, dict[str, str]]) -> dict[str, Any] | None:
+    """GPU 0's memory as `krex status --json` shows it."""
+    st = subprocess.run([sys.executable, "-m", "krex.cli", "status", "--json", "--socket",
+                         str(node[1])], capture_output=True, text=True, env=node[2])  # fmt: skip
+    return json.loads(st.stdout)["gpus"][0].get("memory") if st.returncode == 0 else None
+
+
+def krex_wait(cu: ctypes.CDLL | None, a: argparse.Namespace) -> dict[str, Any]:
+    """The `krex-wait` case: a waiter in krex's memory wait checkpointed and restored."""
+    out: dict[str, Any] = {"case": "krex-wait", "holder_mib": a.holder_mib,
+                           "first_mib": a.first_mib, "more_mib": a.more_mib}  # fmt: skip
+    with _krex_node(a, "ckpt") as node, contextlib.ExitStack() as ctx:
+        release = node[0] / "release"
 
         def start(role: str, first: int, more: int) -> subprocess.Popen[str]:
-            argv = [sys.executable, "-m", "krex.cli", "run", *(["--sim"] if a.sim else []),
-                    "--socket", str(sock), "--no-pool",
-                    "--report", str(tmp / f"{role}.json"), "--", sys.executable, "-c",
-                    KREX_CHILD, role, str(first), str(more), str(release)]  # fmt: skip
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
-            ctx.callback(_end, proc, release)  # whatever happens below: no command left behind
-            return proc
+            return _command(ctx, a, node, role, [role, str(first), str(more), str(release)],
+                            release)  # fmt: skip
 
         holder = start("holder", a.holder_mib, 0)
         assert holder.stdout is not None
@@ -234,11 +274,7 @@ def krex_wait(cu: ctypes.CDLL | None, a: argparse.Namespace) -> dict[str, Any]:
         out["waiter"] = [line]
         pid = json.loads(line)["pid"]
         time.sleep(2.0)  # into its wait for the memory beside the holder
-        st = subprocess.run([sys.executable, "-m", "krex.cli", "status", "--json", "--socket",
-                             str(sock)], capture_output=True, text=True, env=env)  # fmt: skip
-        out["status"] = (
-            json.loads(st.stdout)["gpus"][0].get("memory") if st.returncode == 0 else None
-        )
+        out["status"] = _status(node)
         if cu is None or not hasattr(cu, "cuCheckpointProcessLock"):
             out["checkpoint"], out["steps"] = "no checkpoint API in this driver", {}
         else:
@@ -247,10 +283,32 @@ def krex_wait(cu: ctypes.CDLL | None, a: argparse.Namespace) -> dict[str, Any]:
         release.touch()  # the holder ends: the waiter gets its memory
         out["waiter"].append(waiter.stdout.readline().strip())
         out["holder_rc"], out["waiter_rc"] = holder.wait(timeout=60), waiter.wait(timeout=60)
-        rep = tmp / "waiter.json"
-        if rep.exists():
-            doc = json.loads(rep.read_text())
-            out["waiter_report"] = {k: doc.get(k) for k in ("exit_code", "memory", "attempts")}
+        out["waiter_report"] = _report(node, "waiter")
+    return out
+
+
+def krex_deadlock(a: argparse.Namespace) -> dict[str, Any]:
+    """The `krex-deadlock` case: a deadlock krex breaks by a swap (see the docstring)."""
+    out: dict[str, Any] = {"case": "krex-deadlock", "a_mib": a.holder_mib,
+                           "b_mib": a.first_mib, "more_mib": a.more_mib}  # fmt: skip
+    with _krex_node(a, "swap") as node, contextlib.ExitStack() as ctx:
+        go = node[0] / "go"
+        procs = {}
+        for name, first, delay in (("a", a.holder_mib, 0.0), ("b", a.first_mib, 6.0)):
+            child = ["late", str(first), str(a.more_mib), str(go), str(delay)]
+            proc = _command(ctx, a, node, name, child, go)
+            assert proc.stdout is not None
+            out[name] = [proc.stdout.readline().strip()]  # holds its first part
+            procs[name] = proc
+        t0 = time.monotonic()
+        go.touch()
+        for name, proc in procs.items():
+            assert proc.stdout is not None
+            out[name].append(proc.stdout.readline().strip())
+            out[f"{name}_rc"] = proc.wait(timeout=240)
+            out[f"{name}_done_s"] = round(time.monotonic() - t0, 2)
+            out[f"{name}_report"] = _report(node, name)
+        out["status"] = _status(node)
     return out
 
 
@@ -284,8 +342,10 @@ def main() -> int:
         try:
             if case == "krex-wait":
                 r = krex_wait(cu, a)
+            elif case == "krex-deadlock":
+                r = krex_deadlock(a)
             else:
-                assert cu is not None, "--sim runs krex-wait only"
+                assert cu is not None, "--sim runs krex-wait and krex-deadlock only"
                 r = probe(cu, a.gib, case)
         except Exception as e:  # a probe: say what broke, go on to the next case
             r = {"case": case, "error": repr(e)}

@@ -63,4 +63,11 @@ int krexsim_mem_users(const char *shm_name, unsigned gpu, int *pids, unsigned lo
 int krexsim_busy(const char *shm_name, unsigned gpu, long long since_ns, int *pids, int max,
                  int *lost);
 
+/* The driver's checkpoint API (cuCheckpointProcess*) for a process that is not on node
+ * `shm_name` (the daemon): `op` 0 state, 1 lock (timeout_ms: 0 none), 2 checkpoint, 3 restore,
+ * 4 unlock, on process `pid`. Returns the CUresult (CUDA_ERROR_NOT_INITIALIZED if the node
+ * cannot be mapped); *state, if not NULL, is the process's CUprocessState after the call (-1
+ * when it has none). docs/simulator.md says what is modelled. */
+int krexsim_checkpoint(const char *shm_name, int op, int pid, unsigned timeout_ms, int *state);
+
 #endif /* KREXSIM_H */

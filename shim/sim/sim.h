@@ -14,6 +14,7 @@
  *   sim_vmm.c      the virtual memory management entry points (cuMemCreate, cuMemMap, ...)
  *   sim_errors.c   cuGetErrorName, cuGetErrorString
  *   sim_procaddr.c cuGetProcAddress
+ *   sim_ckpt.c     the checkpoint API (cuCheckpointProcess*): lock, checkpoint, restore
  *   sim_hooks.c    krexsim_* test hooks and the witness
  *
  * Environment (read once per process): KREX_SIM_SHM (node segment, default /krex-sim-<uid>),
@@ -22,8 +23,10 @@
  * (device memory per GPU, SIM_TOTAL_MEM; only the node's creator's value counts),
  * KREX_SIM_CTX_BYTES, KREX_SIM_MODULE_BYTES, KREX_SIM_LOCAL_BYTES, KREX_SIM_GRAPH_BYTES (0: the
  * device memory the driver takes for itself, per process) and CUDA_MODULE_LOADING (LAZY or
- * not), KREX_SIM_DEBUG, KREX_SIM_WITNESS and KREX_TENANT (krexsim.h). The segment always holds
- * SIM_MAX_GPUS GPUs; KREX_SIM_GPUS only says how many of them this process sees.
+ * not), KREX_SIM_DEBUG, KREX_SIM_WITNESS and KREX_TENANT (krexsim.h). Read at each call instead:
+ * KREX_SIM_CHECKPOINT_S_PER_GIB and KREX_SIM_RESTORE_S_PER_GIB (sim_ckpt.c), from the caller's
+ * environment, as the process that checkpoints another need not be of the node. The segment
+ * always holds SIM_MAX_GPUS GPUs; KREX_SIM_GPUS only says how many of them this process sees.
  *
  * Processes are told apart by pid: an owner that kill(pid, 0) says is gone is dead (so all
  * processes of a node must share a pid namespace), and its streams, jobs and events are
@@ -59,6 +62,41 @@
 #define SIM_CU_LAUNCH_PARAM_END ((void *)0x00)
 #define SIM_CU_LAUNCH_PARAM_BUFFER_POINTER ((void *)0x01)
 #define SIM_CU_LAUNCH_PARAM_BUFFER_SIZE ((void *)0x02)
+#define SIM_CUDA_ERROR_ILLEGAL_STATE ((CUresult)401) /* not in krex_cuda.h's enum */
+
+/* The checkpoint API's types, as cuda.h (12.8 and later) declares them. */
+#ifndef KREX_REAL_CUDA_H
+typedef enum CUprocessState_enum {
+    CU_PROCESS_STATE_RUNNING = 0,
+    CU_PROCESS_STATE_LOCKED,
+    CU_PROCESS_STATE_CHECKPOINTED,
+    CU_PROCESS_STATE_FAILED
+} CUprocessState;
+typedef struct CUuuid_st {
+    char bytes[16];
+} CUuuid;
+typedef struct CUcheckpointLockArgs_st {
+    unsigned int timeoutMs; /* 0: no timeout */
+    unsigned int reserved0;
+    cuuint64_t reserved1[7];
+} CUcheckpointLockArgs;
+typedef struct CUcheckpointCheckpointArgs_st {
+    cuuint64_t reserved[8];
+} CUcheckpointCheckpointArgs;
+typedef struct CUcheckpointGpuPair_st {
+    CUuuid oldUuid;
+    CUuuid newUuid;
+} CUcheckpointGpuPair;
+typedef struct CUcheckpointRestoreArgs_st {
+    CUcheckpointGpuPair *gpuPairs;
+    unsigned int gpuPairsCount;
+    char reserved[52 - sizeof(CUcheckpointGpuPair *)];
+    cuuint64_t reserved1;
+} CUcheckpointRestoreArgs;
+typedef struct CUcheckpointUnlockArgs_st {
+    cuuint64_t reserved[8];
+} CUcheckpointUnlockArgs;
+#endif
 
 /* ---- Configuration (sim_util.c), read once per process. ---- */
 
@@ -90,6 +128,8 @@ SIM_HIDDEN void sim_config_load(void);
  * suffix K, M, G or T (also KiB ... TiB, KB ... TB, and k: all powers of 1024), at most 1 PiB.
  * 1 and *out set when `s` is one, else 0. */
 SIM_HIDDEN int sim_parse_bytes(const char *s, uint64_t *out);
+/* A number from the environment, or `dflt` (with a warning) when unset or malformed. */
+SIM_HIDDEN double sim_env_number(const char *name, double dflt, double lo, double hi);
 /* One stderr line, prefixed "krex-sim (simulated GPU): ". sim_debug only with KREX_SIM_DEBUG. */
 SIM_HIDDEN void sim_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 SIM_HIDDEN void sim_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -103,7 +143,7 @@ SIM_HIDDEN void sim_robust_init(pthread_mutex_t *m);
 /* ---- The shared segment (sim_shm.c, layout here so that sim_model.c can use it). ---- */
 
 #define SIM_SHM_MAGIC 0x4D49534BU /* "KSIM" read as little-endian bytes */
-#define SIM_SHM_VERSION 4U
+#define SIM_SHM_VERSION 5U
 #define SIM_MAX_STREAMS 1024U
 #define SIM_MAX_EVENTS 8192U
 #define SIM_MAX_JOBS 8192U
@@ -164,12 +204,16 @@ struct sim_gpu {
 
 /* A process's device memory on each GPU (sim_mem.c). pid 0: a free entry. The start time
  * (/proc/<pid>/stat, clock ticks since boot) tells a reused pid from the process that made
- * the entry. */
+ * the entry. Its checkpoint state (sim_ckpt.c) lives here too: only a process holding device
+ * memory can be locked. */
 struct sim_mem_proc {
     int32_t pid;
-    uint32_t pad;
+    uint32_t state; /* CUprocessState: RUNNING, LOCKED or CHECKPOINTED */
     uint64_t start;
-    uint64_t used[SIM_MAX_GPUS]; /* bytes */
+    int32_t busy;     /* pid of the caller whose checkpoint or restore of it is under way */
+    uint32_t busy_op; /* ... which (enum sim_ckpt_op); both 0 when none is */
+    uint64_t used[SIM_MAX_GPUS];    /* bytes on the GPU: what counts as in use */
+    uint64_t swapped[SIM_MAX_GPUS]; /* bytes a checkpoint took off the GPU, to restore */
 };
 
 /* The driver's own record of whose work ran on a GPU (krexsim_busy): per process, the model
@@ -235,14 +279,24 @@ SIM_HIDDEN int sim_shm_ours(const struct stat *st);
 
 /* ---- The device model (sim_model.c). All functions with the model lock held. ---- */
 
-/* Take the model lock and advance every GPU to now; returns the model time now. */
+/* Take the model lock and advance every GPU to now; returns the model time now. Both wait
+ * (without the lock) while this process is locked or checkpointed (sim_ckpt.c). */
 SIM_HIDDEN CUresult sim_model_lock(double *now);
 /* Take the model lock without advancing (the caller advances, with sim_model_advance). */
 SIM_HIDDEN CUresult sim_model_lock_raw(void);
+/* sim_model_lock_raw that takes the lock even while this process is locked: *frozen says
+ * whether it is (for a caller that must not wait holding another lock). */
+SIM_HIDDEN CUresult sim_model_lock_any(int *frozen);
 /* Advance every GPU, or just `gpu`, to CLOCK_MONOTONIC time mono_ns (never backwards). */
 SIM_HIDDEN void sim_model_advance(int64_t mono_ns);
 SIM_HIDDEN void sim_model_advance_gpu(uint32_t gpu, int64_t mono_ns);
 SIM_HIDDEN void sim_model_unlock(void);
+/* The same on segment s, which need not be this process's node (krexsim_checkpoint maps one by
+ * name): its lock (repaired as sim_model_lock_raw repairs it; no reaping, no waiting while
+ * locked), and every GPU advanced to CLOCK_MONOTONIC mono_ns. */
+SIM_HIDDEN CUresult sim_node_lock(struct sim_shm *s);
+SIM_HIDDEN void sim_node_unlock(struct sim_shm *s);
+SIM_HIDDEN void sim_node_advance(struct sim_shm *s, int64_t mono_ns);
 SIM_HIDDEN double sim_model_now(void);
 
 SIM_HIDDEN uint32_t sim_stream_alloc(uint32_t gpu, uint64_t ctx_id); /* SIM_NONE if full */
@@ -278,11 +332,33 @@ SIM_HIDDEN CUresult sim_mem_info(uint32_t gpu, uint64_t *used, uint64_t *capacit
 SIM_HIDDEN uint64_t sim_mem_capacity(uint32_t gpu); /* after sim_ensure_init */
 /* With the model lock held: free the entries of processes that are gone; how many. */
 SIM_HIDDEN unsigned sim_mem_reap(void);
+/* The same, and the bytes in use on `gpu`, for segment s (with its lock held). */
+SIM_HIDDEN unsigned sim_mem_reap_node(struct sim_shm *s);
+SIM_HIDDEN uint64_t sim_mem_used_node(const struct sim_shm *s, uint32_t gpu);
+/* Whether the process of entry `e` is still the live process that made it. */
+SIM_HIDDEN int sim_mem_alive(const struct sim_mem_proc *e);
+/* With the model lock held: whether this process is locked or checkpointed (its calls wait). */
+SIM_HIDDEN int sim_mem_frozen(void);
 SIM_HIDDEN void sim_mem_after_fork_child(void);
 SIM_HIDDEN void sim_allocs_after_fork_child(void); /* sim_api_mem.c */
 SIM_HIDDEN void sim_vmm_after_fork_child(void);    /* sim_vmm.c */
 /* The GPU a device ordinal (CUmemLocation.id) names for this process, or -1. */
 SIM_HIDDEN int sim_ordinal_gpu(int ordinal);
+
+/* ---- The checkpoint API (sim_ckpt.c). ---- */
+
+/* What krexsim_checkpoint's `op` asks (krexsim.h). */
+enum sim_ckpt_op {
+    SIM_CKPT_STATE = 0,
+    SIM_CKPT_LOCK = 1,
+    SIM_CKPT_CHECKPOINT = 2,
+    SIM_CKPT_RESTORE = 3,
+    SIM_CKPT_UNLOCK = 4
+};
+/* Do `op` to process pid of node s (timeout_ms: the lock's; 0 none); the CUresult, and in
+ * *state the process's state after it (-1 when it has none: a pid with no live process). */
+SIM_HIDDEN CUresult sim_ckpt(struct sim_shm *s, enum sim_ckpt_op op, int32_t pid,
+                             unsigned timeout_ms, int *state);
 
 /* ---- Per-process state (sim_ctx.c). ---- */
 

@@ -157,6 +157,35 @@ CUresult sim_ctx_set_current(CUcontext ctx)
     return CUDA_SUCCESS;
 }
 
+/* Take the node's context lock and publish this process as its holder, unless the process is
+ * locked (cuCheckpointProcessLock): then wait, holding neither lock, until it is unlocked. A
+ * lock waits for the holder of the context lock (sim_ckpt.c), and this looks under the model
+ * lock after publishing: whichever comes first, a locked process never creates a context (so
+ * its charge below never waits), and it never stalls the others' creations while it waits. */
+static CUresult sim_ctx_lock_take(CUdevice dev)
+{
+    for (;;) {
+        int recovered;
+        if (sim_robust_lock(&sim_shm->ctx_lock, &recovered) != 0)
+            return CUDA_ERROR_UNKNOWN;
+        __atomic_store_n(&sim_shm->ctx_holder_gpu, (uint32_t)dev + 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&sim_shm->ctx_holder, (uint32_t)sim_pid, __ATOMIC_RELEASE);
+        if (recovered)
+            sim_debug("a process died while creating a context; going on");
+        int frozen = 0;
+        CUresult r = sim_model_lock_any(&frozen);
+        if (r == CUDA_SUCCESS)
+            sim_model_unlock();
+        if (r != CUDA_SUCCESS || !frozen)
+            return CUDA_SUCCESS; /* a broken node fails the charge instead */
+        __atomic_store_n(&sim_shm->ctx_holder, 0, __ATOMIC_RELEASE);
+        __atomic_store_n(&sim_shm->ctx_holder_gpu, 0, __ATOMIC_RELEASE);
+        pthread_mutex_unlock(&sim_shm->ctx_lock);
+        if (sim_model_lock_raw() == CUDA_SUCCESS) /* waits while the process is locked */
+            sim_model_unlock();
+    }
+}
+
 /* Context creation takes KREX_SIM_CTX_CREATE_MS under one lock for the whole node, as the
  * real driver serialises context creation node-wide. The model lock is not held. Meanwhile the
  * process is one of the GPU's users, as a real one is in NVML's list from early in its
@@ -164,14 +193,10 @@ CUresult sim_ctx_set_current(CUcontext ctx)
  * creation fails with CUDA_ERROR_OUT_OF_MEMORY at once, and nothing is created. */
 static CUresult sim_ctx_creation(CUdevice dev)
 {
-    int recovered;
-    if (sim_robust_lock(&sim_shm->ctx_lock, &recovered) != 0)
-        return CUDA_ERROR_UNKNOWN;
-    __atomic_store_n(&sim_shm->ctx_holder_gpu, (uint32_t)dev + 1, __ATOMIC_RELEASE);
-    __atomic_store_n(&sim_shm->ctx_holder, (uint32_t)sim_pid, __ATOMIC_RELEASE);
-    if (recovered)
-        sim_debug("a process died while creating a context; going on");
-    CUresult r = sim_mem_charge((uint32_t)dev, sim_cfg.ctx_bytes);
+    CUresult r = sim_ctx_lock_take(dev);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = sim_mem_charge((uint32_t)dev, sim_cfg.ctx_bytes);
     if (r == CUDA_SUCCESS && sim_cfg.ctx_create_ns > 0)
         sim_sleep_until(sim_mono_ns() + (int64_t)sim_cfg.ctx_create_ns);
     __atomic_store_n(&sim_shm->ctx_holder, 0, __ATOMIC_RELEASE);

@@ -180,6 +180,14 @@ SIM_HIDDEN CUresult sim_cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CU
                                                     unsigned long long flags);
 SIM_HIDDEN CUresult sim_cuGraphExecDestroy(CUgraphExec e);
 
+/* Checkpoints (sim_ckpt.c). */
+SIM_HIDDEN CUresult sim_cuCheckpointProcessGetState(int pid, CUprocessState *state);
+SIM_HIDDEN CUresult sim_cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args);
+SIM_HIDDEN CUresult sim_cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args);
+SIM_HIDDEN CUresult sim_cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args);
+SIM_HIDDEN CUresult sim_cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args);
+SIM_HIDDEN CUresult sim_cuCheckpointProcessGetRestoreThreadId(int pid, int *tid);
+
 /* Entry-point lookup. */
 SIM_HIDDEN CUresult sim_cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
                                          cuuint64_t flags);
@@ -194,5 +202,7 @@ SIM_HIDDEN int sim_krexsim_mem_users(const char *shm_name, unsigned gpu, int *pi
                                      unsigned long long *bytes, int max);
 SIM_HIDDEN int sim_krexsim_busy(const char *shm_name, unsigned gpu, long long since_ns, int *pids,
                                 int max, int *lost);
+SIM_HIDDEN int sim_krexsim_checkpoint(const char *shm_name, int op, int pid, unsigned timeout_ms,
+                                      int *state);
 
 #endif /* KREX_SIM_ENTRIES_H */

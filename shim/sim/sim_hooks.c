@@ -71,14 +71,11 @@ unsigned long long sim_krexsim_submissions(void)
 }
 SIM_EXPORT(krexsim_submissions);
 
-/* A node's segment mapped read-only (NULL if there is none of this build's size, magic and
- * version, or if `gpu` is not one of its GPUs), for the controller's snapshots below; the
- * caller unmaps it. */
-static const struct sim_shm *map_node(const char *shm_name, unsigned gpu)
+/* A node's segment mapped, read-write if `writable` (NULL if there is none of this build's
+ * size, magic and version, or a writable one is not ready yet); the caller unmaps it. */
+static struct sim_shm *map_node_rw(const char *shm_name, int writable)
 {
-    if (gpu >= SIM_MAX_GPUS)
-        return NULL;
-    int fd = shm_open(shm_name, O_RDONLY | O_CLOEXEC, 0);
+    int fd = shm_open(shm_name, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC, 0);
     if (fd < 0)
         return NULL;
     struct stat st;
@@ -88,15 +85,25 @@ static const struct sim_shm *map_node(const char *shm_name, unsigned gpu)
         close(fd);
         return NULL;
     }
-    const struct sim_shm *s = mmap(NULL, sizeof *s, PROT_READ, MAP_SHARED, fd, 0);
+    struct sim_shm *s = mmap(NULL, sizeof *s, writable ? PROT_READ | PROT_WRITE : PROT_READ,
+                             MAP_SHARED, fd, 0);
     close(fd);
     if (s == MAP_FAILED)
         return NULL;
-    if (s->magic != SIM_SHM_MAGIC || s->version != SIM_SHM_VERSION) {
-        munmap((void *)s, sizeof *s);
+    /* A writer takes the node's lock, which its creator sets up before `ready`. */
+    if (s->magic != SIM_SHM_MAGIC || s->version != SIM_SHM_VERSION ||
+        (writable && !__atomic_load_n(&s->ready, __ATOMIC_ACQUIRE))) {
+        munmap(s, sizeof *s);
         return NULL;
     }
     return s;
+}
+
+/* A node's segment mapped read-only (NULL if it cannot be, or if `gpu` is not one of its
+ * GPUs), for the controller's snapshots below; the caller unmaps it. */
+static const struct sim_shm *map_node(const char *shm_name, unsigned gpu)
+{
+    return gpu < SIM_MAX_GPUS ? map_node_rw(shm_name, 0) : NULL;
 }
 
 /* The processes that hold streams on simulated GPU `gpu` of the node `shm_name` (distinct
@@ -213,3 +220,28 @@ int sim_krexsim_busy(const char *shm_name, unsigned gpu, long long since_ns, int
     return n;
 }
 SIM_EXPORT(krexsim_busy);
+
+/* The checkpoint API for a process that is not on the node (the krex daemon): op (enum
+ * sim_ckpt_op: 0 state, 1 lock, 2 checkpoint, 3 restore, 4 unlock) on process pid of node
+ * shm_name, with the lock's timeout_ms (0: none), as the cuCheckpointProcess* entry points do
+ * it (sim_ckpt.c). Returns the CUresult (CUDA_ERROR_NOT_INITIALIZED when the node cannot be
+ * mapped); *state (if not NULL) is the process's state after it, -1 when it has none. The
+ * node is mapped for the call alone, so any number of calls leave nothing mapped. */
+int sim_krexsim_checkpoint(const char *shm_name, int op, int pid, unsigned timeout_ms,
+                           int *state)
+{
+    int st = -1;
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    if (shm_name && op >= SIM_CKPT_STATE && op <= SIM_CKPT_UNLOCK) {
+        struct sim_shm *s = map_node_rw(shm_name, 1);
+        r = CUDA_ERROR_NOT_INITIALIZED;
+        if (s) {
+            r = sim_ckpt(s, (enum sim_ckpt_op)op, (int32_t)pid, timeout_ms, &st);
+            munmap(s, sizeof *s);
+        }
+    }
+    if (state)
+        *state = st;
+    return (int)r;
+}
+SIM_EXPORT(krexsim_checkpoint);

@@ -14,6 +14,10 @@
  * cuMemGetInfo, and at the model's periodic collection of dead owners (sim_reap_dead, every
  * 50 ms of any process's calls). A zombie (killed, not yet waited for) is dead for this
  * purpose, as its memory is gone on a real GPU too.
+ *
+ * An entry also carries its process's checkpoint state (sim_ckpt.c): a checkpoint moves its
+ * `used` bytes to `swapped`, which are off the GPU and count nowhere, and a restore moves them
+ * back. A dead process's entry goes with its swapped bytes.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -77,8 +81,7 @@ static uint64_t sim_my_start(void)
     return sim_self_start;
 }
 
-/* Whether the process of entry `e` is still the live process that made it. */
-static int sim_mem_alive(const struct sim_mem_proc *e)
+int sim_mem_alive(const struct sim_mem_proc *e)
 {
     if (e->pid == (int32_t)sim_pid)
         return 1;
@@ -94,31 +97,44 @@ static int sim_mem_alive(const struct sim_mem_proc *e)
     return e->start == 0 || start == e->start; /* else: the pid was reused */
 }
 
-unsigned sim_mem_reap(void)
+unsigned sim_mem_reap_node(struct sim_shm *s)
 {
     unsigned n = 0;
     for (uint32_t i = 0; i < SIM_MAX_MEM_PROCS; i++) {
-        struct sim_mem_proc *e = &S->mem_procs[i];
+        struct sim_mem_proc *e = &s->mem_procs[i];
         if (e->pid == 0 || sim_mem_alive(e))
             continue;
-        uint64_t held = 0;
-        for (uint32_t g = 0; g < SIM_MAX_GPUS; g++)
+        uint64_t held = 0, swapped = 0;
+        for (uint32_t g = 0; g < SIM_MAX_GPUS; g++) {
             held += e->used[g];
-        sim_debug("freeing %llu byte(s) of device memory of dead process %d",
-                  (unsigned long long)held, (int)e->pid);
+            swapped += e->swapped[g];
+        }
+        sim_debug("freeing %llu byte(s) of device memory (and %llu checkpointed) of dead "
+                  "process %d",
+                  (unsigned long long)held, (unsigned long long)swapped, (int)e->pid);
         memset(e, 0, sizeof *e);
         n++;
     }
     return n;
 }
 
-static uint64_t sim_mem_used_locked(uint32_t gpu)
+unsigned sim_mem_reap(void)
+{
+    return sim_mem_reap_node(S);
+}
+
+uint64_t sim_mem_used_node(const struct sim_shm *s, uint32_t gpu)
 {
     uint64_t used = 0;
     for (uint32_t i = 0; i < SIM_MAX_MEM_PROCS; i++)
-        if (S->mem_procs[i].pid != 0)
-            used += S->mem_procs[i].used[gpu];
+        if (s->mem_procs[i].pid != 0)
+            used += s->mem_procs[i].used[gpu];
     return used;
+}
+
+static uint64_t sim_mem_used_locked(uint32_t gpu)
+{
+    return sim_mem_used_node(S, gpu);
 }
 
 /* This process's entry; with `make`, a new one if it has none (NULL when the table is full). */
@@ -189,9 +205,11 @@ void sim_mem_uncharge(uint32_t gpu, uint64_t bytes)
     struct sim_mem_proc *e = sim_mem_entry(0);
     if (e) {
         e->used[gpu] -= bytes < e->used[gpu] ? bytes : e->used[gpu];
-        int any = 0;
+        /* An entry that is not RUNNING stays, as its state is in it (its process's calls wait
+         * in sim_model_lock_raw meanwhile, so this is only a guard). */
+        int any = e->state != CU_PROCESS_STATE_RUNNING || e->busy != 0;
         for (uint32_t g = 0; g < SIM_MAX_GPUS; g++)
-            any |= e->used[g] != 0;
+            any |= e->used[g] != 0 || e->swapped[g] != 0;
         if (!any) { /* holds nothing: let another process have the entry */
             memset(e, 0, sizeof *e);
             sim_mem_self = -1;
@@ -212,6 +230,13 @@ CUresult sim_mem_info(uint32_t gpu, uint64_t *used, uint64_t *capacity)
     *capacity = S->mem_capacity[gpu];
     sim_model_unlock();
     return CUDA_SUCCESS;
+}
+
+int sim_mem_frozen(void)
+{
+    const struct sim_mem_proc *e = sim_mem_entry(0);
+    return e &&
+           (e->state == CU_PROCESS_STATE_LOCKED || e->state == CU_PROCESS_STATE_CHECKPOINTED);
 }
 
 uint64_t sim_mem_capacity(uint32_t gpu)

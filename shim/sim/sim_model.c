@@ -16,16 +16,22 @@
  * Jobs of a process that has died are dropped, not run to completion, when the model notices
  * the death (as of the model's last advance): at most SIM_REAP_NS of host time after it, on
  * any process's next call, and whenever a table is full.
+ *
+ * Advancing and repairing work on an explicit segment (sim_node_*), as a lock of the checkpoint
+ * API must bring a node up to now to see whether a process's work is done, also from a process
+ * that only mapped the node by name (krexsim_checkpoint); the rest works on this process's node.
  */
 #include <errno.h>
 #include <signal.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "sim.h"
 
 #define S sim_shm
 #define SIM_EPS_NS 1e-3         /* remaining work this small counts as done */
 #define SIM_REAP_NS 50000000LL  /* how often to look for dead owners */
+#define SIM_FROZEN_POLL_NS 1000000LL /* how often a locked process's call looks again */
 
 /* ---- Slots. ---- */
 
@@ -37,38 +43,38 @@ static uint32_t sim_job_alloc(void)
     return j;
 }
 
-static void sim_job_free(uint32_t j)
+static void sim_job_free(struct sim_shm *s, uint32_t j)
 {
-    S->jobs[j].stream = SIM_NONE;
-    S->jobs[j].next = S->free_job;
-    S->free_job = j;
+    s->jobs[j].stream = SIM_NONE;
+    s->jobs[j].next = s->free_job;
+    s->free_job = j;
 }
 
-static void sim_gpu_activate(uint32_t gpu, uint32_t slot)
+static void sim_gpu_activate(struct sim_shm *s, uint32_t gpu, uint32_t slot)
 {
-    struct sim_gpu *g = &S->gpus[gpu];
-    S->streams[slot].active_pos = g->n_active;
+    struct sim_gpu *g = &s->gpus[gpu];
+    s->streams[slot].active_pos = g->n_active;
     g->active[g->n_active++] = slot;
 }
 
-static void sim_gpu_deactivate(uint32_t gpu, uint32_t slot)
+static void sim_gpu_deactivate(struct sim_shm *s, uint32_t gpu, uint32_t slot)
 {
-    struct sim_gpu *g = &S->gpus[gpu];
-    uint32_t pos = S->streams[slot].active_pos;
+    struct sim_gpu *g = &s->gpus[gpu];
+    uint32_t pos = s->streams[slot].active_pos;
     uint32_t last = g->active[--g->n_active];
     g->active[pos] = last;
-    S->streams[last].active_pos = pos;
-    S->streams[slot].active_pos = SIM_NONE;
+    s->streams[last].active_pos = pos;
+    s->streams[slot].active_pos = SIM_NONE;
 }
 
-static void sim_stream_free(uint32_t slot)
+static void sim_stream_free(struct sim_shm *s, uint32_t slot)
 {
-    struct sim_stream *st = &S->streams[slot];
+    struct sim_stream *st = &s->streams[slot];
     st->owner = 0;
     st->gen++;
     st->destroyed = 0;
-    st->next_free = S->free_stream;
-    S->free_stream = slot;
+    st->next_free = s->free_stream;
+    s->free_stream = slot;
 }
 
 uint32_t sim_stream_alloc(uint32_t gpu, uint64_t ctx_id)
@@ -105,7 +111,7 @@ void sim_stream_release(uint32_t slot, uint32_t gen)
         return;
     S->streams[slot].destroyed = 1; /* its queued work still runs, as on a real GPU */
     if (S->streams[slot].head == SIM_NONE)
-        sim_stream_free(slot);
+        sim_stream_free(S, slot);
 }
 
 uint32_t sim_event_alloc(void)
@@ -151,9 +157,9 @@ void sim_event_free(uint32_t slot, uint32_t gen)
 
 /* Note in the driver's record (struct sim_gpu_done) that a job of stream `st`'s owner completed
  * on its GPU at model time t. */
-static void sim_note_done(struct sim_stream *st, double t)
+static void sim_note_done(struct sim_shm *s, struct sim_stream *st, double t)
 {
-    struct sim_gpu_done *d = &S->done[st->gpu];
+    struct sim_gpu_done *d = &s->done[st->gpu];
     int64_t t_ns = (int64_t)t;
     uint32_t h = st->done_hint;
     if (h >= SIM_DONE_PROCS || d->procs[h].pid != st->owner) {
@@ -185,15 +191,15 @@ static void sim_note_done(struct sim_stream *st, double t)
 
 /* The head job of stream `slot` finished at model time t: stamp its event, pop it, start the
  * next one; zero-length jobs that become head finish at the same instant. */
-static void sim_stream_complete_head(uint32_t slot, double t)
+static void sim_stream_complete_head(struct sim_shm *s, uint32_t slot, double t)
 {
-    struct sim_stream *st = &S->streams[slot];
-    sim_note_done(st, t);
+    struct sim_stream *st = &s->streams[slot];
+    sim_note_done(s, st, t);
     for (;;) {
         uint32_t j = st->head;
-        struct sim_job *job = &S->jobs[j];
+        struct sim_job *job = &s->jobs[j];
         if (job->event != SIM_NONE) {
-            struct sim_event *ev = &S->events[job->event];
+            struct sim_event *ev = &s->events[job->event];
             if (ev->owner && ev->gen == job->event_gen && ev->rec == job->event_rec) {
                 ev->state = SIM_EV_DONE;
                 ev->t = t;
@@ -201,24 +207,24 @@ static void sim_stream_complete_head(uint32_t slot, double t)
         }
         st->head = job->next;
         st->completed++;
-        sim_job_free(j);
+        sim_job_free(s, j);
         if (st->head == SIM_NONE) {
             st->tail = SIM_NONE;
-            sim_gpu_deactivate(st->gpu, slot);
+            sim_gpu_deactivate(s, st->gpu, slot);
             if (st->destroyed)
-                sim_stream_free(slot);
+                sim_stream_free(s, slot);
             return;
         }
-        if (S->jobs[st->head].remaining > SIM_EPS_NS)
+        if (s->jobs[st->head].remaining > SIM_EPS_NS)
             return;
     }
 }
 
-static double sim_gpu_min_remaining(const struct sim_gpu *g)
+static double sim_gpu_min_remaining(const struct sim_shm *s, const struct sim_gpu *g)
 {
     double rmin = -1;
     for (uint32_t i = 0; i < g->n_active; i++) {
-        double r = S->jobs[S->streams[g->active[i]].head].remaining;
+        double r = s->jobs[s->streams[g->active[i]].head].remaining;
         if (rmin < 0 || r < rmin)
             rmin = r;
     }
@@ -226,12 +232,12 @@ static double sim_gpu_min_remaining(const struct sim_gpu *g)
 }
 
 /* Bring GPU `gpu` up to model time `now`, completing jobs in time order. */
-static void sim_gpu_advance(uint32_t gpu, double now)
+static void sim_gpu_advance(struct sim_shm *s, uint32_t gpu, double now)
 {
-    struct sim_gpu *g = &S->gpus[gpu];
+    struct sim_gpu *g = &s->gpus[gpu];
     while (g->n_active > 0) {
         double k = (double)g->n_active;
-        double rmin = sim_gpu_min_remaining(g);
+        double rmin = sim_gpu_min_remaining(s, g);
         if (rmin < 0)
             rmin = 0;
         double t_done = g->t + rmin * k;
@@ -240,18 +246,18 @@ static void sim_gpu_advance(uint32_t gpu, double now)
             double share = (now - g->t) / k;
             if (share > 0) {
                 for (uint32_t i = 0; i < g->n_active; i++)
-                    S->jobs[S->streams[g->active[i]].head].remaining -= share;
+                    s->jobs[s->streams[g->active[i]].head].remaining -= share;
                 g->t = now;
             }
             return;
         }
         for (uint32_t i = 0; i < g->n_active; i++)
-            S->jobs[S->streams[g->active[i]].head].remaining -= rmin;
+            s->jobs[s->streams[g->active[i]].head].remaining -= rmin;
         g->t = t_done;
         for (uint32_t i = 0; i < g->n_active;) {
             uint32_t slot = g->active[i];
-            if (S->jobs[S->streams[slot].head].remaining <= SIM_EPS_NS) {
-                sim_stream_complete_head(slot, g->t);
+            if (s->jobs[s->streams[slot].head].remaining <= SIM_EPS_NS) {
+                sim_stream_complete_head(s, slot, g->t);
                 /* Still here with a new head: next. Gone: the last one moved into i. */
                 if (i < g->n_active && g->active[i] == slot)
                     i++;
@@ -269,7 +275,7 @@ double sim_next_completion(uint32_t gpu)
     if (gpu >= SIM_MAX_GPUS)
         return -1;
     const struct sim_gpu *g = &S->gpus[gpu];
-    double rmin = sim_gpu_min_remaining(g);
+    double rmin = sim_gpu_min_remaining(S, g);
     if (rmin < 0)
         return -1;
     return g->t + rmin * (double)g->n_active;
@@ -319,13 +325,13 @@ CUresult sim_enqueue(uint32_t slot, const struct sim_work *w, uint64_t *seq)
         /* An idle stream starts the job now (the model was just brought up to now). */
         double now = S->gpus[st->gpu].t;
         st->head = st->tail = j;
-        sim_gpu_activate(st->gpu, slot);
+        sim_gpu_activate(S, st->gpu, slot);
         if (job->remaining > SIM_EPS_NS) {
             if (mark != SIM_NONE)
                 sim_absorb_launch_gap(mark, st->mark_gen, st->mark_rec, now);
         } else {
             uint32_t rec = job->event_rec;
-            sim_stream_complete_head(slot, now); /* frees the job */
+            sim_stream_complete_head(S, slot, now); /* frees the job */
             if (w->event != SIM_NONE) {
                 st->mark_event = w->event;
                 st->mark_gen = w->event_gen;
@@ -368,16 +374,16 @@ static void sim_stream_drop(uint32_t slot)
 {
     struct sim_stream *st = &S->streams[slot];
     if (st->head != SIM_NONE) {
-        sim_gpu_deactivate(st->gpu, slot);
+        sim_gpu_deactivate(S, st->gpu, slot);
         for (uint32_t j = st->head, n = 0; j != SIM_NONE && n < SIM_MAX_JOBS; n++) {
             uint32_t next = S->jobs[j].next;
-            sim_job_free(j);
+            sim_job_free(S, j);
             j = next;
         }
     }
     st->head = st->tail = SIM_NONE;
     st->completed = st->submitted;
-    sim_stream_free(slot);
+    sim_stream_free(S, slot);
 }
 
 unsigned sim_reap_dead(void)
@@ -410,33 +416,37 @@ unsigned sim_reap_dead(void)
 
 /* Rebuild everything derived (free lists, active sets, tails) from the stream FIFOs, cutting
  * each FIFO where it stops making sense. Jobs no FIFO reaches are freed. */
-static void sim_model_repair(void)
+static void sim_model_repair(struct sim_shm *s)
 {
-    static uint8_t reached[SIM_MAX_JOBS]; /* under the model lock: one user at a time */
+    /* One user at a time: the model lock is one node's, and krexsim_checkpoint (sim_hooks.c)
+     * lets a process lock other nodes than its own. */
+    static pthread_mutex_t reached_lock = PTHREAD_MUTEX_INITIALIZER;
+    static uint8_t reached[SIM_MAX_JOBS];
+    pthread_mutex_lock(&reached_lock);
     memset(reached, 0, sizeof reached);
     for (uint32_t g = 0; g < SIM_MAX_GPUS; g++)
-        S->gpus[g].n_active = 0;
-    S->free_stream = SIM_NONE;
+        s->gpus[g].n_active = 0;
+    s->free_stream = SIM_NONE;
     for (uint32_t i = SIM_MAX_STREAMS; i-- > 0;) {
-        struct sim_stream *st = &S->streams[i];
+        struct sim_stream *st = &s->streams[i];
         if (!st->owner || st->gpu >= SIM_MAX_GPUS) {
             st->owner = 0;
-            st->next_free = S->free_stream;
-            S->free_stream = i;
+            st->next_free = s->free_stream;
+            s->free_stream = i;
             continue;
         }
         uint32_t prev = SIM_NONE, j = st->head;
         uint64_t n = 0;
-        while (j < SIM_MAX_JOBS && !reached[j] && S->jobs[j].stream == i) {
+        while (j < SIM_MAX_JOBS && !reached[j] && s->jobs[j].stream == i) {
             reached[j] = 1;
             prev = j;
-            j = S->jobs[j].next;
+            j = s->jobs[j].next;
             n++;
         }
         if (prev == SIM_NONE) {
             st->head = st->tail = SIM_NONE;
         } else {
-            S->jobs[prev].next = SIM_NONE;
+            s->jobs[prev].next = SIM_NONE;
             st->tail = prev;
         }
         if (st->submitted < st->completed + n)
@@ -444,26 +454,27 @@ static void sim_model_repair(void)
         st->completed = st->submitted - n;
         st->mark_event = SIM_NONE;
         if (st->head != SIM_NONE) {
-            sim_gpu_activate(st->gpu, i);
+            sim_gpu_activate(s, st->gpu, i);
         } else if (st->destroyed) {
             st->owner = 0;
             st->gen++;
-            st->next_free = S->free_stream;
-            S->free_stream = i;
+            st->next_free = s->free_stream;
+            s->free_stream = i;
         }
     }
-    S->free_job = SIM_NONE;
+    s->free_job = SIM_NONE;
     for (uint32_t j = SIM_MAX_JOBS; j-- > 0;) {
         if (!reached[j])
-            sim_job_free(j);
+            sim_job_free(s, j);
     }
-    S->free_event = SIM_NONE;
+    s->free_event = SIM_NONE;
     for (uint32_t i = SIM_MAX_EVENTS; i-- > 0;) {
-        if (!S->events[i].owner) {
-            S->events[i].next_free = S->free_event;
-            S->free_event = i;
+        if (!s->events[i].owner) {
+            s->events[i].next_free = s->free_event;
+            s->free_event = i;
         }
     }
+    pthread_mutex_unlock(&reached_lock);
     sim_warn("a process died while holding the simulated node's lock; model repaired");
 }
 
@@ -474,32 +485,74 @@ double sim_model_now(void)
     return (double)(sim_mono_ns() - S->epoch_ns);
 }
 
-CUresult sim_model_lock_raw(void)
+/* Take segment s's model lock for process `holder`, repairing the model if the lock's last
+ * holder died in it. */
+static CUresult sim_lock_seg(struct sim_shm *s, uint32_t holder)
+{
+    int recovered;
+    if (sim_robust_lock(&s->model_lock, &recovered) != 0)
+        return CUDA_ERROR_UNKNOWN;
+    __atomic_store_n(&s->model_holder, holder, __ATOMIC_RELEASE);
+    if (recovered)
+        sim_model_repair(s);
+    return CUDA_SUCCESS;
+}
+
+CUresult sim_model_lock_any(int *frozen)
 {
     CUresult r = sim_ensure_init();
     if (r != CUDA_SUCCESS)
         return r;
-    int recovered;
-    if (sim_robust_lock(&S->model_lock, &recovered) != 0)
-        return CUDA_ERROR_UNKNOWN;
-    __atomic_store_n(&S->model_holder, (uint32_t)sim_pid, __ATOMIC_RELEASE);
-    if (recovered)
-        sim_model_repair();
+    r = sim_lock_seg(S, (uint32_t)sim_pid);
+    if (r != CUDA_SUCCESS)
+        return r;
     if (sim_mono_ns() - S->last_reap_ns >= SIM_REAP_NS)
         sim_reap_dead();
+    *frozen = sim_mem_frozen();
     return CUDA_SUCCESS;
+}
+
+CUresult sim_model_lock_raw(void)
+{
+    /* A process that cuCheckpointProcessLock locked (or checkpointed since) makes no further
+     * call into the node until it is unlocked: every call that touches the node comes through
+     * here, so it waits here, never holding the lock while it waits (sim_ckpt.c). */
+    for (;;) {
+        int frozen;
+        CUresult r = sim_model_lock_any(&frozen);
+        if (r != CUDA_SUCCESS || !frozen)
+            return r;
+        sim_model_unlock();
+        sim_sleep_until(sim_mono_ns() + SIM_FROZEN_POLL_NS);
+    }
+}
+
+CUresult sim_node_lock(struct sim_shm *s)
+{
+    return sim_lock_seg(s, (uint32_t)getpid());
+}
+
+void sim_node_unlock(struct sim_shm *s)
+{
+    __atomic_store_n(&s->model_holder, 0, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&s->model_lock);
+}
+
+void sim_node_advance(struct sim_shm *s, int64_t mono_ns)
+{
+    double t = (double)(mono_ns - s->epoch_ns);
+    for (uint32_t g = 0; g < SIM_MAX_GPUS; g++)
+        sim_gpu_advance(s, g, t); /* no-op for a GPU already past t */
 }
 
 void sim_model_advance(int64_t mono_ns)
 {
-    double t = (double)(mono_ns - S->epoch_ns);
-    for (uint32_t g = 0; g < SIM_MAX_GPUS; g++)
-        sim_gpu_advance(g, t); /* no-op for a GPU already past t */
+    sim_node_advance(S, mono_ns);
 }
 
 void sim_model_advance_gpu(uint32_t gpu, int64_t mono_ns)
 {
-    sim_gpu_advance(gpu, (double)(mono_ns - S->epoch_ns));
+    sim_gpu_advance(S, gpu, (double)(mono_ns - S->epoch_ns));
 }
 
 CUresult sim_model_lock(double *now)
@@ -517,6 +570,5 @@ CUresult sim_model_lock(double *now)
 
 void sim_model_unlock(void)
 {
-    __atomic_store_n(&S->model_holder, 0, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&S->model_lock);
+    sim_node_unlock(S);
 }

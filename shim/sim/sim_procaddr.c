@@ -150,6 +150,13 @@ static const struct sim_proc_entry sim_proc_table[] = {
     E("cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags, 11040),
     E("cuGraphExecDestroy", cuGraphExecDestroy, 10000),
 
+    E("cuCheckpointProcessGetState", cuCheckpointProcessGetState, 12080),
+    E("cuCheckpointProcessLock", cuCheckpointProcessLock, 12080),
+    E("cuCheckpointProcessCheckpoint", cuCheckpointProcessCheckpoint, 12080),
+    E("cuCheckpointProcessRestore", cuCheckpointProcessRestore, 12080),
+    E("cuCheckpointProcessUnlock", cuCheckpointProcessUnlock, 12080),
+    E("cuCheckpointProcessGetRestoreThreadId", cuCheckpointProcessGetRestoreThreadId, 12080),
+
     E("cuGetErrorName", cuGetErrorName, 6000),
     E("cuGetErrorString", cuGetErrorString, 6000),
     E("cuGetProcAddress", cuGetProcAddress, 11030),

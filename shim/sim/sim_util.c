@@ -37,8 +37,7 @@ void sim_debug(const char *fmt, ...)
     va_end(ap);
 }
 
-/* A number from the environment, or `dflt` (with a warning) when unset or malformed. */
-static double sim_env_number(const char *name, double dflt, double lo, double hi)
+double sim_env_number(const char *name, double dflt, double lo, double hi)
 {
     const char *s = getenv(name);
     if (!s || !*s)

@@ -24,7 +24,7 @@ the daemon's guess, docs/memory.md), `new` writes cand<i>.py (every command line
 daemon can only guess its prior), so the two runs measure what the family buys.
 
 Per mode: commands that succeeded and failed, those that took the fallback where alone they did
-not, regions and those unclean, drains that timed out, preemptions, reruns, memory waits,
+not, regions and those unclean, drains that timed out, preemptions, swaps, reruns, memory waits,
 throughput over successful commands (and as a multiple of `alone`'s).
 
     python3 scripts/bench/sim_memory.py --json OUT.json [--modes alone,shared8,krex8,krex16]
@@ -194,6 +194,7 @@ def run_one(
         out["queue_s"] = sum(a.get("queue_s") or 0.0 for a in attempts)
         out["reruns"] = len(attempts) - 1
         out["preemptions"] = sum(bool(a.get("preempted")) for a in attempts)
+        out["swaps"] = sum((a.get("memory") or {}).get("swaps", 0) for a in attempts)
         out["oom_shared"] = sum((a.get("memory") or {}).get("oom_shared", 0) for a in attempts)
         out["wait_s"] = sum((a.get("memory") or {}).get("wait_s", 0.0) for a in attempts)
         regions = [r for a in attempts for r in a.get("regions", [])]
@@ -301,6 +302,7 @@ def counts(results: list[dict[str, Any]], wall: float) -> dict[str, Any]:
         "retaken": sum(r.get("retaken", 0) for r in results),
         "drains_timed_out": sum(r.get("drains_timed_out", 0) for r in results),
         "preemptions": sum(r.get("preemptions", 0) for r in results),
+        "swaps": sum(r.get("swaps", 0) for r in results),
         "reruns": sum(r.get("reruns", 0) for r in results),
         "oom_shared": sum(r.get("oom_shared", 0) for r in results),
         "wait_p50_s": q(waits, 0.5),
@@ -398,15 +400,15 @@ def main() -> int:
     }
     args.json.write_text(json.dumps(doc, indent=1))
     cols = ("ok", "fail", "oom", "fallbk", "not-alone", "regions", "unclean", "revoked",
-            "retaken", "drain-to", "preempt", "reruns", "wait p95", "wall s", "cpu s", "ok/min",
-            "x alone")  # fmt: skip
+            "retaken", "drain-to", "preempt", "swaps", "reruns", "wait p95", "wall s", "cpu s",
+            "ok/min", "x alone")  # fmt: skip
     print("simulated GPU; mode    " + " ".join(f"{c:>9}" for c in cols))
     for m in modes:
         vals = (m["succeeded"], m["failed"], m["oom"], m["fallbacks"],
                 m.get("fallbacks_not_alone"), m["regions"], m["unclean"], m["revoked"],
                 m["retaken"], m["drains_timed_out"],
-                m["preemptions"], m["reruns"], m["wait_p95_s"], m["wall_s"], m.get("cpu_s"),
-                m["ok_per_min"], m.get("x_alone"))  # fmt: skip
+                m["preemptions"], m.get("swaps"), m["reruns"], m["wait_p95_s"], m["wall_s"],
+                m.get("cpu_s"), m["ok_per_min"], m.get("x_alone"))  # fmt: skip
         cells = ["-" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v) for v in vals]
         print(f"{m['mode']:22} " + " ".join(f"{c:>9}" for c in cells))
     return 0

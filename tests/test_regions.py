@@ -850,6 +850,22 @@ def test_power_and_placement_are_named_warnings_that_leave_a_region_clean() -> N
     run(main())
 
 
+def test_a_region_of_a_command_that_was_swapped_says_so_and_stays_clean() -> None:
+    """A command taken off the GPU and put back (krex/daemon/swap.py) times on restored memory:
+    its later regions name that as a warning; nothing else ran beside them, so they are clean."""
+
+    async def main() -> None:
+        regions, _node, gpus = make()
+        owner = tenant(gpus, 1)
+        before = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
+        owner.mem_swaps = 1
+        after = regions.release(await regions.acquire(owner, plain_wait), why="region_end")
+        assert [w["name"] for w in before["warnings"]] == []
+        assert [w["name"] for w in after["warnings"]] == ["memory_swapped"] and after["clean"]
+
+    run(main())
+
+
 @pytest.mark.parametrize(
     ("before_w", "capped_ns", "split"),
     [(300, 0, (8 * GIB, GIB // 2)), (None, 0, (GIB // 2, 98 * GIB)), (100, 0, None)],

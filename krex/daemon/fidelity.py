@@ -80,6 +80,18 @@ def power_fields(grant: dict[str, Any], end: dict[str, Any], duration_s: float) 
     return out
 
 
+def swapped(times: int) -> dict[str, str]:
+    """The warning of a region whose command was taken off the GPU and put back before it
+    (docs/memory.md, "A swap where the driver can"): its buffers were restored to the same
+    addresses, not necessarily to the same physical memory."""
+    return {
+        "name": "memory_swapped",
+        "detail": f"the command's device memory was checkpointed to host memory and restored "
+        f"({times} time(s)) before this region ended: its buffers may lie elsewhere in the "
+        "GPU's memory than before (whether that moves a timing was not measured)",
+    }
+
+
 def warnings(
     fields: dict[str, Any], throttled: bool, memory: tuple[int, int] | None
 ) -> list[dict[str, str]]:

@@ -726,4 +726,6 @@ def _record(r: Region, t_end: float, m: Machinery) -> dict[str, Any]:
         mine, others = memory
         rec["memory_gib"] = {"owner": round(mine / GIB, 2), "others": round(others / GIB, 2)}
     rec["warnings"] = fidelity.warnings(rec, is_throttled, memory) if r.granted else []
+    if r.granted and r.tenant.mem_swaps:
+        rec["warnings"].append(fidelity.swapped(r.tenant.mem_swaps))
     return rec

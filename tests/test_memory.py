@@ -130,6 +130,7 @@ class Node:
         # Swaps (krex/daemon/swap.py): the tenants that can be taken off the GPU, those taken
         # (their Swap, whose phase a test moves on), and those put back.
         self.swappable: set[int] = set()
+        self.blocked: list[int] = []  # each swap_out's count of the others waiting
         self.swaps = FakeSwaps()
         self.put = self.swaps.put
         self.mem = Memory(
@@ -162,7 +163,10 @@ class Node:
         self.preempted.append((tid, why))
         return True
 
-    def swap_out(self, tid: int, gpu: int, why: str, want: int, since_ns: int) -> bool:
+    def swap_out(
+        self, tid: int, gpu: int, why: str, want: int, since_ns: int, blocked: int
+    ) -> bool:
+        self.blocked.append(blocked)
         if tid not in self.swappable:
             return False
         held = sum(s.mem_bytes for s in self.view if s.tenant == tid)
@@ -986,6 +990,7 @@ def test_a_deadlock_takes_a_command_that_can_be_swapped_off_the_gpu_instead_of_p
     node.mem.tick(11 * S + 1)
     assert node.preempted == [] and list(node.swaps) == [2]
     assert node.swaps[2].need == 7 * GIB  # what it held, and what it waits for
+    assert node.blocked == [1]  # tenant 1 waits while it goes out
     assert node.mem.status(0)["swaps"] == 1 and node.mem.status(0)["preemptions"] == 0
     for t in range(12, 20):  # its copy out takes long: no second victim meanwhile
         node.mem.tick(t * S)
@@ -1049,3 +1054,29 @@ def test_memory_freed_is_kept_for_a_command_off_the_gpu_that_waited_before_the_h
     node.free = 8 * GIB
     node.mem.tick(32 * S)
     assert node.put == [1] and node.seg.granted == [2]  # 8 - 1 >= 7: both
+
+
+def test_a_retry_that_just_succeeded_is_not_judged_by_the_drivers_count_of_its_own_bytes() -> None:
+    """The head's retry is granted and succeeds: the driver's figure (NVML) counts its new
+    bytes at once, while its slot says it waits until the call has returned. Judged in that
+    instant, "what it holds and asks for exceed the GPU" was true, and it was denied (an H100,
+    2026-12-07). A wait still standing at the next look is judged so."""
+    node = Node(users={1000: 4 * GIB, 2000: 2 * GIB})
+    node.view = [slot(0, 1, held=4, want=5, since=1 * S), slot(1, 2, held=2)]
+    node.mem.tick(2 * S)
+    assert node.seg.granted == [0] and node.seg.denied == []
+    node.users = {1000: 9 * GIB, 2000: 2 * GIB}  # its 5 GiB, before its slot says so
+    node.mem.tick(2 * S + S // 50)
+    assert node.seg.denied == []
+    node.users = {1000: 4 * GIB, 2000: 2 * GIB}  # the wait ended: the slot says so
+    node.view[0] = slot(0, 1, held=9)
+    node.mem.tick(2 * S + 2 * S // 50)
+    assert node.seg.denied == []
+    # A new wait that could not win alone by the driver's figure only (its contexts and
+    # modules: 6 GiB against the shim's 4): denied at the second look.
+    node.view[0] = slot(0, 1, held=4, want=5, since=3 * S)
+    node.users = {1000: 6 * GIB, 2000: 2 * GIB}
+    node.mem.tick(3 * S)
+    assert node.seg.denied == []
+    node.mem.tick(3 * S + S // 50)
+    assert node.seg.denied == [0]

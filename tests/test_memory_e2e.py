@@ -747,7 +747,7 @@ FALLBACK = textwrap.dedent("""
     hold, ws = int(sys.argv[1]), int(sys.argv[2])
     g = SimGPU()
     data = g.alloc(hold << 20)
-    time.sleep(0.5)
+    time.sleep(1.0)  # (work a rerun would lose: more than a swap of 400 MiB costs, 0.5 s)
     p = c_uint64()
     rc = g.cu.cuMemAlloc_v2(byref(p), c_size_t(ws << 20))
     ns = 2_000_000 if rc == 0 else 10_000_000

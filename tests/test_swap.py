@@ -204,3 +204,32 @@ def test_no_driver_is_a_refusal(
     assert sk.main([*map(str, pids)]) == 3
     ev = json.loads(capsys.readouterr().out)
     assert ev["event"] == "refused" and "no CUDA driver" in ev["why"]
+
+
+def test_a_victim_is_swapped_only_where_its_work_is_worth_the_swap() -> None:
+    """A rerun loses the victim's work (its time less its waits); a swap costs its round trip
+    and every other waiter's wait while its memory goes out: a first-wave command that mostly
+    waited is preempted, one that worked long is swapped, a command swapped twice is not
+    swapped again, and nothing is where swaps are off or the driver cannot."""
+    from typing import cast
+
+    from krex.core.tenants import TenantGroup
+    from krex.daemon.model import Tenant
+    from krex.daemon.swap import GIB, MAX_SWAPS, Swaps, swap_cost_s
+
+    def swaps(enabled: bool = True) -> Swaps:
+        return Swaps(enabled=enabled, sim_shm="", on_refused=print, on_failed=print)
+
+    t = Tenant(id=1, gpu=0, argv=["x"], group=cast(TenantGroup, None), region_timeout_s=60,
+               t_admit=0)  # fmt: skip
+    held = 12 * GIB
+    assert swap_cost_s(held, 7) == pytest.approx(12 * (0.75 + 0.55 * 7))
+    assert "cost less than a swap" in swaps().can_take(t, held, work_s=2.0, blocked=7)
+    assert swaps().can_take(t, held, work_s=60.0, blocked=7) == ""
+    assert swaps().can_take(t, held, work_s=10.0, blocked=0) == ""  # 9 s: worth it
+    assert "off" in swaps(enabled=False).can_take(t, held, work_s=600.0, blocked=0)
+    cannot = swaps()
+    cannot.unsupported = "the driver cannot checkpoint here"
+    assert cannot.can_take(t, held, work_s=600.0, blocked=0) == cannot.unsupported
+    t.mem_swaps = MAX_SWAPS
+    assert "swapped 2 times" in swaps().can_take(t, held, work_s=600.0, blocked=0)

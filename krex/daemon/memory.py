@@ -140,9 +140,12 @@ class MemoryNode(Protocol):
     def preempt(self, tid: int, why: str) -> bool:
         """End a command so that it runs again from the start (True: done)."""
 
-    def swap_out(self, tid: int, gpu: int, why: str, want: int, since_ns: int) -> bool:
+    def swap_out(
+        self, tid: int, gpu: int, why: str, want: int, since_ns: int, blocked: int
+    ) -> bool:
         """Take a command that waits for `want` bytes more (since since_ns) off the GPU, its
-        processes kept (True: begun; False: it cannot be, preempt it instead)."""
+        processes kept, `blocked` other commands waiting there meanwhile (True: begun; False:
+        it cannot be, preempt it instead)."""
 
     @property
     def swaps(self) -> SwapView:
@@ -169,6 +172,7 @@ class Verdict:
     since_ns: int
     alone_since_ns: int = 0  # when nobody else was first seen holding memory (0: others hold)
     granted_alone: bool = False  # a retry was granted while nobody else held memory
+    over: int = 0  # consecutive looks at which the driver's figure said it could not win alone
     denied: bool = False
 
 
@@ -381,7 +385,14 @@ class Memory:
         mine, others = self._others(gpu, s.tenant, by_tenant, pids, users)
         want = _want(s)
         why = ""
-        if st.capacity and mine + want > st.capacity:
+        # By the driver's figure only at two looks in a row: a retry that has just succeeded is
+        # counted there at once while its slot still says it waits, for a moment (an H100,
+        # 2026-12-07: such a wait was judged so; the denial reached nobody only because the
+        # wait had ended). By the shims' own counts, at once.
+        over = bool(st.capacity) and mine + want > st.capacity
+        v.over = v.over + 1 if over else 0
+        mine_shim = by_tenant.get((gpu, s.tenant), 0)
+        if over and (v.over >= 2 or mine_shim + want > st.capacity):
             why = (
                 f"the command holds {mine / GIB:.2f} GiB of the GPU's {st.capacity / GIB:.2f} "
                 f"and asks for {want / GIB:.2f} GiB more"
@@ -682,7 +693,8 @@ def _give_way(
     work kept), else preempted. Returns (preempted, swapped)."""
     # Each one's wait: its oldest waiting process's (the waiters are in order).
     wants = {w.slot.tenant: (_want(w.slot), w.slot.mem_since_ns) for w in waiters[::-1]}
-    swaps = [t for t in chosen if node.swap_out(t, gpu, why, *wants[t])]
+    blocked = len(wants) - 1  # the others that wait while its memory goes out
+    swaps = [t for t in chosen if node.swap_out(t, gpu, why, *wants[t], blocked)]
     return [t for t in chosen if t not in swaps and node.preempt(t, why)], swaps
 
 

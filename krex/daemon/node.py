@@ -218,9 +218,12 @@ class Node:
         self.swaps.forget(tid)
         return True
 
-    def swap_out(self, tid: int, gpu: int, why: str, want: int, since_ns: int) -> bool:
+    def swap_out(
+        self, tid: int, gpu: int, why: str, want: int, since_ns: int, blocked: int
+    ) -> bool:
         """Take command `tid`, which waits for `want` bytes more, off `gpu` to break a memory
-        deadlock (krex/daemon/swap.py): False where it cannot be (it is then preempted)."""
+        deadlock, `blocked` others waiting there (krex/daemon/swap.py): False where it cannot
+        be (it is then preempted)."""
         t = self.tenants.get(tid)
         if t is None or t.gone or t.preempted:
             return False
@@ -233,7 +236,12 @@ class Node:
             pids = sorted({s.pid for s in mine if s.mem_bytes > 0})
             held = sum(s.mem_bytes for s in mine)
         held = max(held, sum(s.mem_bytes for s in mine))
-        not_swapped = self.swaps.can_take(t, held, time.monotonic()) or (
+        # Its work so far: its time since admission less its waits for memory, those over
+        # and those going on (totals counts both; a first-wave command that mostly waited
+        # loses little).
+        waits = self.segments.totals(t).mem_wait_ns
+        work_s = max(0.0, time.monotonic() - t.t_admit - waits / 1e9)
+        not_swapped = self.swaps.can_take(t, held, work_s, blocked) or (
             "" if pids else "none of its processes holds memory on the GPU"
         )
         if not_swapped:

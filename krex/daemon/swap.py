@@ -3,12 +3,16 @@ to break a memory deadlock; put back once its memory fits (docs/memory.md).
 
 The driver's checkpoint API (cuCheckpointProcessLock/Checkpoint/Restore/Unlock, CUDA 12.8+)
 moves a locked process's device memory to host memory and back, the process kept: on an H100
-(driver 580) about 0.47 s a GiB out and 0.17 back, the content the same (docs/memory.md,
-"A swap where the driver can"). A preemption frees the memory at once but loses
-the command's work so far and runs it again; a swap keeps the work and costs the copy. So a
-deadlock's victim is swapped where it has run longer than its round trip would take, at most
-MAX_SWAPS times, and where the driver allows it (not under MPS, not a process inside a driver
-call: the lock times out and nothing is taken); else it is preempted, as before.
+(driver 580) 0.47-0.54 s a GiB out and 0.16-0.21 back, the content the same (docs/memory.md,
+"A swap where the driver can"). A preemption frees the memory at once but loses the work the
+command did so far (its time since admission less its waits for memory) and runs it again; a
+swap keeps the work but costs its round trip, and while its memory goes out every other waiter
+of the GPU waits too (a deadlock: nobody can run). So a deadlock's victim is swapped only where
+its work is worth more than that (`swap_cost_s`), at most MAX_SWAPS times, and where the driver
+allows it (not under MPS, not a process inside a driver call: the lock times out and nothing is
+taken); else it is preempted, as before. (On an H100, 2026-12-07, swapping by age alone took
+three first-wave commands out one after another, 7 s each, while seven others waited: 16 slots
+ran at 16.2 commands a minute against 28.5 with preemptions.)
 
 Each swap is one keeper process (krex/daemon/swapkeeper.py), so that the daemon never loads the
 driver, and so that a command is never left locked by a daemon that died. The swap's phases:
@@ -36,11 +40,18 @@ log = logging.getLogger("krex.daemon")
 
 GIB = 1 << 30
 MAX_SWAPS = 2  # a command's swaps before a deadlock preempts it instead (no thrash)
-# The round trip per GiB, out and back (an H100, driver 580: 0.47 + 0.17 s). A command that
-# has run less than this for what it holds loses less by running again.
-ROUND_TRIP_S_PER_GIB = 0.64
+# Seconds per GiB to copy a command's memory out, and out and back (H100s, driver 580: out
+# 0.47-0.54, back 0.16-0.21).
+OUT_S_PER_GIB = 0.55
+ROUND_TRIP_S_PER_GIB = 0.75
 LOCK_TIMEOUT_MS = 500  # a process inside a driver call this long is not taken: preempted
 _BUSY_WAIT_S = 60.0  # the longest a region waits for a swap in progress on its GPU
+
+
+def swap_cost_s(held: int, blocked: int) -> float:
+    """What taking `held` bytes off the GPU and back costs in commands' seconds: the victim's
+    round trip, and each of the `blocked` other waiters' wait while the memory goes out."""
+    return held / GIB * (ROUND_TRIP_S_PER_GIB + OUT_S_PER_GIB * blocked)
 
 
 @dataclass(eq=False)
@@ -98,8 +109,10 @@ class Swaps:
         ss = [s for s in self.by_tenant.values() if s.gpu == gpu and s.phase == "off"]
         return sorted(ss, key=lambda s: s.waited_since_ns)
 
-    def can_take(self, t: Tenant, held: int, now: float) -> str:
-        """Why t cannot be swapped ("" when it can)."""
+    def can_take(self, t: Tenant, held: int, work_s: float, blocked: int) -> str:
+        """Why t cannot be swapped ("" when it can): `work_s`, what a preemption would lose
+        (its time since admission less its waits for memory), `blocked`, the other commands
+        waiting on the GPU while its memory goes out."""
         if not self.enabled:
             return "swaps are off (memory.swap)"
         if self.unsupported:
@@ -110,9 +123,10 @@ class Swaps:
             return "it has more than one GPU"
         if t.mem_swaps >= MAX_SWAPS:
             return f"it was swapped {t.mem_swaps} times already"
-        trip = held / GIB * ROUND_TRIP_S_PER_GIB
-        if now - t.t_admit < trip:
-            return f"it ran {now - t.t_admit:.1f} s, less than a swap's {trip:.1f} s"
+        cost = swap_cost_s(held, blocked)
+        if work_s < cost:
+            return (f"its {work_s:.1f} s of work lost by a rerun cost less than a swap: "
+                    f"{cost:.1f} s, {blocked} other(s) waiting")  # fmt: skip
         return ""
 
     def take_off(

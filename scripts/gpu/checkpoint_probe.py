@@ -23,11 +23,11 @@ holder ends, the waiter gets its memory and checks its pattern (driver API throu
 it runs on the simulated GPU too, where there is no checkpoint API: `--sim`).
 Case `krex-deadlock`: krex's own swap (krex/daemon/swap.py) on a memory deadlock. Under a
 private daemon (no warm pool, swaps on), command A takes the GPU less 24 GiB and command B
-`--first-mib`, each filled with a pattern; told to, A asks for `--more-mib` at once and B 6 s
-later: neither fits, every holder waits. krex should take B (the youngest, old enough that its
-round trip costs less than its rerun) off the GPU, let A have its memory and end, put B back and
-let it have its own: both exit 0 with their patterns intact, nobody run again, B's report
-counting one swap.
+`--first-mib`, each filled with a pattern; told to, A asks for `--more-mib` at once and B 15 s
+later: neither fits, every holder waits. krex should take B (the youngest, its 15 s of work
+worth more than its swap: krex/daemon/swap.py's swap_cost_s) off the GPU, let A have its
+memory and end, put B back and let it have its own: both exit 0 with their patterns intact,
+nobody run again, B's report counting one swap.
 
     python3 scripts/gpu/checkpoint_probe.py --json OUT.json [--gib 8] [--cases ...]
         [--holder-mib N --first-mib N --more-mib N] [--sim]
@@ -294,7 +294,7 @@ def krex_deadlock(a: argparse.Namespace) -> dict[str, Any]:
     with _krex_node(a, "swap") as node, contextlib.ExitStack() as ctx:
         go = node[0] / "go"
         procs = {}
-        for name, first, delay in (("a", a.holder_mib, 0.0), ("b", a.first_mib, 6.0)):
+        for name, first, delay in (("a", a.holder_mib, 0.0), ("b", a.first_mib, 15.0)):
             child = ["late", str(first), str(a.more_mib), str(go), str(delay)]
             proc = _command(ctx, a, node, name, child, go)
             assert proc.stdout is not None

@@ -22,10 +22,12 @@ def main(path: str) -> None:
             key = (c["problem"], c["variant"])
             others = {n: cs[key].get("median_ms") for n, cs in by.items() if n != m["mode"]}
             cells = ", ".join(f"{n} {v:.4f}" for n, v in others.items() if v)
-            print(f"{m['mode']}: {key[0]} {key[1]}: swaps {k['swaps']}, off the GPU "
-                  f"{k['off_gpu_s']:.1f} s, memory wait {k['mem_wait_s']:.1f} s, wall "
-                  f"{c['wall_s']:.1f} s, timing clean {k['timing_clean']}, warnings "
-                  f"{k['warnings']}, median {c.get('median_ms') or 0:.4f} ms ({cells})")
+            print(
+                f"{m['mode']}: {key[0]} {key[1]}: swaps {k['swaps']}, off the GPU "
+                f"{k['off_gpu_s']:.1f} s, memory wait {k['mem_wait_s']:.1f} s, wall "
+                f"{c['wall_s']:.1f} s, timing clean {k['timing_clean']}, warnings "
+                f"{k['warnings']}, median {c.get('median_ms') or 0:.4f} ms ({cells})"
+            )
 
 
 if __name__ == "__main__":

@@ -291,6 +291,7 @@ int krex_slot_read(const struct krex_segment *seg, uint32_t i, struct krex_slot_
     out->mem_deny = KREX_LOAD(&s->mem_deny);
     out->mem_kind = KREX_LOAD(&s->mem_kind);
     out->mem_seen = KREX_LOAD(&s->mem_seen);
+    out->mem_failed = KREX_LOAD(&s->mem_failed);
     out->drained_calls = KREX_LOAD(&s->drained_calls);
     for (uint32_t k = 0; k < KREX_MEM_KIND_SLOTS; k++)
         out->mem_kind_waits[k] = KREX_LOAD(&s->mem_kind_waits[k]);

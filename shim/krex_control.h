@@ -94,6 +94,7 @@ struct krex_slot_view {
     uint32_t mem_seen; /* 2.0 */
     uint64_t drained_calls; /* 2.0 */
     uint32_t mem_kind_waits[KREX_MEM_KIND_SLOTS]; /* 2.0 */
+    uint32_t mem_failed; /* 2.2 */
 };
 int krex_slot_read(const struct krex_segment *seg, uint32_t i, struct krex_slot_view *out);
 /* Free slot `i` if its process is dead, first copying it into *out (its final counters, for

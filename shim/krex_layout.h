@@ -15,6 +15,9 @@
  * 2.1: krex_header.controller_pid: a controller holds the segment's liveness lock (below), so
  *      threads blocked at a closed gate pass once no one holds it (docs/shim.md, "A dead
  *      controller").
+ * 2.2: krex_slot.mem_failed: the memory waiters' retries that failed, so that the controller
+ *      judges "a retry failed" by the process's word, not by how long it has been since a grant
+ *      (docs/memory.md).
  * Any change of a size or offset bumps KREX_LAYOUT_MAJOR; fields carved out of reserved space
  * bump KREX_LAYOUT_MINOR.
  */
@@ -25,7 +28,7 @@
 
 #define KREX_SHM_MAGIC 0x5845524BU /* "KREX" read as little-endian bytes */
 #define KREX_LAYOUT_MAJOR 2U
-#define KREX_LAYOUT_MINOR 1U
+#define KREX_LAYOUT_MINOR 2U
 #define KREX_MAX_GPUS 16U
 #define KREX_MAX_SLOTS 4096U
 #define KREX_CACHELINE 64U
@@ -151,7 +154,11 @@ struct krex_slot {
                                on its own and take memory out of turn (written by the
                                controller, in a line the process writes only on memory waits) */
     uint32_t mem_kind_waits[KREX_MEM_KIND_SLOTS]; /* memory waits so far, per KREX_MEM_* */
-    uint64_t reserved3[2];
+    uint32_t mem_failed; /* 2.2: memory waiters' retries that failed (out of memory again), so
+                            far: a grant followed by a failure here is a retry that was made (a
+                            loaded machine may run the waiter long after its grant) */
+    uint32_t reserved4;
+    uint64_t reserved3[1];
 };
 
 struct krex_segment {

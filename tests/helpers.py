@@ -221,7 +221,9 @@ class Counter:
         self.last = 0
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        self.wait_moving()
+        # Its start (krex run, admission, Python) on a loaded machine: CI beside two CPU hogs
+        # once took more than 10 s.
+        self.wait_moving(within_s=60.0)
 
     def _read(self) -> None:
         assert self.proc.stdout is not None

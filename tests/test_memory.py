@@ -619,21 +619,40 @@ def test_a_wait_the_whole_command_could_not_win_alone_is_denied_at_once() -> Non
 
 def test_a_wait_with_nobody_else_holding_memory_is_denied_after_a_failed_retry() -> None:
     """Nobody else holds memory on the GPU (the driver's count, contexts included): first a
-    retry (someone may just have freed), then, still waiting, the wait is denied: its error is
+    retry (someone may just have freed), then, once the process says retries since failed
+    (two: the first may end a retry begun before the grant), the wait is denied: its error is
     one the command would have had alone. While anyone else holds memory, never."""
     node = Node(users={1000: 9 * GIB})
     node.view = [slot(0, 1, held=8, want=0.5, since=1 * S, kind="module")]
     node.mem.tick(2 * S)
     assert node.seg.granted == [0] and node.seg.denied == []
+    node.view = [dataclasses.replace(node.view[0], mem_failed=1)]
     node.mem.tick(2 * S + S // 10)
-    assert node.seg.denied == []  # too soon: the retry may still be under way
+    assert node.seg.denied == []  # too soon, and one failure may be a retry from before
+    node.view = [dataclasses.replace(node.view[0], mem_failed=2)]
     node.mem.tick(3 * S)
     assert node.seg.denied == [0]
     shared = Node(users={1000: 8 * GIB, 2000: GIB // 2})  # someone's context: 0.5 GiB
     shared.view = [slot(0, 1, held=8, want=0.5, since=1 * S, kind="context")]
     for n in range(10):
+        shared.view = [dataclasses.replace(shared.view[0], mem_failed=n)]
         shared.mem.tick(2 * S + n * S)
     assert shared.seg.denied == [] and len(shared.seg.granted) == 10
+
+
+def test_a_wait_alone_is_not_denied_before_its_process_has_retried() -> None:
+    """A waiter granted a retry while nobody else holds memory, that has not run since (a
+    loaded machine: it may be scheduled seconds later), is not denied however long it has
+    been: before layout 2.2 it was, 0.3 s after the grant, and its command got an
+    out-of-memory error it would not have had alone (its retry would have succeeded)."""
+    node = Node(users={1000: 1 * GIB})
+    node.view = [slot(0, 1, held=1, want=0.5, since=1 * S, kind="alloc")]
+    for n in range(20):
+        node.mem.tick(2 * S + n * S)
+    assert node.seg.denied == [] and node.seg.granted
+    node.view = [dataclasses.replace(node.view[0], mem_failed=2)]  # it ran: two retries failed
+    node.mem.tick(30 * S)
+    assert node.seg.denied == [0]
 
 
 def test_a_driver_wait_is_judged_with_the_driver_share_it_may_need() -> None:

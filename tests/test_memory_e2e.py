@@ -395,7 +395,10 @@ def test_a_region_revoked_for_memory_runs_its_command_again(
         owner = ex.submit(through, memd, hog, tmp_path / "owner.json", *flags)
         rs, ro = sib.result(), owner.result()
         assert_nothing_left(memd)
-    assert rs["rc"] == 0 and ro["rc"] == 0, (rs["err"][-400:], ro["err"][-400:])
+    # (What the owner printed and the daemon's last words: once, under CI's load, the owner's
+    # allocation failed with no more said.)
+    why = (rs["err"][-400:], ro["out"][-400:], ro["err"][-400:], memd.log.read_text()[-3000:])
+    assert rs["rc"] == 0 and ro["rc"] == 0, why
     rep = ro["report"]
     first = rep["attempts"][0] if retry else rep
     assert first["memory"]["revoked_regions"] == 1, json.dumps(first)[-2000:]
@@ -451,7 +454,10 @@ def test_a_timing_revoked_for_memory_is_retaken_and_its_command_not_run_again(
         owner = ex.submit(through, memd, [sys.executable, "-c", RETAKER], tmp_path / "owner.json")
         rs, ro = sib.result(), owner.result()
         assert_nothing_left(memd)
-    assert rs["rc"] == 0 and ro["rc"] == 0, (rs["err"][-400:], ro["err"][-400:])
+    # (What the owner printed and the daemon's last words: once, under CI's load, the owner's
+    # allocation failed with no more said.)
+    why = (rs["err"][-400:], ro["out"][-400:], ro["err"][-400:], memd.log.read_text()[-3000:])
+    assert rs["rc"] == 0 and ro["rc"] == 0, why
     rep = ro["report"]
     if after_s:
         (first,) = rep["attempts"]

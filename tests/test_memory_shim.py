@@ -178,6 +178,29 @@ def test_a_wait_succeeds_after_the_other_frees_and_a_grant(
 
 @node_memory
 @pytest.mark.node(KREX_SIM_MEM_BYTES="64M")
+def test_each_granted_retry_that_fails_is_said_and_none_before_it_is_made(
+    node: Node, mem_user: str, procs: list[Proc]
+) -> None:
+    """Layout 2.2: the waiter adds 1 to mem_failed for each retry that failed again, and only
+    once it was made: the controller's "a retry failed" (docs/memory.md) is the process's word,
+    not a time since its grant (a loaded machine may run the waiter seconds later)."""
+    a, _b, index = _holder_and_waiter(node, mem_user, procs, KREX_MEM_WAIT_S="60")
+    assert _slot(node, index).mem_failed == 0  # waiting, no retry made yet
+    # (At least: with no controller passing over it, it also retries on its own.)
+    node.seg.mem_grant(index)
+    _wait_for(lambda: _slot(node, index).mem_failed >= 1)
+    node.seg.mem_grant(index)
+    _wait_for(lambda: _slot(node, index).mem_failed >= 2)
+    a.send()
+    assert a.line() == "freed"
+    failed = _slot(node, index).mem_failed
+    node.seg.mem_grant(index)
+    _wait_for(lambda: _slot(node, index).mem_want == 0)
+    assert _slot(node, index).mem_failed == failed  # the retry that succeeded is no failure
+
+
+@node_memory
+@pytest.mark.node(KREX_SIM_MEM_BYTES="64M")
 def test_a_denial_ends_the_wait_with_out_of_memory_counted_alone(
     node: Node, mem_user: str, procs: list[Proc]
 ) -> None:

@@ -76,7 +76,9 @@ class Pinned(Counter):
         self.last = 0
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        self.wait_moving()
+        # Its start (krex run, admission, Python) on a loaded machine: CI beside two CPU hogs
+        # once took more than 10 s.
+        self.wait_moving(within_s=60.0)
 
     def pid(self) -> int:
         """The command's pid (the burner is `krex run`'s only child)."""

@@ -71,7 +71,9 @@ LAYOUT = {
             "mem_kind": 136,
             "mem_seen": 140,
             "mem_kind_waits": 144,
-            "reserved3": 176,
+            "mem_failed": 176,
+            "reserved4": 180,
+            "reserved3": 184,
         },
     ),
 }

@@ -67,6 +67,7 @@ _MEM_FIELDS = (
     "mem_kind",
     "mem_seen",
     "drained_calls",
+    "mem_failed",
 )
 # What a memory wait waits in (krex_slot.mem_kind, mem_kind_waits; shim/krex_layout.h).
 MEM_KINDS = ("alloc", "context", "module", "launch", "graph")
@@ -108,6 +109,8 @@ class SlotView:
     mem_seen: int = 0
     drained_calls: int = 0
     mem_kind_waits: tuple[int, ...] = (0,) * len(MEM_KINDS)
+    # Layout 2.2: the memory waiters' retries that failed, so far (a counter).
+    mem_failed: int = 0
 
     @property
     def dead(self) -> bool:

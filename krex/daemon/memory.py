@@ -69,7 +69,7 @@ ALL_WAITING_S = 1.0  # nobody can free: the preemption period (time for a free i
 # a running process that frees what it just allocated (a compiler's scratch, an allocator's
 # cache) gives the waiters nothing.
 PROGRESS_MIN = 64 << 20
-ALONE_CHECK_S = 0.3  # nobody else holds memory this long, a retry granted: the wait is denied
+ALONE_CHECK_S = 0.3  # nobody else holds memory this long, granted retries failed: denied
 STARVE_S = 10.0  # the head waited this long: no other waiter is let retry before it
 # What the driver takes for a context, a module or a launch's local memory, for the verdict
 # (the shim cannot know the size of the driver's own allocations).
@@ -172,6 +172,7 @@ class Verdict:
     since_ns: int
     alone_since_ns: int = 0  # when nobody else was first seen holding memory (0: others hold)
     granted_alone: bool = False  # a retry was granted while nobody else held memory
+    failed_at_grant: int = 0  # the process's failed retries (mem_failed) at that grant
     over: int = 0  # consecutive looks at which the driver's figure said it could not win alone
     denied: bool = False
 
@@ -398,8 +399,13 @@ class Memory:
                 f"and asks for {want / GIB:.2f} GiB more"
             )
         elif others == 0:
+            # A retry granted while alone that failed: two failures said since that grant (the
+            # first may end a retry begun before it), never a time since the grant alone (on a
+            # loaded machine the waiter may not have retried yet, and its command would get an
+            # error it would not have had alone).
             v.alone_since_ns = v.alone_since_ns or now_ns
-            if v.granted_alone and now_ns - v.alone_since_ns >= ALONE_CHECK_S * 1e9:
+            tried = v.granted_alone and s.mem_failed - v.failed_at_grant >= 2
+            if tried and now_ns - v.alone_since_ns >= ALONE_CHECK_S * 1e9:
                 why = "nobody else holds memory on the GPU, and a retry failed"
         else:
             v.alone_since_ns, v.granted_alone = 0, False
@@ -422,8 +428,8 @@ class Memory:
 
     def _note_grant(self, w: Waiter) -> None:
         v = self.verdicts.get((w.slot.pid, w.slot.index))
-        if v is not None and v.alone_since_ns:
-            v.granted_alone = True
+        if v is not None and v.alone_since_ns and not v.granted_alone:
+            v.granted_alone, v.failed_at_grant = True, w.slot.mem_failed
 
     def free(self, gpu: int, users: dict[int, int] | None = None) -> int:
         """The GPU's free bytes: the driver's where known (NVML), else its capacity less what

@@ -319,6 +319,12 @@ int krex_mem_wait_begin(struct krex_mem_wait *w, struct krex_slot *s, uint64_t b
 int krex_mem_wait_next(struct krex_mem_wait *w)
 {
     struct krex_slot *s = w->s;
+    if (w->retries != w->failed) {
+        /* Called again: the retry made failed (out of memory again). Said before anything
+         * else, so that the controller's "a retry failed" is one that was made. */
+        w->failed = w->retries;
+        __atomic_add_fetch(&s->mem_failed, 1U, __ATOMIC_SEQ_CST);
+    }
     for (;;) {
         uint32_t g = KREX_LOAD(&s->mem_grant);
         if (KREX_LOAD(&s->mem_deny) != w->deny) {

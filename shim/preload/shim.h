@@ -208,7 +208,7 @@ struct krex_mem_wait {
     const char *what, *how;
     uint64_t bytes, start, deadline, last_grant, last_retry;
     uint32_t grant, deny, seen;
-    unsigned kind, grants, retries;
+    unsigned kind, grants, retries, failed;
     int me, active;
 };
 KREX_HIDDEN int krex_mem_wait_begin(struct krex_mem_wait *w, struct krex_slot *s, uint64_t bytes,

@@ -84,7 +84,9 @@ int main(void)
     AT(krex_slot, mem_kind, 136);
     AT(krex_slot, mem_seen, 140);
     AT(krex_slot, mem_kind_waits, 144);
-    AT(krex_slot, reserved3, 176);
+    AT(krex_slot, mem_failed, 176);
+    AT(krex_slot, reserved4, 180);
+    AT(krex_slot, reserved3, 184);
 
     SIZE(krex_segment, 128 + 16 * 64);
     AT(krex_segment, gates, 128);

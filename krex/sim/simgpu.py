@@ -308,38 +308,51 @@ class SimGPU(SimDriver):
         self._call("cuGraphDestroy", c_void_p(graph))
 
 
-_mem_lib: Any = None
+_lib: Any = None
+
+
+def _krexsim(lib_path: str | None) -> Any:
+    """The simulated driver's library with its krexsim_* calls typed, loaded once (OSError
+    where it cannot be)."""
+    global _lib
+    if _lib is None:
+        if lib_path is None:
+            from krex.core.paths import sim_library_dir
+
+            lib_path = str(sim_library_dir() / "libcuda.so.1")
+        lib = ctypes.CDLL(lib_path)
+        lib.krexsim_mem_users.argtypes = [
+            ctypes.c_char_p,
+            ctypes.c_uint,
+            ctypes.POINTER(ctypes.c_int),
+            ctypes.POINTER(ctypes.c_ulonglong),
+            ctypes.c_int,
+        ]
+        lib.krexsim_checkpoint.argtypes = [
+            ctypes.c_char_p,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_uint,
+            ctypes.POINTER(ctypes.c_int),
+        ]
+        lib.krexsim_checkpoint.restype = ctypes.c_int
+        _lib = lib
+    return _lib
 
 
 def mem_users(sim_shm: str, gpu: int, lib_path: str | None = None) -> dict[int, int] | None:
     """Device memory held on simulated GPU `gpu` of node `sim_shm`: {pid: bytes} of the live
     processes holding any (krexsim_mem_users); None when the node cannot be read."""
-    global _mem_lib
     try:
-        if _mem_lib is None:
-            if lib_path is None:
-                from krex.core.paths import sim_library_dir
-
-                lib_path = str(sim_library_dir() / "libcuda.so.1")
-            lib = ctypes.CDLL(lib_path)
-            lib.krexsim_mem_users.argtypes = [
-                ctypes.c_char_p,
-                ctypes.c_uint,
-                ctypes.POINTER(ctypes.c_int),
-                ctypes.POINTER(ctypes.c_ulonglong),
-                ctypes.c_int,
-            ]
-            _mem_lib = lib
         pids = (ctypes.c_int * 512)()
         used = (ctypes.c_ulonglong * 512)()
-        n = int(_mem_lib.krexsim_mem_users(sim_shm.encode(), gpu, pids, used, 512))
+        n = int(_krexsim(lib_path).krexsim_mem_users(sim_shm.encode(), gpu, pids, used, 512))
     except OSError:
         return None
     return {pids[i]: int(used[i]) for i in range(n)} if n >= 0 else None
 
 
 _CHECKPOINT_OPS = {"state": 0, "lock": 1, "checkpoint": 2, "restore": 3, "unlock": 4}
-_ckpt_lib: Any = None
 
 
 def checkpoint(
@@ -350,28 +363,11 @@ def checkpoint(
     "checkpoint", "restore" or "unlock". Returns (CUresult, CU_PROCESS_STATE_* after the call,
     or -1 when the process has none). Lock, checkpoint and restore take time (the modelled
     times: KREX_SIM_CHECKPOINT_S_PER_GIB and KREX_SIM_RESTORE_S_PER_GIB of this process)."""
-    global _ckpt_lib
     if op not in _CHECKPOINT_OPS:
         raise ValueError(f"unknown checkpoint op {op!r} (one of {', '.join(_CHECKPOINT_OPS)})")
-    if _ckpt_lib is None:
-        if lib_path is None:
-            from krex.core.paths import sim_library_dir
-
-            lib_path = str(sim_library_dir() / "libcuda.so.1")
-        lib = ctypes.CDLL(lib_path)
-        lib.krexsim_checkpoint.argtypes = [
-            ctypes.c_char_p,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_uint,
-            ctypes.POINTER(ctypes.c_int),
-        ]
-        lib.krexsim_checkpoint.restype = ctypes.c_int
-        _ckpt_lib = lib
+    lib = _krexsim(lib_path)
     state = c_int(-1)
     rc = int(
-        _ckpt_lib.krexsim_checkpoint(
-            sim_shm.encode(), _CHECKPOINT_OPS[op], pid, timeout_ms, byref(state)
-        )
+        lib.krexsim_checkpoint(sim_shm.encode(), _CHECKPOINT_OPS[op], pid, timeout_ms, byref(state))
     )
     return rc, int(state.value)

@@ -203,7 +203,7 @@ class Node:
         if not pids:
             return False
         t.preempted = why
-        mine = [s for _, s in self.segments.live_slots() if s.alive and s.tenant == tid]
+        mine = self._slots_of(tid)
         held = max(sum(s.mem_bytes for s in mine), t.device_bytes or 0)
         t.preempted_need = held + max((s.mem_want for s in mine), default=0)
         log.warning(
@@ -218,6 +218,10 @@ class Node:
         self.swaps.forget(tid)
         return True
 
+    def _slots_of(self, tid: int) -> list[SlotView]:
+        """Command `tid`'s live process slots."""
+        return [s for _, s in self.segments.live_slots() if s.alive and s.tenant == tid]
+
     def swap_out(
         self, tid: int, gpu: int, why: str, want: int, since_ns: int, blocked: int
     ) -> bool:
@@ -227,7 +231,7 @@ class Node:
         t = self.tenants.get(tid)
         if t is None or t.gone or t.preempted:
             return False
-        mine = [s for _, s in self.segments.live_slots() if s.alive and s.tenant == tid]
+        mine = self._slots_of(tid)
         users = self.machinery.device_users(gpu)
         if users is not None:
             pids = sorted({s.pid for s in mine if users.get(s.pid, 0) > 0})

@@ -1023,6 +1023,24 @@ def test_a_deadlock_takes_a_command_that_can_be_swapped_off_the_gpu_instead_of_p
     assert node.mem.waiting(0)  # admission waits while a command is off the GPU
 
 
+def test_a_command_of_several_waiting_processes_is_put_back_for_all_their_asks() -> None:
+    """Issue #47, 2: a command whose two processes each wait for 1.5 GiB is put back only when
+    what it held and both asks fit (7 GiB), not one ask's (5.5): put back for one, the other
+    would wait again beside whoever holds the rest, a deadlock anew."""
+    node = Node()
+    node.swappable = {2}
+    node.view = [
+        slot(0, 1, held=4, want=3, since=1 * S),
+        slot(1, 2, held=2, want=1.5, since=2 * S, pid=2001),
+        slot(2, 2, held=2, want=1.5, since=3 * S, pid=2002),
+    ]
+    node.mem.tick(10 * S)
+    node.mem.tick(11 * S + 1)
+    assert list(node.swaps) == [2] and node.preempted == []
+    assert node.swaps[2].need == 7 * GIB
+    assert node.swaps[2].waited_since_ns == 2 * S  # its oldest process's wait
+
+
 def test_a_command_that_cannot_be_swapped_is_preempted_as_before() -> None:
     node = Node()
     deadlocked(node)

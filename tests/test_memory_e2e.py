@@ -312,6 +312,70 @@ def test_every_tenant_waiting_at_once_ends_by_a_swap(
     assert_nothing_left(memd)
 
 
+# A command of two processes (a parent and the child it starts, each with its own context):
+# each holds FIRST MiB, says so, and once both hold (and HOLD s have passed) asks SECOND more.
+PAIR = CONTEXT + textwrap.dedent("""
+    import subprocess
+    role, first, second, hold = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    child = None
+    if role == "parent":
+        child = subprocess.Popen([sys.executable, "-c", sys.argv[5], "child", *sys.argv[2:]],
+                                 stdout=subprocess.PIPE, text=True)
+    def alloc(mib):
+        p = c_uint64()
+        rc = cu.cuMemAlloc_v2(byref(p), c_size_t(mib << 20))
+        if rc != 0:
+            print(json.dumps({"oom": rc == 2, "rc": rc, "role": role}), flush=True)
+            sys.exit(3)
+        return p
+    ptrs = [alloc(first)]
+    print("held", flush=True)
+    if child is not None:
+        assert child.stdout.readline().strip() == "held"
+    time.sleep(hold)
+    ptrs.append(alloc(second))
+    time.sleep(0.2)
+    for p in ptrs:
+        assert cu.cuMemFree_v2(p) == 0
+    if child is not None:
+        assert child.stdout.readline().strip() == "done" and child.wait() == 0
+        print(json.dumps({"ok": True}), flush=True)
+    else:
+        print("done", flush=True)
+""")
+
+
+def test_a_command_of_two_processes_is_swapped_whole(memd: Daemon, tmp_path: Path) -> None:
+    """Issue #47, 2, a swap of a command of several processes (Inductor's subprocess
+    autotuning, a data loader with a context): a command holds 400 MiB, then one of two
+    processes holding 250 MiB each, all asking 200 MiB more of the 1 GiB: nobody can be served.
+    The two-process command (the younger) is taken off whole, both its processes, and put back
+    once the other is done: both commands finish, nobody killed or run again, no error."""
+    with ThreadPoolExecutor(2) as ex:
+        other = ex.submit(through, memd, memhog([400, 200], hold=3.0), tmp_path / "other.json")
+        until(lambda: (memd.status() or {})["gpus"][0]["memory"]["held_bytes"] >= 400 << 20,
+              30, "the other command holding", every_s=0.05)  # fmt: skip
+        argv = [sys.executable, "-c", PAIR, "parent", "250", "200", "1.0", PAIR]
+        pair = ex.submit(through, memd, argv, tmp_path / "pair.json")
+        ro, rp = other.result(), pair.result()
+        assert_nothing_left(memd)
+    why = (ro["out"][-300:], rp["out"][-300:], rp["err"][-400:], memd.log.read_text()[-3000:])
+    assert ro["rc"] == 0 and rp["rc"] == 0, why
+    assert json.loads(rp["out"].splitlines()[-1]) == {"ok": True}, why
+    for r in (ro, rp):
+        m = r["report"]["memory"]
+        assert m["oom_shared"] == 0 and m["oom_alone"] == 0, why
+        assert "attempts" not in r["report"] and "preempted" not in r["report"], why
+    assert rp["report"]["memory"]["swaps"] == 1 and ro["report"]["memory"]["swaps"] == 0, why
+    assert rp["report"]["memory"]["off_gpu_s"] > 0
+    # Both its processes locked and copied (the log names them), and put back.
+    log = memd.log.read_text()
+    (line,) = [x for x in log.splitlines() if "swapped out" in x]
+    locked = line.split("its processes [", 1)[1].split("]", 1)[0]
+    assert len(locked.split(",")) == 2, line
+    assert "back on GPU 0" in log, log[-3000:]
+
+
 @pytest.mark.parametrize("kind", ["plain", "retry", "cache"])
 def test_every_tenant_waiting_at_once_ends(memd_noswap: Daemon, tmp_path: Path, kind: str) -> None:
     """Four commands each hold 250 MiB and want 250 more: nothing can be freed. Issue #47, 2,

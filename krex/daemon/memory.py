@@ -697,8 +697,12 @@ def _give_way(
 ) -> tuple[list[int], list[int]]:
     """The deadlock's chosen commands give way: each taken off the GPU where it can be (its
     work kept), else preempted. Returns (preempted, swapped)."""
-    # Each one's wait: its oldest waiting process's (the waiters are in order).
-    wants = {w.slot.tenant: (_want(w.slot), w.slot.mem_since_ns) for w in waiters[::-1]}
+    # Each one's wait: what all its waiting processes ask for (put back with less, one is
+    # served and the others wait again, a deadlock anew), since its oldest's began.
+    wants: dict[int, tuple[int, int]] = {}
+    for w in waiters:
+        asked, since = wants.get(w.slot.tenant, (0, w.slot.mem_since_ns))
+        wants[w.slot.tenant] = (asked + _want(w.slot), min(since, w.slot.mem_since_ns))
     blocked = len(wants) - 1  # the others that wait while its memory goes out
     swaps = [t for t in chosen if node.swap_out(t, gpu, why, *wants[t], blocked)]
     return [t for t in chosen if t not in swaps and node.preempt(t, why)], swaps

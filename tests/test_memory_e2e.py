@@ -312,14 +312,16 @@ def test_every_tenant_waiting_at_once_ends_by_a_swap(
     assert_nothing_left(memd)
 
 
-# A command of two processes (a parent and the child it starts, each with its own context):
-# each holds FIRST MiB, says so, and once both hold (and HOLD s have passed) asks SECOND more.
-PAIR = CONTEXT + textwrap.dedent("""
+# A command of one process ("single") or two ("parent": it starts a "child", each with its
+# own context): each holds FIRST MiB and says so; once GO exists each asks SECOND more, holds
+# it AFTER seconds and frees everything.
+GATED = CONTEXT + textwrap.dedent("""
     import subprocess
-    role, first, second, hold = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    role, first, second, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    after = float(sys.argv[5])
     child = None
     if role == "parent":
-        child = subprocess.Popen([sys.executable, "-c", sys.argv[5], "child", *sys.argv[2:]],
+        child = subprocess.Popen([sys.executable, "-c", sys.argv[6], "child", *sys.argv[2:]],
                                  stdout=subprocess.PIPE, text=True)
     def alloc(mib):
         p = c_uint64()
@@ -329,37 +331,71 @@ PAIR = CONTEXT + textwrap.dedent("""
             sys.exit(3)
         return p
     ptrs = [alloc(first)]
-    print("held", flush=True)
     if child is not None:
         assert child.stdout.readline().strip() == "held"
-    time.sleep(hold)
+    elif role == "child":
+        print("held", flush=True)
+    while not os.path.exists(go):
+        time.sleep(0.02)
     ptrs.append(alloc(second))
-    time.sleep(0.2)
+    time.sleep(after)
     for p in ptrs:
         assert cu.cuMemFree_v2(p) == 0
     if child is not None:
         assert child.stdout.readline().strip() == "done" and child.wait() == 0
-        print(json.dumps({"ok": True}), flush=True)
-    else:
-        print("done", flush=True)
+    print("done" if role == "child" else json.dumps({"ok": True}), flush=True)
 """)
 
 
-def test_a_command_of_two_processes_is_swapped_whole(memd: Daemon, tmp_path: Path) -> None:
-    """Issue #47, 2, a swap of a command of several processes (Inductor's subprocess
-    autotuning, a data loader with a context): a command holds 400 MiB, then one of two
-    processes holding 250 MiB each, all asking 200 MiB more of the 1 GiB: nobody can be served.
-    The two-process command (the younger) is taken off whole, both its processes, and put back
-    once the other is done: both commands finish, nobody killed or run again, no error."""
-    with ThreadPoolExecutor(2) as ex:
-        other = ex.submit(through, memd, memhog([400, 200], hold=3.0), tmp_path / "other.json")
-        until(lambda: (memd.status() or {})["gpus"][0]["memory"]["held_bytes"] >= 400 << 20,
-              30, "the other command holding", every_s=0.05)  # fmt: skip
-        argv = [sys.executable, "-c", PAIR, "parent", "250", "200", "1.0", PAIR]
+def gated(role: str, first: int, second: int, go: Path, after_s: float) -> list[str]:
+    return [sys.executable, "-c", GATED, role, str(first), str(second), str(go), str(after_s),
+            GATED]  # fmt: skip
+
+
+def other_and_pair(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swap: str
+) -> tuple[Daemon, dict[str, Any], dict[str, Any], tuple[str, ...]]:
+    """A command holds 400 MiB, then one of two processes holding 250 MiB each (started
+    second: the younger); the first asks 200 MiB more of the 1 GiB and waits, then the two:
+    nobody can be served, every holder waits. The asks are made in that order (files): the
+    oldest waiter's command is the last a deadlock takes, and on a loaded machine the pair
+    asked first once. Returns the stopped daemon, both results and what to say where an
+    assertion fails."""
+    monkeypatch.setenv("KREX_SIM_MEM_BYTES", str(CAPACITY))
+    doc = f'[memory]\ndeadlock_s = 60\nwait_s = 60\nswap = "{swap}"\n'
+    go_other, go_pair = tmp_path / "go-other", tmp_path / "go-pair"
+
+    with configured(tmp_path, doc, slots=16) as memd, ThreadPoolExecutor(2) as ex:
+
+        def memory(key: str) -> int:
+            return int((memd.status() or {})["gpus"][0]["memory"][key])
+
+        argv = gated("single", 400, 200, go_other, 3.0)
+        other = ex.submit(through, memd, argv, tmp_path / "other.json")
+        until(lambda: memory("held_bytes") >= 400 << 20, 30, "the first holding", every_s=0.05)
+        argv = gated("parent", 250, 200, go_pair, 0.2)
         pair = ex.submit(through, memd, argv, tmp_path / "pair.json")
+        until(lambda: memory("held_bytes") >= 900 << 20, 30, "the pair holding", every_s=0.05)
+        # Its work before the deadlock (time since admission less memory waits) outweighs its
+        # swap's cost (krex/daemon/swap.py), however quickly a machine started it.
+        time.sleep(2.0)
+        go_other.touch()
+        until(lambda: memory("waiting") >= 1, 30, "the first waiting", every_s=0.05)
+        go_pair.touch()
         ro, rp = other.result(), pair.result()
         assert_nothing_left(memd)
     why = (ro["out"][-300:], rp["out"][-300:], rp["err"][-400:], memd.log.read_text()[-3000:])
+    return memd, ro, rp, why
+
+
+def test_a_command_of_two_processes_is_swapped_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #47, 2, a swap of a command of several processes (Inductor's subprocess
+    autotuning, a data loader with a context), in other_and_pair's deadlock: the two-process
+    command is taken off whole, both its processes, and put back once the other is done: both
+    commands finish, nobody killed or run again, no error."""
+    memd, ro, rp, why = other_and_pair(tmp_path, monkeypatch, "auto")
     assert ro["rc"] == 0 and rp["rc"] == 0, why
     assert json.loads(rp["out"].splitlines()[-1]) == {"ok": True}, why
     for r in (ro, rp):
@@ -374,6 +410,20 @@ def test_a_command_of_two_processes_is_swapped_whole(memd: Daemon, tmp_path: Pat
     locked = line.split("its processes [", 1)[1].split("]", 1)[0]
     assert len(locked.split(",")) == 2, line
     assert "back on GPU 0" in log, log[-3000:]
+
+
+def test_a_command_of_two_processes_preempted_is_run_again_for_all_it_needed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above with swaps off: the two-process command is preempted and run again, and its
+    rerun is expected to need what it held and what both its processes asked for (900 MiB),
+    not one ask's (700), so that it is not admitted where it would deadlock again."""
+    _memd, ro, rp, why = other_and_pair(tmp_path, monkeypatch, "off")
+    assert ro["rc"] == 0 and rp["rc"] == 0, why
+    (first,) = rp["report"]["attempts"]
+    assert "deadlock" in first["preempted"]["why"], why
+    assert first["preempted"]["need_bytes"] >= 900 << 20, first["preempted"]
+    assert "attempts" not in ro["report"], why
 
 
 @pytest.mark.parametrize("kind", ["plain", "retry", "cache"])

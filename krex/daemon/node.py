@@ -205,7 +205,8 @@ class Node:
         t.preempted = why
         mine = self._slots_of(tid)
         held = max(sum(s.mem_bytes for s in mine), t.device_bytes or 0)
-        t.preempted_need = held + max((s.mem_want for s in mine), default=0)
+        # (What all its waiting processes asked for: they needed it at once, as a swap's.)
+        t.preempted_need = held + sum(s.mem_want for s in mine)
         log.warning(
             "tenant %d preempted (it runs again from the start): %s; killing %s",
             tid,

@@ -313,8 +313,8 @@ def test_every_tenant_waiting_at_once_ends_by_a_swap(
 
 
 # A command of one process ("single") or two ("parent": it starts a "child", each with its
-# own context): each holds FIRST MiB and says so; once GO exists each asks SECOND more, holds
-# it AFTER seconds and frees everything.
+# own context): each holds FIRST MiB and says so; once GO exists each asks SECOND more (if
+# any), holds it AFTER seconds and frees everything.
 GATED = CONTEXT + textwrap.dedent("""
     import subprocess
     role, first, second, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -337,7 +337,8 @@ GATED = CONTEXT + textwrap.dedent("""
         print("held", flush=True)
     while not os.path.exists(go):
         time.sleep(0.02)
-    ptrs.append(alloc(second))
+    if second:
+        ptrs.append(alloc(second))
     time.sleep(after)
     for p in ptrs:
         assert cu.cuMemFree_v2(p) == 0
@@ -554,21 +555,27 @@ def test_a_waiter_that_has_not_run_since_its_grant_is_not_denied(
     the wait: the command got an out-of-memory error it would not have had alone (this test
     failed so; and, once, in a CI run, the revoked-region test above with --no-memory-retry)."""
     monkeypatch.setenv("KREX_SIM_MEM_BYTES", str(CAPACITY))
-    pid_file = tmp_path / "waiter.pid"
+    pid_file, go = tmp_path / "waiter.pid", tmp_path / "go"
     with (
         configured(tmp_path, "[memory]\ndeadlock_s = 60\nwait_s = 60\n", slots=16) as memd,
         ThreadPoolExecutor(2) as ex,
     ):
-        sib = sibling_holding(memd, ex, tmp_path)
+
+        def memory(key: str) -> int:
+            return int((memd.status() or {})["gpus"][0]["memory"][key])
+
+        # The other command holds 800 MiB until told (a fixed hold was outlasted once by the
+        # waiter's start on a loaded machine: it then never waited).
+        sib = ex.submit(through, memd, gated("single", 800, 0, go, 0.0), tmp_path / "sib.json")
+        until(lambda: memory("held_bytes") >= 800 << 20, 30, "the other holding", every_s=0.05)
         argv = [sys.executable, "-c", SLOW_WAITER, str(pid_file)]
         waiter = ex.submit(through, memd, argv, tmp_path / "waiter.json")
-        until(lambda: (memd.status() or {})["gpus"][0]["memory"]["waiting"] >= 1, 30,
-              "the waiter waiting", every_s=0.05)  # fmt: skip
+        until(lambda: memory("waiting") >= 1, 30, "the waiter waiting", every_s=0.05)
         pid = int(pid_file.read_text())
         os.kill(pid, signal.SIGSTOP)
         try:
-            until(lambda: (memd.status() or {})["gpus"][0]["memory"]["held_bytes"] < 800 << 20,
-                  30, "the sibling freeing", every_s=0.05)  # fmt: skip
+            go.touch()
+            until(lambda: memory("held_bytes") < 800 << 20, 30, "the other freeing", every_s=0.05)
             time.sleep(1.5)  # granted while stopped: no retry can be made, none can fail
         finally:
             os.kill(pid, signal.SIGCONT)

@@ -97,6 +97,11 @@ def memhog(
             "region" if region else "-"]  # fmt: skip
 
 
+def gpu_memory(d: Daemon, key: str, gpu: int = 0) -> int:
+    """One figure of GPU `gpu`'s memory in the daemon's status."""
+    return int((d.status() or {})["gpus"][gpu]["memory"][key])
+
+
 def through(d: Daemon, argv: list[str], report: Path, *opts: str) -> dict[str, Any]:
     t0 = time.monotonic()
     p = subprocess.run(
@@ -308,7 +313,7 @@ def test_every_tenant_waiting_at_once_ends_by_a_swap(
         m = r["report"]["memory"]
         assert m["oom_shared"] == 0 and m["oom_alone"] == 0 and "preempted" not in r["report"]
         assert json.loads(r["out"].splitlines()[-1]) == {"ok": True}
-    assert (memd.status() or {})["gpus"][0]["memory"]["swaps"] >= 1
+    assert gpu_memory(memd, "swaps") >= 1
     assert_nothing_left(memd)
 
 
@@ -367,21 +372,27 @@ def other_and_pair(
     go_other, go_pair = tmp_path / "go-other", tmp_path / "go-pair"
 
     with configured(tmp_path, doc, slots=16) as memd, ThreadPoolExecutor(2) as ex:
-
-        def memory(key: str) -> int:
-            return int((memd.status() or {})["gpus"][0]["memory"][key])
-
         argv = gated("single", 400, 200, go_other, 3.0)
         other = ex.submit(through, memd, argv, tmp_path / "other.json")
-        until(lambda: memory("held_bytes") >= 400 << 20, 30, "the first holding", every_s=0.05)
+        until(
+            lambda: gpu_memory(memd, "held_bytes") >= 400 << 20,
+            30,
+            "the first holding",
+            every_s=0.05,
+        )
         argv = gated("parent", 250, 200, go_pair, 0.2)
         pair = ex.submit(through, memd, argv, tmp_path / "pair.json")
-        until(lambda: memory("held_bytes") >= 900 << 20, 30, "the pair holding", every_s=0.05)
+        until(
+            lambda: gpu_memory(memd, "held_bytes") >= 900 << 20,
+            30,
+            "the pair holding",
+            every_s=0.05,
+        )
         # Its work before the deadlock (time since admission less memory waits) outweighs its
         # swap's cost (krex/daemon/swap.py), however quickly a machine started it.
         time.sleep(2.0)
         go_other.touch()
-        until(lambda: memory("waiting") >= 1, 30, "the first waiting", every_s=0.05)
+        until(lambda: gpu_memory(memd, "waiting") >= 1, 30, "the first waiting", every_s=0.05)
         go_pair.touch()
         ro, rp = other.result(), pair.result()
         assert_nothing_left(memd)
@@ -454,7 +465,7 @@ def sibling_holding(d: Daemon, ex: ThreadPoolExecutor, tmp_path: Path) -> Future
     loaded machine started the owner after a 2 s hold had ended)."""
     sib = ex.submit(through, d, memhog([800], hold=5.0), tmp_path / "sib.json")
     until(
-        lambda: (d.status() or {})["gpus"][0]["memory"]["held_bytes"] >= 800 << 20,
+        lambda: gpu_memory(d, "held_bytes") >= 800 << 20,
         30,
         "the sibling holding its memory",
         every_s=0.05,
@@ -560,22 +571,28 @@ def test_a_waiter_that_has_not_run_since_its_grant_is_not_denied(
         configured(tmp_path, "[memory]\ndeadlock_s = 60\nwait_s = 60\n", slots=16) as memd,
         ThreadPoolExecutor(2) as ex,
     ):
-
-        def memory(key: str) -> int:
-            return int((memd.status() or {})["gpus"][0]["memory"][key])
-
         # The other command holds 800 MiB until told (a fixed hold was outlasted once by the
         # waiter's start on a loaded machine: it then never waited).
         sib = ex.submit(through, memd, gated("single", 800, 0, go, 0.0), tmp_path / "sib.json")
-        until(lambda: memory("held_bytes") >= 800 << 20, 30, "the other holding", every_s=0.05)
+        until(
+            lambda: gpu_memory(memd, "held_bytes") >= 800 << 20,
+            30,
+            "the other holding",
+            every_s=0.05,
+        )
         argv = [sys.executable, "-c", SLOW_WAITER, str(pid_file)]
         waiter = ex.submit(through, memd, argv, tmp_path / "waiter.json")
-        until(lambda: memory("waiting") >= 1, 30, "the waiter waiting", every_s=0.05)
+        until(lambda: gpu_memory(memd, "waiting") >= 1, 30, "the waiter waiting", every_s=0.05)
         pid = int(pid_file.read_text())
         os.kill(pid, signal.SIGSTOP)
         try:
             go.touch()
-            until(lambda: memory("held_bytes") < 800 << 20, 30, "the other freeing", every_s=0.05)
+            until(
+                lambda: gpu_memory(memd, "held_bytes") < 800 << 20,
+                30,
+                "the other freeing",
+                every_s=0.05,
+            )
             time.sleep(1.5)  # granted while stopped: no retry can be made, none can fail
         finally:
             os.kill(pid, signal.SIGCONT)

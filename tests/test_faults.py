@@ -174,7 +174,9 @@ def test_daemon_sigkill_at_each_step_then_restart(tmp_path: Path, step: str) -> 
             running.kill()  # its slot goes to the region's owner
             running.wait(timeout=30)
             waiting = krex_run(d, sys.executable, "-c", HOLDER, "0.1", stderr=subprocess.PIPE)
-            time.sleep(1.0)  # the region waits for the sibling's drain
+            # The region waits for the sibling's drain. Polled, not slept: beside busy cores the
+            # owner had not asked within 1 s, and asked the restarted daemon instead.
+            _until(d, lambda g: g["setting_up"] is not None)
             assert waiting.poll() is None
         assert d.proc is not None
         d.proc.send_signal(signal.SIGKILL)

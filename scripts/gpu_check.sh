@@ -81,7 +81,8 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # checkpoint (scripts/gpu/checkpoint_probe.py: the driver's checkpoint API on a torch process,
 # its device memory to host and back, the process kept; CHECKPOINT_GIB, default 8;
 # CHECKPOINT_CASES, default sleeping,busy; krex-wait: a command waiting in krex's memory wait;
-# krex-deadlock: a memory deadlock krex breaks by a swap),
+# krex-deadlock: a memory deadlock krex breaks by a swap; krex-deadlock2: the same, the swapped
+# command of two processes),
 # simmem (scripts/bench/sim_memory.py: the simulated GPU's memory mix, no GPU used, on this
 # machine's cores: SIMMEM_PAIRS pairs of krex16 and krex8, default 4, alternating which runs first).
 # NCCL_NVLS_ENABLE=0 as the device's KINDS.md asks.

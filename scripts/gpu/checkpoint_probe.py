@@ -27,7 +27,10 @@ private daemon (no warm pool, swaps on), command A takes the GPU less 24 GiB and
 later: neither fits, every holder waits. krex should take B (the youngest, its 15 s of work
 worth more than its swap: krex/daemon/swap.py's swap_cost_s) off the GPU, let A have its
 memory and end, put B back and let it have its own: both exit 0 with their patterns intact,
-nobody run again, B's report counting one swap.
+nobody run again, B's report counting one swap. Case `krex-deadlock2`: the same with B a
+command of two processes, each holding half of `--first-mib` and asking for `--more-mib`
+(neither fits beside A): krex should swap both, put B back once its holdings and both asks fit
+(docs/memory.md, "Swaps"), and both of B's processes end with their patterns intact.
 
     python3 scripts/gpu/checkpoint_probe.py --json OUT.json [--gib 8] [--cases ...]
         [--holder-mib N --first-mib N --more-mib N] [--sim]
@@ -224,16 +227,22 @@ def _krex_node(a: argparse.Namespace, tag: str) -> Iterator[tuple[Path, Path, di
         yield tmp, sock, env
 
 
+# A command of two KREX_CHILD processes with the same arguments: fails if either does.
+TWO = 'p=$1; c=$2; shift 2; "$p" -c "$c" "$@" & x=$!; "$p" -c "$c" "$@" & y=$!; ' \
+      'wait $x; r=$?; wait $y; s=$?; exit $((r | s))'  # fmt: skip
+
+
 def _command(
     ctx: contextlib.ExitStack, a: argparse.Namespace, node: tuple[Path, Path, dict[str, str]],
-    name: str, child: list[str], release: Path,
+    name: str, child: list[str], release: Path, procs: int = 1,
 ) -> subprocess.Popen[str]:  # fmt: skip
-    """`krex run` of KREX_CHILD with `child`'s arguments, its report <name>.json; ended (its
-    release file touched) whatever happens in ctx."""
+    """`krex run` of KREX_CHILD with `child`'s arguments (`procs` 2: two of them, one command),
+    its report <name>.json; ended (its release file touched) whatever happens in ctx."""
     tmp, sock, env = node
+    run = (["sh", "-c", TWO, "sh"] if procs == 2 else []) + [sys.executable]
     argv = [sys.executable, "-m", "krex.cli", "run", *(["--sim"] if a.sim else []),
             "--socket", str(sock), "--no-pool", "--report", str(tmp / f"{name}.json"), "--",
-            sys.executable, "-c", KREX_CHILD, *child]  # fmt: skip
+            *run, *([] if procs == 2 else ["-c"]), KREX_CHILD, *child]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
     ctx.callback(_end, proc, release)
     return proc
@@ -287,24 +296,27 @@ def krex_wait(cu: ctypes.CDLL | None, a: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def krex_deadlock(a: argparse.Namespace) -> dict[str, Any]:
-    """The `krex-deadlock` case: a deadlock krex breaks by a swap (see the docstring)."""
-    out: dict[str, Any] = {"case": "krex-deadlock", "a_mib": a.holder_mib,
-                           "b_mib": a.first_mib, "more_mib": a.more_mib}  # fmt: skip
+def krex_deadlock(a: argparse.Namespace, b_procs: int = 1) -> dict[str, Any]:
+    """The `krex-deadlock` case (`krex-deadlock2`: B of `b_procs` 2 processes): a deadlock krex
+    breaks by a swap (see the docstring)."""
+    case = "krex-deadlock" + ("2" if b_procs == 2 else "")
+    out: dict[str, Any] = {"case": case, "a_mib": a.holder_mib, "b_mib": a.first_mib,
+                           "b_procs": b_procs, "more_mib": a.more_mib}  # fmt: skip
     with _krex_node(a, "swap") as node, contextlib.ExitStack() as ctx:
         go = node[0] / "go"
         procs = {}
-        for name, first, delay in (("a", a.holder_mib, 0.0), ("b", a.first_mib, 15.0)):
+        for name, first, n, delay in (("a", a.holder_mib, 1, 0.0),
+                                      ("b", a.first_mib // b_procs, b_procs, 15.0)):  # fmt: skip
             child = ["late", str(first), str(a.more_mib), str(go), str(delay)]
-            proc = _command(ctx, a, node, name, child, go)
+            proc = _command(ctx, a, node, name, child, go, procs=n)
             assert proc.stdout is not None
-            out[name] = [proc.stdout.readline().strip()]  # holds its first part
-            procs[name] = proc
+            out[name] = [proc.stdout.readline().strip() for _ in range(n)]  # hold their part
+            procs[name] = (proc, n)
         t0 = time.monotonic()
         go.touch()
-        for name, proc in procs.items():
+        for name, (proc, n) in procs.items():
             assert proc.stdout is not None
-            out[name].append(proc.stdout.readline().strip())
+            out[name] += [proc.stdout.readline().strip() for _ in range(n)]
             out[f"{name}_rc"] = proc.wait(timeout=240)
             out[f"{name}_done_s"] = round(time.monotonic() - t0, 2)
             out[f"{name}_report"] = _report(node, name)
@@ -342,10 +354,10 @@ def main() -> int:
         try:
             if case == "krex-wait":
                 r = krex_wait(cu, a)
-            elif case == "krex-deadlock":
-                r = krex_deadlock(a)
+            elif case in ("krex-deadlock", "krex-deadlock2"):
+                r = krex_deadlock(a, 2 if case.endswith("2") else 1)
             else:
-                assert cu is not None, "--sim runs krex-wait and krex-deadlock only"
+                assert cu is not None, "--sim runs the krex- cases only"
                 r = probe(cu, a.gib, case)
         except Exception as e:  # a probe: say what broke, go on to the next case
             r = {"case": case, "error": repr(e)}

@@ -18,7 +18,7 @@ from krex.core.config import ConfigError, from_toml, parse_size
 from krex.core.shm import MEM_KINDS, SlotView
 from krex.core.slices import Slice
 from krex.core.tenants import TenantGroup
-from krex.daemon.memory import GIB, Memory, Pokable, argv_key
+from krex.daemon.memory import DRIVER_WANT, GIB, Memory, Pokable, argv_key, command_asks
 from krex.daemon.model import AdmitRequest, Gpu, Tenant
 from krex.daemon.swap import Swap
 
@@ -1039,6 +1039,19 @@ def test_a_command_of_several_waiting_processes_is_put_back_for_all_their_asks()
     assert list(node.swaps) == [2] and node.preempted == []
     assert node.swaps[2].need == 7 * GIB
     assert node.swaps[2].waited_since_ns == 2 * S  # its oldest process's wait
+
+
+def test_a_commands_ask_reads_a_driver_wait_as_the_arbiter_does() -> None:
+    """What a command's waiting processes ask, for its swap's need and a preempted command's
+    rerun alike: a wait for the driver's own memory (its size unknown, the slot says 1 byte)
+    counts DRIVER_WANT, as the arbiter reads it; a process not waiting, nothing. (A preempted
+    command's need summed the slots' bytes: 1 for a context.)"""
+    mine = [
+        slot(0, 2, held=1, want=0.5),
+        slot(1, 2, held=1, want=1 / GIB, kind="context"),
+        slot(2, 2, held=1),
+    ]
+    assert command_asks(mine) == GIB // 2 + DRIVER_WANT
 
 
 def test_a_command_that_cannot_be_swapped_is_preempted_as_before() -> None:

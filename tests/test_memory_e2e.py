@@ -359,41 +359,47 @@ def gated(role: str, first: int, second: int, go: Path, after_s: float) -> list[
 
 
 def other_and_pair(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swap: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swap: str, pair_waits_s: float = 0.0
 ) -> tuple[Daemon, dict[str, Any], dict[str, Any], tuple[str, ...]]:
     """A command holds 400 MiB, then one of two processes holding 250 MiB each (started
     second: the younger); the first asks 200 MiB more of the 1 GiB and waits, then the two:
     nobody can be served, every holder waits. The asks are made in that order (files): the
     oldest waiter's command is the last a deadlock takes, and on a loaded machine the pair
-    asked first once. Returns the stopped daemon, both results and what to say where an
-    assertion fails."""
+    asked first once. `pair_waits_s`: a third command, started first, holds 100 MiB and asks
+    for 200 that long after the pair (no deadlock while it runs: the pair just waits). Returns
+    the stopped daemon, the first's and the pair's results and what to say where an assertion
+    fails."""
     monkeypatch.setenv("KREX_SIM_MEM_BYTES", str(CAPACITY))
     doc = f'[memory]\ndeadlock_s = 60\nwait_s = 60\nswap = "{swap}"\n'
-    go_other, go_pair = tmp_path / "go-other", tmp_path / "go-pair"
+    go = {k: tmp_path / f"go-{k}" for k in ("third", "other", "pair")}
 
-    with configured(tmp_path, doc, slots=16) as memd, ThreadPoolExecutor(2) as ex:
-        argv = gated("single", 400, 200, go_other, 3.0)
-        other = ex.submit(through, memd, argv, tmp_path / "other.json")
-        until(
-            lambda: gpu_memory(memd, "held_bytes") >= 400 << 20,
-            30,
-            "the first holding",
-            every_s=0.05,
-        )
-        argv = gated("parent", 250, 200, go_pair, 0.2)
+    def holding(d: Daemon, mib: int, what: str) -> None:
+        until(lambda: gpu_memory(d, "held_bytes") >= mib << 20, 30, what, every_s=0.05)
+
+    with configured(tmp_path, doc, slots=16) as memd, ThreadPoolExecutor(3) as ex:
+        third = None
+        if pair_waits_s:
+            argv = gated("single", 100, 200, go["third"], 0.2)
+            third = ex.submit(through, memd, argv, tmp_path / "third.json")
+            holding(memd, 100, "the third holding")
+        base = 100 if pair_waits_s else 0
+        other = ex.submit(through, memd, gated("single", 400, 200, go["other"], 3.0),
+                          tmp_path / "other.json")  # fmt: skip
+        holding(memd, base + 400, "the first holding")
+        argv = gated("parent", 250, 200, go["pair"], 0.2)
         pair = ex.submit(through, memd, argv, tmp_path / "pair.json")
-        until(
-            lambda: gpu_memory(memd, "held_bytes") >= 900 << 20,
-            30,
-            "the pair holding",
-            every_s=0.05,
-        )
+        holding(memd, base + 900, "the pair holding")
         # Its work before the deadlock (time since admission less memory waits) outweighs its
         # swap's cost (krex/daemon/swap.py), however quickly a machine started it.
         time.sleep(2.0)
-        go_other.touch()
+        go["other"].touch()
         until(lambda: gpu_memory(memd, "waiting") >= 1, 30, "the first waiting", every_s=0.05)
-        go_pair.touch()
+        go["pair"].touch()
+        if third is not None:
+            until(lambda: gpu_memory(memd, "waiting") >= 3, 30, "the pair waiting", every_s=0.05)
+            time.sleep(pair_waits_s)
+            go["third"].touch()
+            assert third.result()["rc"] == 0
         ro, rp = other.result(), pair.result()
         assert_nothing_left(memd)
     why = (ro["out"][-300:], rp["out"][-300:], rp["err"][-400:], memd.log.read_text()[-3000:])
@@ -422,6 +428,18 @@ def test_a_command_of_two_processes_is_swapped_whole(
     locked = line.split("its processes [", 1)[1].split("]", 1)[0]
     assert len(locked.split(",")) == 2, line
     assert "back on GPU 0" in log, log[-3000:]
+
+
+def test_a_command_of_two_processes_that_waited_together_long_is_still_swapped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pair's two processes wait together 5 s before the deadlock (a third command runs
+    meanwhile), after its 2 s of work: its work is 2 s and more, worth its swap (0.9 s), not
+    its time less both waits summed (about nothing: it was preempted)."""
+    _memd, ro, rp, why = other_and_pair(tmp_path, monkeypatch, "auto", pair_waits_s=5.0)
+    assert ro["rc"] == 0 and rp["rc"] == 0, why
+    assert "attempts" not in rp["report"] and "preempted" not in rp["report"], why
+    assert rp["report"]["memory"]["swaps"] == 1, why
 
 
 def test_a_command_of_two_processes_preempted_is_run_again_for_all_it_needed(

@@ -233,3 +233,20 @@ def test_a_victim_is_swapped_only_where_its_work_is_worth_the_swap() -> None:
     assert cannot.can_take(t, held, work_s=600.0, blocked=0) == cannot.unsupported
     t.mem_swaps = MAX_SWAPS
     assert "swapped 2 times" in swaps().can_take(t, held, work_s=600.0, blocked=0)
+
+
+def test_a_commands_work_counts_its_processes_waits_going_on_together_once() -> None:
+    """What a rerun loses: a command 15 s old whose two processes have both waited since 10 s
+    ago did 5 s of work (summed, their waits made 20 s and the command seemed to have done
+    none: a swap refused where one process's alone was granted); a wait over before counts as
+    it was; waits never make work negative."""
+    from krex.daemon.swap import work_s
+
+    s = 10**9
+    now = 100 * s
+    assert work_s(15.0, 20 * s, [90 * s, 90 * s], now) == pytest.approx(5.0)
+    assert work_s(15.0, 10 * s, [90 * s], now) == pytest.approx(5.0)  # one process: the same
+    # 3 s over before, and the two going on since 10 s and 8 s ago: 13 s waited.
+    assert work_s(20.0, 3 * s + 10 * s + 8 * s, [90 * s, 92 * s], now) == pytest.approx(7.0)
+    assert work_s(15.0, 4 * s, [], now) == pytest.approx(11.0)  # nothing going on
+    assert work_s(5.0, 20 * s, [90 * s, 90 * s], now) == 0.0

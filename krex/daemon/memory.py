@@ -78,9 +78,16 @@ _ROOM_POLL_S = 0.02
 _KIND_ALLOC = MEM_KINDS.index("alloc")
 
 
-def _want(s: SlotView) -> int:
-    """What a waiting slot asks for: its bytes, or DRIVER_WANT for the driver's own memory."""
+def asks(s: SlotView) -> int:
+    """What a waiting slot asks for: its bytes, or DRIVER_WANT for the driver's own memory
+    (the arbiter's reading, a swap's need and a preempted command's: one)."""
     return s.mem_want if s.mem_kind == _KIND_ALLOC else max(s.mem_want, DRIVER_WANT)
+
+
+def command_asks(slots: Iterable[SlotView]) -> int:
+    """What a command's waiting processes ask for together: needed at once (a swapped or
+    preempted command is put back or run again for all of it, not one ask)."""
+    return sum(asks(s) for s in slots if s.mem_want)
 
 
 def argv_key(argv: Sequence[str]) -> str:
@@ -304,17 +311,17 @@ class Memory:
         head = live[0]
         room = st.room_want if st.room_for else st.room_kept[1]
         room = max(room, st.reserve)  # (a command off the GPU that waited before the head)
-        if not room or head.owner or free - room >= _want(head.slot):
+        if not room or head.owner or free - room >= asks(head.slot):
             # (While a region waits for room, and once found until the region ends, what is
             # free stays free for it: the head may retry only where its ask leaves that room.)
             granted.add(id(head))
-            left = free - _want(head.slot) if _want(head.slot) <= free else free
-            pack = not (head.owner or room or _want(head.slot) <= free)
+            left = free - asks(head.slot) if asks(head.slot) <= free else free
+            pack = not (head.owner or room or asks(head.slot) <= free)
             if pack and now_ns - head.slot.mem_since_ns < STARVE_S * 1e9:
                 for w in live[1:]:
-                    if _want(w.slot) <= left:
+                    if asks(w.slot) <= left:
                         granted.add(id(w))
-                        left -= _want(w.slot)
+                        left -= asks(w.slot)
         for w in live:
             if id(w) in granted:
                 w.seg.mem_grant(w.slot.index)
@@ -384,7 +391,7 @@ class Memory:
         if v.denied:
             return True
         mine, others = self._others(gpu, s.tenant, by_tenant, pids, users)
-        want = _want(s)
+        want = asks(s)
         why = ""
         # By the driver's figure only at two looks in a row: a retry that has just succeeded is
         # counted there at once while its slot still says it waits, for a moment (an H100,
@@ -510,7 +517,7 @@ class Memory:
         holds = {t: self._others(gpu, t, by_tenant, pids, users)[0] for t in waiting}
         # (For a region waiting for room, that room: what is freed goes to it first, and the
         # head's wait, frozen beside the region, is the next period's.)
-        short = (st.room_want if st.room_for else _want(head.slot)) - free
+        short = (st.room_want if st.room_for else asks(head.slot)) - free
         chosen: list[int] = []
         for t in self.node.victims(gpu):
             if t.id not in waiting or holds.get(t.id, 0) <= 0 or t.id == head.slot.tenant:
@@ -699,10 +706,10 @@ def _give_way(
     work kept), else preempted. Returns (preempted, swapped)."""
     # Each one's wait: what all its waiting processes ask for (put back with less, one is
     # served and the others wait again, a deadlock anew), since its oldest's began.
-    wants: dict[int, tuple[int, int]] = {}
+    slots: dict[int, list[SlotView]] = {}
     for w in waiters:
-        asked, since = wants.get(w.slot.tenant, (0, w.slot.mem_since_ns))
-        wants[w.slot.tenant] = (asked + _want(w.slot), min(since, w.slot.mem_since_ns))
+        slots.setdefault(w.slot.tenant, []).append(w.slot)
+    wants = {t: (command_asks(ss), min(s.mem_since_ns for s in ss)) for t, ss in slots.items()}
     blocked = len(wants) - 1  # the others that wait while its memory goes out
     swaps = [t for t in chosen if node.swap_out(t, gpu, why, *wants[t], blocked)]
     return [t for t in chosen if t not in swaps and node.preempt(t, why)], swaps

@@ -35,13 +35,13 @@ from krex.core.slices import Slice, SliceError, default_slices, validate_slices
 from krex.core.tenants import FreezerKind, TenantGroup, TenantsError, detect_freezer, prune
 from krex.daemon.admission import Admission
 from krex.daemon.machinery import NodeMachinery
-from krex.daemon.memory import Memory, Pokable
+from krex.daemon.memory import Memory, Pokable, command_asks
 from krex.daemon.metrics import Metrics
 from krex.daemon.model import AdmitRequest, Gpu, Tenant, gpu_names
 from krex.daemon.mps import Mps
 from krex.daemon.regions import Regions
 from krex.daemon.segments import Segments
-from krex.daemon.swap import Swaps
+from krex.daemon.swap import Swaps, work_s
 from krex.daemon.workers import Pool
 from krex.sim.simnode import segment_name as sim_segment
 
@@ -205,8 +205,8 @@ class Node:
         t.preempted = why
         mine = self._slots_of(tid)
         held = max(sum(s.mem_bytes for s in mine), t.device_bytes or 0)
-        # (What all its waiting processes asked for: they needed it at once, as a swap's.)
-        t.preempted_need = held + sum(s.mem_want for s in mine)
+        # (What all its waiting processes ask for: they needed it at once, as a swap's.)
+        t.preempted_need = held + command_asks(mine)
         log.warning(
             "tenant %d preempted (it runs again from the start): %s; killing %s",
             tid,
@@ -242,11 +242,12 @@ class Node:
             held = sum(s.mem_bytes for s in mine)
         held = max(held, sum(s.mem_bytes for s in mine))
         # Its work so far: its time since admission less its waits for memory, those over
-        # and those going on (totals counts both; a first-wave command that mostly waited
-        # loses little).
-        waits = self.segments.totals(t).mem_wait_ns
-        work_s = max(0.0, time.monotonic() - t.t_admit - waits / 1e9)
-        not_swapped = self.swaps.can_take(t, held, work_s, blocked) or (
+        # and those going on (a first-wave command that mostly waited loses little).
+        now_ns = time.monotonic_ns()
+        going = [s.mem_since_ns for s in mine if s.mem_want and s.mem_since_ns]
+        waited = self.segments.totals(t).mem_wait_ns
+        work = work_s(now_ns / 1e9 - t.t_admit, waited, going, now_ns)
+        not_swapped = self.swaps.can_take(t, held, work, blocked) or (
             "" if pids else "none of its processes holds memory on the GPU"
         )
         if not_swapped:

@@ -54,6 +54,17 @@ def swap_cost_s(held: int, blocked: int) -> float:
     return held / GIB * (ROUND_TRIP_S_PER_GIB + OUT_S_PER_GIB * blocked)
 
 
+def work_s(age_s: float, waited_ns: int, waiting_since_ns: list[int], now_ns: int) -> float:
+    """What a rerun would lose of a command `age_s` old: its time less its waits for memory.
+    `waited_ns` sums its processes' waits, each one going on counted up to `now_ns`; those going
+    on (begun at `waiting_since_ns`) all run to now, so they overlap: they count once, from the
+    oldest's start (summed, two processes waiting together counted twice and a command of
+    several processes seemed to have done nothing)."""
+    going = sum(max(0, now_ns - since) for since in waiting_since_ns)
+    union = max(0, now_ns - min(waiting_since_ns)) if waiting_since_ns else 0
+    return max(0.0, age_s - max(0, waited_ns - going + union) / 1e9)
+
+
 @dataclass(eq=False)
 class Swap:
     """One command taken off a GPU (or being taken off, or put back)."""

@@ -83,9 +83,16 @@ class Daemon:
         return dict(json.loads(p.stdout))
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Signal the daemon and wait for it; one that has not exited in 30 s is killed (and
+        the test fails): never left running after the suite."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)
-            self.proc.wait(timeout=30)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+                raise
 
 
 @contextlib.contextmanager

@@ -166,6 +166,7 @@ def test_daemon_sigkill_at_each_step_then_restart(tmp_path: Path, step: str) -> 
             _until(d, lambda g: g["used"] == 2)
             waiting = subprocess.Popen([*run_argv(d), "--", "true"], stderr=subprocess.PIPE,
                                        text=True)  # fmt: skip
+            procs.append(waiting)
             _until(d, lambda g: g["queue"] == 1)
         elif step == "draining":
             sib = krex_run(d, sys.executable, "-c", LONG_KERNEL, "20", stdout=subprocess.PIPE)
@@ -174,6 +175,7 @@ def test_daemon_sigkill_at_each_step_then_restart(tmp_path: Path, step: str) -> 
             running.kill()  # its slot goes to the region's owner
             running.wait(timeout=30)
             waiting = krex_run(d, sys.executable, "-c", HOLDER, "0.1", stderr=subprocess.PIPE)
+            procs.append(waiting)
             # The region waits for the sibling's drain. Polled, not slept: beside busy cores the
             # owner had not asked within 1 s, and asked the restarted daemon instead.
             _until(d, lambda g: g["setting_up"] is not None)

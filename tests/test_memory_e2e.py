@@ -558,23 +558,6 @@ def test_a_region_revoked_for_memory_runs_its_command_again(
 
 
 # A command that says its pid, holds 100 MiB and asks for 400 more: the waiter below.
-SLOW_WAITER = CONTEXT + textwrap.dedent("""
-    Path = __import__("pathlib").Path
-    Path(sys.argv[1]).write_text(str(os.getpid()))
-    ptrs = []
-    for mib in (100, 400):
-        p = c_uint64()
-        rc = cu.cuMemAlloc_v2(byref(p), c_size_t(mib << 20))
-        if rc != 0:
-            print(json.dumps({"oom": rc == 2, "rc": rc}), flush=True)
-            sys.exit(3)
-        ptrs.append(p)
-    for p in ptrs:
-        assert cu.cuMemFree_v2(p) == 0
-    print(json.dumps({"ok": True}), flush=True)
-""")
-
-
 def test_a_waiter_that_has_not_run_since_its_grant_is_not_denied(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -584,7 +567,8 @@ def test_a_waiter_that_has_not_run_since_its_grant_is_not_denied(
     the wait: the command got an out-of-memory error it would not have had alone (this test
     failed so; and, once, in a CI run, the revoked-region test above with --no-memory-retry)."""
     monkeypatch.setenv("KREX_SIM_MEM_BYTES", str(CAPACITY))
-    pid_file, go = tmp_path / "waiter.pid", tmp_path / "go"
+    go, asks_now = tmp_path / "go", tmp_path / "asks-now"
+    asks_now.touch()
     with (
         configured(tmp_path, "[memory]\ndeadlock_s = 60\nwait_s = 60\n", slots=16) as memd,
         ThreadPoolExecutor(2) as ex,
@@ -598,10 +582,12 @@ def test_a_waiter_that_has_not_run_since_its_grant_is_not_denied(
             "the other holding",
             every_s=0.05,
         )
-        argv = [sys.executable, "-c", SLOW_WAITER, str(pid_file)]
+        argv = gated("single", 100, 400, asks_now, 0.0)  # 100 MiB, then 400 more at once
         waiter = ex.submit(through, memd, argv, tmp_path / "waiter.json")
         until(lambda: gpu_memory(memd, "waiting") >= 1, 30, "the waiter waiting", every_s=0.05)
-        pid = int(pid_file.read_text())
+        st = memd.status()
+        assert st is not None
+        (pid,) = next(t["pids"] for t in st["gpus"][0]["tenants"] if t["memory"]["waiting_s"])
         os.kill(pid, signal.SIGSTOP)
         try:
             go.touch()

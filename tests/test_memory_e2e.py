@@ -102,6 +102,11 @@ def gpu_memory(d: Daemon, key: str, gpu: int = 0) -> int:
     return int((d.status() or {})["gpus"][gpu]["memory"][key])
 
 
+def holding(d: Daemon, mib: int, what: str) -> None:
+    """Wait (30 s at most) until GPU 0's holders hold `mib` MiB or more."""
+    until(lambda: gpu_memory(d, "held_bytes") >= mib << 20, 30, what, every_s=0.05)
+
+
 def through(d: Daemon, argv: list[str], report: Path, *opts: str) -> dict[str, Any]:
     t0 = time.monotonic()
     p = subprocess.run(
@@ -373,9 +378,6 @@ def other_and_pair(
     doc = f'[memory]\ndeadlock_s = 60\nwait_s = 60\nswap = "{swap}"\n'
     go = {k: tmp_path / f"go-{k}" for k in ("third", "other", "pair")}
 
-    def holding(d: Daemon, mib: int, what: str) -> None:
-        until(lambda: gpu_memory(d, "held_bytes") >= mib << 20, 30, what, every_s=0.05)
-
     with configured(tmp_path, doc, slots=16) as memd, ThreadPoolExecutor(3) as ex:
         third = None
         if pair_waits_s:
@@ -482,12 +484,7 @@ def sibling_holding(d: Daemon, ex: ThreadPoolExecutor, tmp_path: Path) -> Future
     outlasted on a loaded machine: the owner then allocated first and never waited; and a
     loaded machine started the owner after a 2 s hold had ended)."""
     sib = ex.submit(through, d, memhog([800], hold=5.0), tmp_path / "sib.json")
-    until(
-        lambda: gpu_memory(d, "held_bytes") >= 800 << 20,
-        30,
-        "the sibling holding its memory",
-        every_s=0.05,
-    )
+    holding(d, 800, "the sibling holding its memory")
     return sib
 
 
@@ -557,7 +554,6 @@ def test_a_region_revoked_for_memory_runs_its_command_again(
     assert rep["memory"]["revoked_regions"] == 0 and all(r["clean"] for r in rep["regions"])
 
 
-# A command that says its pid, holds 100 MiB and asks for 400 more: the waiter below.
 def test_a_waiter_that_has_not_run_since_its_grant_is_not_denied(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -576,12 +572,7 @@ def test_a_waiter_that_has_not_run_since_its_grant_is_not_denied(
         # The other command holds 800 MiB until told (a fixed hold was outlasted once by the
         # waiter's start on a loaded machine: it then never waited).
         sib = ex.submit(through, memd, gated("single", 800, 0, go, 0.0), tmp_path / "sib.json")
-        until(
-            lambda: gpu_memory(memd, "held_bytes") >= 800 << 20,
-            30,
-            "the other holding",
-            every_s=0.05,
-        )
+        holding(memd, 800, "the other holding")
         argv = gated("single", 100, 400, asks_now, 0.0)  # 100 MiB, then 400 more at once
         waiter = ex.submit(through, memd, argv, tmp_path / "waiter.json")
         until(lambda: gpu_memory(memd, "waiting") >= 1, 30, "the waiter waiting", every_s=0.05)

@@ -73,7 +73,8 @@ gcc -O2 -o "$BUILD/launch_overhead" scripts/gpu/launch_overhead.c -I"$CUDA_HOME/
 # (scripts/gpu/driver_oom_check.py: a command's first CUDA work beside a full GPU, natively and
 # under krex), entry (scripts/bench/region_entry.py: region overhead by sibling kind; ENTRY_KINDS,
 # default idle,launching,compiling,memwait; ENTRY_SIBLINGS, default 7; ENTRY_REGIONS, default 30;
-# ENTRY_FREEZE, the daemon's regions.freeze, default all; all,contexts runs each kind under both),
+# ENTRY_FREEZE, the daemon's regions.freeze, default all; all,contexts runs each kind under both;
+# ENTRY_PACE, the daemon's regions.pace_ms, default 0 (off); 0,5 runs each kind under both),
 # placement (scripts/bench/placement_probe.py: KernelBench's reference timing again and again in
 # one process, natively, beside churned memory, with empty_cache a no-op, through krex 8 at once;
 # PLACEMENT_MODES, default alone,churn,churn-hold,krex8,krex8-hold; PLACEMENT_ROUNDS, default 6;
@@ -234,11 +235,11 @@ if [[ " $PARTS " == *" kbmem "* ]]; then
 fi
 if [[ " $PARTS " == *" entry "* ]]; then
     echo "== region overhead by sibling kind: ${ENTRY_KINDS:-idle,launching,compiling,memwait}" \
-        "(regions.freeze ${ENTRY_FREEZE:-all})"
+        "(regions.freeze ${ENTRY_FREEZE:-all}, regions.pace_ms ${ENTRY_PACE:-0})"
     python3 scripts/bench/region_entry.py --json "$OUT/region_entry.json" \
         --kinds "${ENTRY_KINDS:-idle,launching,compiling,memwait}" \
         --siblings "${ENTRY_SIBLINGS:-7}" --regions "${ENTRY_REGIONS:-30}" \
-        --freeze "${ENTRY_FREEZE:-all}" || rc=1
+        --freeze "${ENTRY_FREEZE:-all}" --pace-ms "${ENTRY_PACE:-0}" || rc=1
 fi
 if [[ " $PARTS " == *" kbeval "* ]]; then
     echo "== KernelBench's eval: ${KB_EVAL_MODES:-exclusive,krex8,exclusive2} (kb_eval.py)"

@@ -137,6 +137,19 @@ typedef enum CUdriverProcAddressQueryResult_enum {
 #define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
 
+/* Pacing's markers (shim/preload/pace.c): events, and the capture state of a stream. */
+#define CU_EVENT_DISABLE_TIMING 0x2
+typedef enum CUstreamCaptureStatus_enum {
+    CU_STREAM_CAPTURE_STATUS_NONE = 0,
+    CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+    CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2
+} CUstreamCaptureStatus;
+typedef enum CUstreamCaptureMode_enum {
+    CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+    CU_STREAM_CAPTURE_MODE_RELAXED = 2
+} CUstreamCaptureMode;
+
 /* ---- Device memory: read by the simulated driver (shim/sim/sim_api_mem.c, sim_vmm.c), so
  * their layouts matter (tests/c/sim_mem_types.c compares them with the real cuda.h). ---- */
 

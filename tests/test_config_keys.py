@@ -71,6 +71,8 @@ def test_config_show_prints_every_setting(tmp_path: Path) -> None:
         ("[timeouts]\ndrain_s = 0", "c.toml: timeouts.drain_s must be > 0 and finite, at most "
          "1e+09 (seconds), got 0.0"),
         ("[regions]\nsettle_s = 6", "c.toml: regions.settle_s must be 0..5 (seconds), got 6.0"),
+        ("[regions]\npace_ms = -1", "c.toml: regions.pace_ms must be 0..1000 (milliseconds, 0: "
+         "off), got -1.0"),
         ("[memory]\nroom_gib = -1", "c.toml: memory.room_gib must be >= 0 and finite, at most "
          "1048576 (GiB, 1 PiB), got -1.0"),
         ("[pool]\nmax_uses = 0", "c.toml: pool.max_uses must be at least 1, at most 2147483647, "

@@ -112,7 +112,9 @@ def test_hook_table_is_what_the_library_exports() -> None:
         check=True,
     ).stdout
     exported = {line.split()[-1] for line in out.splitlines() if line.strip()}
-    kinds = ("KREX_GATE", "KREX_GATE_MEM", "KREX_TRACK", "KREX_MEM", "KREX_DRIVER")
+    kinds = (
+        "KREX_GATE", "KREX_GATE_MEM", "KREX_GATE_LAUNCH", "KREX_TRACK", "KREX_MEM", "KREX_DRIVER"
+    )  # fmt: skip
     expected = set().union(*map(hook_names, kinds))
     expected |= {
         "cuGetProcAddress",
@@ -125,10 +127,17 @@ def test_hook_table_is_what_the_library_exports() -> None:
         "krex_region_end",
     }
     assert exported == expected
-    assert len(hook_names("KREX_GATE") | hook_names("KREX_GATE_MEM")) >= 150
+    gated = hook_names("KREX_GATE_MEM") | hook_names("KREX_GATE_LAUNCH")
+    assert len(hook_names("KREX_GATE") | gated) >= 150
     assert len(hook_names("KREX_MEM")) == 15
     # Every way the driver answers out-of-memory for its own memory (docs/memory.md).
-    assert {"cuLaunchKernel", "cuLaunchKernelEx", "cuGraphLaunch"} <= hook_names("KREX_GATE_MEM")
+    assert {"cuLaunchKernel", "cuLaunchKernelEx", "cuGraphLaunch"} <= gated
+    # Every launch on one stream is paced (docs/shim.md, "Pacing"): kernels and graphs.
+    assert hook_names("KREX_GATE_LAUNCH") == {
+        "cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz",
+        "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz", "cuLaunch",
+        "cuLaunchGrid", "cuLaunchGridAsync", "cuGraphLaunch", "cuGraphLaunch_ptsz",
+    }  # fmt: skip
     assert {"cuModuleLoadData", "cuModuleGetFunction", "cuLibraryLoadData"} <= hook_names(
         "KREX_DRIVER"
     )

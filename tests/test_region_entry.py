@@ -11,17 +11,23 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "bench" / "region_entry.py"
+
+
+def _entry(out: Path, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    """region_entry.py --sim --json out, with args; its status 0 where `ok`."""
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "--sim", "--json", str(out), *args],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert not ok or p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    return p
 
 
 @pytest.mark.slow
 def test_region_overhead_by_sibling_kind_on_the_simulated_gpu(tmp_path: Path) -> None:
     out = tmp_path / "entry.json"
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench" / "region_entry.py"), "--sim",
-         "--json", str(out), "--siblings", "2", "--regions", "4"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    p = _entry(out, "--siblings", "2", "--regions", "4")
     assert "SIMULATED GPU" in p.stdout
     doc = json.loads(out.read_text())
     assert doc["sim"] is True and [k["kind"] for k in doc["kinds"]] == [
@@ -45,13 +51,8 @@ def test_freeze_contexts_leaves_the_compile_workers_running(tmp_path: Path) -> N
     """--freeze all,contexts: each kind under both settings; the compiling sibling's workers
     (no GPU context) are left running under contexts only, every region clean."""
     out = tmp_path / "entry.json"
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench" / "region_entry.py"), "--sim",
-         "--json", str(out), "--kinds", "compiling", "--siblings", "1", "--regions", "3",
-         "--freeze", "all,contexts"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    _entry(out, "--kinds", "compiling", "--siblings", "1", "--regions", "3", "--freeze",
+           "all,contexts")  # fmt: skip
     kinds = json.loads(out.read_text())["kinds"]
     assert [(k["kind"], k["freeze"]) for k in kinds] == [
         ("compiling", "all"), ("compiling", "contexts")
@@ -59,3 +60,24 @@ def test_freeze_contexts_leaves_the_compile_workers_running(tmp_path: Path) -> N
     for k in kinds:
         assert k["regions"] == 3 and k["clean"] == 3, (k["freeze"], k["problems"])
     assert kinds[0]["awake"] == 0 and kinds[1]["awake"] >= 1, kinds
+
+
+@pytest.mark.slow
+def test_pace_settings_each_run_and_count_the_siblings_turns(tmp_path: Path) -> None:
+    """--pace-ms 0,2: the launching kind under each regions.pace_ms, each with its regions
+    clean and the siblings' turns a second counted while the owner took them (what pacing
+    costs them; a figure only on a GPU)."""
+    out = tmp_path / "entry.json"
+    p = _entry(out, "--kinds", "launching", "--siblings", "2", "--regions", "4", "--pace-ms",
+               "0,2")  # fmt: skip
+    kinds = json.loads(out.read_text())["kinds"]
+    assert [(k["kind"], k["pace_ms"]) for k in kinds] == [("launching", 0.0), ("launching", 2.0)]
+    for k in kinds:
+        assert k["regions"] == 4 and k["clean"] == 4, k
+        assert k["sibling_turns_per_s"] > 0, k
+    assert "pace 2 ms" in p.stdout
+
+
+def test_a_bad_pace_is_one_error(tmp_path: Path) -> None:
+    p = _entry(tmp_path / "e.json", "--pace-ms", "fast", ok=False)
+    assert p.returncode == 2 and "--pace-ms 'fast'" in p.stderr, p.stderr

@@ -42,6 +42,7 @@ VENDORS = ("auto", "nvidia", "amd")
 # A region's settle (regions.settle_s, krex run --settle): its longest. Siblings stay frozen
 # through it, so a long one would cost everyone; 5 s is past any cooling measured to matter.
 MAX_SETTLE_S = 5.0
+MAX_PACE_MS = 1000.0  # pacing (regions.pace_ms): beyond a second it bounds nothing a drain feels
 # The longest time-out of any kind (about 31 years): a gate's deadline and the shim's waits are
 # nanoseconds in 64 bits, Python's sockets and timers hold at most about 9.2e9 s, and several
 # time-outs are added up (a region's setup, the shutdown's bound). The shim caps its own waits
@@ -214,6 +215,13 @@ def _settle_seconds(value: float, where: str) -> None:
         raise ConfigError(f"{where} must be 0..{MAX_SETTLE_S:g} (seconds), got {_shown(value)}")
 
 
+def _pace_ms(value: float, where: str) -> None:
+    if not _within(value, 0, MAX_PACE_MS):
+        raise ConfigError(
+            f"{where} must be 0..{MAX_PACE_MS:g} (milliseconds, 0: off), got {_shown(value)}"
+        )
+
+
 def _gibibytes(value: float, where: str) -> None:
     if not _within(value, 0, MAX_GIB):
         raise ConfigError(
@@ -371,6 +379,15 @@ class Config:
         "hold a slot (a GPU context), found none free, or are the GPU's users, while the rest "
         "(compile workers) run on the shared cores; a candidate, not yet measured on a GPU "
         "(see Freezing only GPU contexts)",
+    )  # fmt: skip
+    region_pace_ms: float = _setting(
+        0.0, "regions.pace_ms", NUMBER, f"number 0..{MAX_PACE_MS:g}",
+        "outside its own regions a command's thread waits before a launch while the launch "
+        "would leave its stream with more than this many milliseconds of GPU work queued (one "
+        "launch always goes): what a region's drain waits for beside launching siblings, at "
+        "some cost to theirs; estimated from the stream's completed launches, a candidate not "
+        "yet measured on a GPU (see Pacing)",
+        check=_pace_ms, default="0.0 (off)",
     )  # fmt: skip
     freezer: str = _choice(
         "auto", "freezer.backend", FREEZERS,

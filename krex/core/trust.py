@@ -173,6 +173,7 @@ _PLAIN = {
     "KREX_SHM",
     "KREX_SLOTS",
     "KREX_MEM_WAIT_S",
+    "KREX_PACE_US",
     "KREX_SIM_SHM",
     "KREX_SIM_GPUS",
     "KREX_SIM_MEM_BYTES",

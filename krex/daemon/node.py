@@ -294,6 +294,8 @@ class Node:
         # simulated HIP runs on the simulated CUDA).
         env["CUDA_VISIBLE_DEVICES"] = visible
         env["KREX_MEM_WAIT_S"] = f"{self.cfg.memory_wait_s:g}"
+        if self.cfg.region_pace_ms > 0:  # the shim's pacing (docs/shim.md, "Pacing")
+            env["KREX_PACE_US"] = str(round(self.cfg.region_pace_ms * 1000))
         if self.cfg.sim:
             env["LD_LIBRARY_PATH"] = str(sim_library_dir())
             if os.environ.get("KREX_SIM_MEM_BYTES"):

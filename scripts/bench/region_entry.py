@@ -11,14 +11,18 @@ freeze, pin, audit, sample; `exit_steps_s`: audit, pin_back, thaw, open), how ma
 were clean, and the most sibling processes a region left running (`awake`). Before the
 launching siblings start, one turn of their loop (two kernels and a sync) is timed alone:
 `turn_ms`, and `queued_most_ms` = SIBLINGS turns, the most GPU work queued as a gate closes, which
-a drain waits for and krex cannot withdraw.
+a drain waits for and krex cannot withdraw; and, while the owner takes its regions, how many
+turns a second the launching siblings got done together (`sibling_turns_per_s`: what pacing
+costs them).
 
     python3 scripts/bench/region_entry.py --json OUT.json [--sim]
         [--kinds idle,launching,compiling,memwait]
-        [--siblings 7] [--regions 30] [--freeze all|contexts|all,contexts]
+        [--siblings 7] [--regions 30] [--freeze all|contexts|all,contexts] [--pace-ms 0,5]
 
 `--freeze`: the daemon's regions.freeze (docs/operator-guide.md); with both, each kind runs
 under each setting in turn, with the same siblings' kind and number (default all).
+`--pace-ms`: the daemon's regions.pace_ms (docs/shim.md, "Pacing"), one or more (0: off, the
+default); each kind runs under each, after each freeze setting.
 
 `--sim`: on the simulated GPU (no GPU needed; behaviour, not figures: the simulated driver and
 a 2-core machine say nothing of a real GPU's costs). Otherwise on the GPU, with torch.
@@ -99,17 +103,24 @@ def _stop(p: subprocess.Popen[str]) -> None:
 
 
 def run_kind(
-    kind: str, sim: bool, siblings: int, regions: int, tmp: Path, freeze: str = "all"
+    kind: str,
+    sim: bool,
+    siblings: int,
+    regions: int,
+    tmp: Path,
+    freeze: str = "all",
+    pace_ms: float = 0.0,
 ) -> dict[str, Any]:
-    """One kind under regions.freeze = `freeze`: the owner admitted first (a GPU where someone
-    waits for memory admits nobody), then the siblings; once they all run their kind, the
-    owner's regions; their records summarised."""
+    """One kind under regions.freeze = `freeze` and regions.pace_ms = `pace_ms`: the owner
+    admitted first (a GPU where someone waits for memory admits nobody), then the siblings;
+    once they all run their kind, the owner's regions; their records summarised."""
     where = "sim" if sim else "gpu"
-    name = f"{kind}-{freeze}"
+    name = f"{kind}-{freeze}-{pace_ms:g}"
     go, owner_go = tmp / f"go-{name}", tmp / f"owner-go-{name}"
     report, err = tmp / f"owner-{name}.json", tmp / f"owner-{name}.err"
-    cfg = f'[regions]\nfreeze = "{freeze}"\n'
-    out: dict[str, Any] = {"kind": kind, "freeze": freeze, "siblings": siblings}
+    cfg = f'[regions]\nfreeze = "{freeze}"\npace_ms = {pace_ms:g}\n'
+    out: dict[str, Any] = {"kind": kind, "freeze": freeze, "pace_ms": pace_ms,
+                           "siblings": siblings}  # fmt: skip
     with contextlib.ExitStack() as stack:
         env = stack.enter_context(node(sim))
         if kind == "launching":  # what the drain can at most wait for, measured first
@@ -136,9 +147,12 @@ def run_kind(
             if kind == "memwait":  # until all but the holder wait for memory
                 _until_waiting(sock, env, siblings - 1, deadline)
             t0 = time.monotonic()
+            before = _turns(go)
             owner_go.touch()
             rc = owner.wait(timeout=600)
             wall = time.monotonic() - t0
+            if kind == "launching":
+                out["sibling_turns_per_s"] = _turns_per_s(before, _turns(go))
         finally:
             for p in procs:
                 _stop(p)
@@ -147,6 +161,28 @@ def run_kind(
         return out | {"stderr_tail": err.read_text()[-800:]}
     records = json.loads(report.read_text())["regions"]
     return out | summarise(records)
+
+
+def _turns(go: Path) -> dict[str, tuple[int, float]]:
+    """Each launching sibling's count of turns and when it was written (region_sibling.py)."""
+    out = {}
+    for f in go.parent.glob(go.name + ".turns-*"):
+        with contextlib.suppress(OSError, ValueError):
+            n, t = f.read_text().split()
+            out[f.name] = (int(n), float(t))
+    return out
+
+
+def _turns_per_s(
+    before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]]
+) -> float | None:
+    """The siblings' turns a second between the two readings, summed over the siblings."""
+    rates = [
+        (after[k][0] - n) / (after[k][1] - t)
+        for k, (n, t) in before.items()
+        if k in after and after[k][1] > t
+    ]
+    return round(sum(rates), 2) if rates else None
 
 
 def turn(where: str, env: dict[str, str], siblings: int) -> dict[str, Any]:
@@ -209,13 +245,17 @@ def _q(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
 
 
+def _setting(k: dict[str, Any]) -> str:
+    return f"{k['kind']:<10} {k.get('freeze', 'all'):<8} {k.get('pace_ms', 0.0):>5g}"
+
+
 def table(kinds: list[dict[str, Any]]) -> str:
-    head = f"{'kind':<10} {'freeze':<8} {'clean':>7} {'awake':>5} " + " ".join(
+    head = f"{'kind':<10} {'freeze':<8} {'pace':>5} {'clean':>7} {'awake':>5} " + " ".join(
         f"{f[:-2] + ' p50/p95':>17}" for f in FIELDS
     )
     lines = [head]
     for k in kinds:
-        what = f"{k['kind']:<10} {k.get('freeze', 'all'):<8}"
+        what = _setting(k)
         if "regions" not in k:
             lines.append(f"{what} failed (rc {k['rc']})")
             continue
@@ -224,15 +264,17 @@ def table(kinds: list[dict[str, Any]]) -> str:
     for k in kinds:
         if "turn_ms" in k and "regions" in k:
             lines.append(
-                f"{k['kind']} ({k.get('freeze', 'all')}): a sibling's turn alone "
-                f"{k['turn_ms']:.1f} ms; {k['siblings']} siblings' most queued work "
-                f"{k['queued_most_ms']:.1f} ms; drain p50/p95/max {k['drain_s']['p50_ms']:.1f}/"
-                f"{k['drain_s']['p95_ms']:.1f}/{k['drain_s']['max_ms']:.1f} ms"
+                f"{k['kind']} ({k.get('freeze', 'all')}, pace {k.get('pace_ms', 0.0):g} ms): a "
+                f"sibling's turn alone {k['turn_ms']:.1f} ms; {k['siblings']} siblings' most "
+                f"queued work {k['queued_most_ms']:.1f} ms; drain p50/p95/max "
+                f"{k['drain_s']['p50_ms']:.1f}/{k['drain_s']['p95_ms']:.1f}/"
+                f"{k['drain_s']['max_ms']:.1f} ms; the siblings' turns a second "
+                f"{k.get('sibling_turns_per_s')}"
             )
     head = "step by step, p50/p95 ms (entry: the pin beside the others, audit and sample beside"
     lines += ["", f"{head} the grant; exit)"]
     names = [(key, s) for key, steps in STEPS.items() for s in steps]
-    lines.append(f"{'kind':<10} {'freeze':<8} " + " ".join(
+    lines.append(f"{'kind':<10} {'freeze':<8} {'pace':>5} " + " ".join(
         f"{('exit ' if key.startswith('exit') else '') + s:>13}" for key, s in names
     ))  # fmt: skip
     for k in kinds:
@@ -240,7 +282,7 @@ def table(kinds: list[dict[str, Any]]) -> str:
             cells = " ".join(
                 f"{k[key][s]['p50_ms']:>6.1f}/{k[key][s]['p95_ms']:<6.1f}" for key, s in names
             )
-            lines.append(f"{k['kind']:<10} {k.get('freeze', 'all'):<8} {cells}")
+            lines.append(f"{_setting(k)} {cells}")
     return "\n".join(lines)
 
 
@@ -252,6 +294,7 @@ def main() -> int:
     ap.add_argument("--siblings", type=int, default=7)
     ap.add_argument("--regions", type=int, default=30)
     ap.add_argument("--freeze", default="all", help="all, contexts or all,contexts")
+    ap.add_argument("--pace-ms", default="0", help="regions.pace_ms, one or more (0: off)")
     args = ap.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
     if bad := [k for k in kinds if k not in KINDS]:
@@ -259,6 +302,12 @@ def main() -> int:
     freezes = [f for f in args.freeze.split(",") if f]
     if not freezes or (bad := [f for f in freezes if f not in FREEZES]):
         ap.error(f"--freeze {args.freeze!r}: one or both of {', '.join(FREEZES)}")
+    try:
+        paces = [float(p) for p in args.pace_ms.split(",") if p]
+    except ValueError:
+        paces = []
+    if not paces or any(not 0 <= p <= 1000 for p in paces):
+        ap.error(f"--pace-ms {args.pace_ms!r}: milliseconds 0..1000, separated by commas")
     if args.sim:
         os.environ["LD_LIBRARY_PATH"] = str(sim_library_dir())
     results = []
@@ -267,9 +316,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="krex-entry-") as d:
         memory_check.LOGS = args.json.parent
         for kind in kinds:
-            for freeze in freezes:
+            for freeze, pace in [(f, p) for f in freezes for p in paces]:
                 results.append(
-                    run_kind(kind, args.sim, args.siblings, args.regions, Path(d), freeze)
+                    run_kind(kind, args.sim, args.siblings, args.regions, Path(d), freeze, pace)
                 )
                 doc = {"date": date, "command": command, "sim": args.sim,
                        "siblings": args.siblings, "kinds": results}  # fmt: skip

@@ -6,7 +6,8 @@ sibling kind). On the simulated GPU (`sim`) through krex.sim.simgpu, else with t
 Kinds:
 - idle: a context and nothing else (a command between its steps);
 - launching: kernels back to back (1 ms simulated; a 4096^2 fp32 matmul on the GPU), synced
-  every two;
+  every two; its count of turns so far and the time in GO_FILE.turns-PID (rewritten every
+  TURNS_EVERY_S);
 - compiling: a context, and a pool of WORKERS processes burning CPU that hold no GPU context,
   with as many threads in the main process (torch.compile's Inductor workers and threads, in
   shape); on the GPU, torch.compile of a fresh function over and over, Inductor's subprocess
@@ -40,6 +41,7 @@ TURNS = 20  # a turn's repeats (after TURNS // 4 to warm up)
 LAUNCH_NS = 1_000_000  # a launching sibling's kernel on the simulated GPU
 MEMWAIT_FRACTION = 0.6  # of the GPU's memory: one sibling holds it, two never fit at once
 GO_WAIT_S = 600.0
+TURNS_EVERY_S = 0.05  # a launching sibling's count of turns, written this often
 
 
 def _go(path: str) -> None:
@@ -88,10 +90,25 @@ def _sim(kind: str, go: str, regions: int) -> None:
         _go(go)
         g.alloc(int(MEMWAIT_FRACTION * g.total_mem()))  # holds it, or waits until the end
     if kind == "launching":
-        g.hammer(LAUNCH_NS, 3600)
+        _count_turns(lambda: g.turn(LAUNCH_NS), go)
     elif kind == "compiling":
         _compile_shape(3600)
     time.sleep(3600)
+
+
+def _count_turns(turn: Callable[[], object], go: str) -> None:
+    """A launching sibling's loop: turn after turn, its count and the time written to
+    GO_FILE.turns-PID every TURNS_EVERY_S (what the siblings got done meanwhile)."""
+    path, n, last = f"{go}.turns-{os.getpid()}", 0, 0.0
+    while True:
+        turn()
+        n += 1
+        now = time.monotonic()
+        if now - last >= TURNS_EVERY_S:
+            with open(path + ".tmp", "w") as f:
+                f.write(f"{n} {now}")
+            os.replace(path + ".tmp", path)
+            last = now
 
 
 def _compile_shape(seconds: float) -> None:
@@ -133,8 +150,7 @@ def _gpu(kind: str, go: str, regions: int) -> None:
         del held  # (never reached by a sibling that waits: the region's owner is done first)
         time.sleep(3600)
     if kind == "launching":
-        while True:
-            turn()
+        _count_turns(turn, go)
     elif kind == "compiling":
         import torch._inductor.config as inductor
 

@@ -98,6 +98,7 @@ void krex_drain_forget(void)
     pthread_mutex_init(&ctx_lock, NULL);
     n_ctxs = 0;
     krex_mem_forget();
+    krex_pace_forget();
 }
 
 /* Tracked entry points: passed through, the context remembered (or forgotten). */

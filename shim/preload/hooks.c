@@ -14,8 +14,12 @@
                                                      krex_real_get(KREX_H_##name),               \
                                                      krex_missing(KREX_H_##name), args)
 /* A gated call the driver can answer with out-of-memory for memory of its own: that answer
- * waits (each try announced and checked at the gate anew). */
+ * waits (each try announced and checked at the gate anew). A launch on a stream is paced as
+ * well (KREX_GATE_LAUNCH: pace.c): before it is announced (a wait there is the program's own,
+ * nothing in flight), its marker recorded while it is; KREX_PACE_NONE paces nothing. */
 #define KREX_GATE_MEM_(name, kind, params, args)                                                 \
+    KREX_GATE_LAUNCH_(name, kind, KREX_PACE_NONE, params, args)
+#define KREX_GATE_LAUNCH_(name, kind, stream, params, args)                                      \
     KREX_EXPORT CUresult name params                                                             \
     {                                                                                            \
         krex_pfn_##name krex_real_ = (krex_pfn_##name)krex_real_get(KREX_H_##name);              \
@@ -23,8 +27,11 @@
             return krex_missing(KREX_H_##name);                                                  \
         struct krex_slot *krex_s_;                                                               \
         CUresult krex_r_;                                                                        \
+        CUstream krex_st_ = (stream);                                                            \
+        krex_pace_wait(krex_st_);                                                                \
         KREX_MEM_RETRY(krex_r_, krex_s_, 0, -1, kind, #name, krex_s_ = krex_enter();             \
-                       krex_r_ = krex_real_ args; krex_leave(krex_s_));                          \
+                       krex_r_ = krex_real_ args; krex_pace_mark(krex_s_, krex_st_, krex_r_);    \
+                       krex_leave(krex_s_));                                                     \
         return krex_r_;                                                                          \
     }
 /* The driver allocates for itself (modules, libraries, graphs): not gated, not counted; an
@@ -41,6 +48,7 @@
     }
 #define KREX_GATE(name, ...) KREX_GATE_(name, __VA_ARGS__)
 #define KREX_GATE_MEM(name, kind, ...) KREX_GATE_MEM_(name, kind, __VA_ARGS__)
+#define KREX_GATE_LAUNCH(name, kind, stream, ...) KREX_GATE_LAUNCH_(name, kind, stream, __VA_ARGS__)
 #define KREX_DRIVER(name, kind, ...) KREX_DRIVER_(name, kind, __VA_ARGS__)
 #define KREX_TRACK(name, ...)
 #define KREX_MEM(name, ...)
@@ -48,13 +56,15 @@
 #include "hooks.def"
 #undef KREX_GATE
 #undef KREX_GATE_MEM
+#undef KREX_GATE_LAUNCH
 #undef KREX_DRIVER
 #undef KREX_TRACK
 #undef KREX_MEM
 #undef KREX_REAL
 
 /* The tracked, memory and look-up wrappers are written by hand (drain.c, mem.c, lookup.c);
- * declare them. (The table below sees KREX_GATE_MEM as KREX_GATE, KREX_DRIVER as KREX_MEM.) */
+ * declare them. (The table below sees KREX_GATE_MEM and KREX_GATE_LAUNCH as KREX_GATE,
+ * KREX_DRIVER as KREX_MEM.) */
 #define KREX_DECL_(name, params, args) CUresult name params;
 #define KREX_GATE(name, ...)
 #define KREX_GATE_MEM(name, ...)

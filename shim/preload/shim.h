@@ -187,6 +187,35 @@ static inline void krex_leave(struct krex_slot *s)
         return krex_r_;                                                                          \
     }
 
+/* pace.c: pacing (docs/shim.md, "Pacing"): KREX_PACE_US in ns, read at the first launch
+ * (KREX_PACE_UNREAD until then); 0: off. A launch's stream expression in hooks.def:
+ * KREX_PACE_NONE where there is none to pace. In a forked child the parent's markers are
+ * forgotten (drain.c's krex_drain_forget calls krex_pace_forget). */
+KREX_HIDDEN extern uint64_t krex_pace_ns;
+#define KREX_PACE_UNREAD UINT64_MAX
+#define KREX_PACE_NONE ((CUstream)(intptr_t)-1)
+#define KREX_PACE_PTSZ(s) ((s) ? (s) : KREX_PACE_NONE)
+#define KREX_PACE_EX(config, ptsz)                                                               \
+    (!(config) ? KREX_PACE_NONE : (ptsz) && !(config)->hStream ? KREX_PACE_NONE : (config)->hStream)
+KREX_HIDDEN void krex_pace_forget(void);
+KREX_HIDDEN void krex_pace_wait_slow(CUstream s);
+KREX_HIDDEN void krex_pace_mark_slow(CUstream s);
+
+/* Before a launch on s: wait while s has more than the pace queued (outside our regions). */
+static inline void krex_pace_wait(CUstream s)
+{
+    if (s != KREX_PACE_NONE && KREX_UNLIKELY(__atomic_load_n(&krex_pace_ns, __ATOMIC_RELAXED)))
+        krex_pace_wait_slow(s);
+}
+
+/* After a launch on s answered r, still announced by slot sl: its marker. */
+static inline void krex_pace_mark(struct krex_slot *sl, CUstream s, CUresult r)
+{
+    if (s != KREX_PACE_NONE && KREX_UNLIKELY(__atomic_load_n(&krex_pace_ns, __ATOMIC_RELAXED)) &&
+        sl && r == CUDA_SUCCESS)
+        krex_pace_mark_slow(s);
+}
+
 /* drain.c: contexts this process used. */
 KREX_HIDDEN void krex_ctx_track(CUcontext ctx, CUdevice dev);
 KREX_HIDDEN void krex_ctx_untrack(CUcontext ctx);

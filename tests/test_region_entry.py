@@ -64,14 +64,17 @@ def test_freeze_contexts_leaves_the_compile_workers_running(tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_pace_settings_each_run_and_count_the_siblings_turns(tmp_path: Path) -> None:
-    """--pace-ms 0,2: the launching kind under each regions.pace_ms, each with its regions
-    clean and the siblings' turns a second counted while the owner took them (what pacing
-    costs them; a figure only on a GPU)."""
+    """--pace-ms 0,2 (given twice: each runs): the deep kind (launching, synced every 16) under
+    each regions.pace_ms, each with its regions clean and the siblings' turns a second counted
+    while the owner took them (what pacing costs them; a figure only on a GPU)."""
     out = tmp_path / "entry.json"
-    p = _entry(out, "--kinds", "launching", "--siblings", "2", "--regions", "4", "--pace-ms",
-               "0,2")  # fmt: skip
+    p = _entry(out, "--kinds", "deep", "--siblings", "2", "--regions", "4", "--pace-ms",
+               "0,2,2")  # fmt: skip
     kinds = json.loads(out.read_text())["kinds"]
-    assert [(k["kind"], k["pace_ms"]) for k in kinds] == [("launching", 0.0), ("launching", 2.0)]
+    assert [(k["kind"], k["pace_ms"]) for k in kinds] == [
+        ("deep", 0.0), ("deep", 2.0), ("deep", 2.0)
+    ]  # fmt: skip
+    assert kinds[0]["turn_ms"] >= 16.0, kinds[0]  # 16 kernels of 1 ms simulated
     for k in kinds:
         assert k["regions"] == 4 and k["clean"] == 4, k
         assert k["sibling_turns_per_s"] > 0, k

@@ -249,10 +249,10 @@ class SimGPU(SimDriver):
             out.append(ms.value)
         return out
 
-    def turn(self, ns: int) -> None:
-        """Two ns kernels and a sync: one turn of hammer's loop."""
-        self.launch(ns)
-        self.launch(ns)
+    def turn(self, ns: int, kernels: int = 2) -> None:
+        """`kernels` ns kernels and a sync: one turn of hammer's loop (two)."""
+        for _ in range(kernels):
+            self.launch(ns)
         self.sync()
 
     def hammer(self, ns: int, seconds: float) -> None:

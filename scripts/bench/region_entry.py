@@ -1,7 +1,8 @@
 """Region overhead by sibling kind: where a region's entry and exit time go (docs/bench.md).
 
 For each kind of sibling (scripts/bench/region_sibling.py: idle, launching, compiling, memwait:
-one holding most of the GPU's memory and the others waiting for memory), a
+one holding most of the GPU's memory and the others waiting for memory; and deep, launching
+synced every 16 kernels instead of every two, not in the default list), a
 private daemon of SIBLINGS + 1 slots, SIBLINGS siblings of that kind through `krex run`, and
 once they all run, an owner that takes REGIONS short regions one after another. Per kind, from
 the owner's `krex run --report` (docs/architecture.md, "What a region record says"): p50, p95
@@ -9,14 +10,14 @@ and max of `entry_s` (its own set-up: room to grant), `wait_s` (request to grant
 `freeze_s`, `settle_s`, `exit_s`, each step of entry and exit (`entry_steps_s`: quiesce, drain,
 freeze, pin, audit, sample; `exit_steps_s`: audit, pin_back, thaw, open), how many regions
 were clean, and the most sibling processes a region left running (`awake`). Before the
-launching siblings start, one turn of their loop (two kernels and a sync) is timed alone:
-`turn_ms`, and `queued_most_ms` = SIBLINGS turns, the most GPU work queued as a gate closes, which
-a drain waits for and krex cannot withdraw; and, while the owner takes its regions, how many
-turns a second the launching siblings got done together (`sibling_turns_per_s`: what pacing
-costs them).
+launching (or deep) siblings start, one turn of their loop (its kernels and a sync) is timed
+alone: `turn_ms`, and `queued_most_ms` = SIBLINGS turns, the most GPU work queued as a gate
+closes, which a drain waits for and unpaced siblings' work cannot be withdrawn; and, while the
+owner takes its regions, how many turns a second they got done together
+(`sibling_turns_per_s`: what pacing costs them).
 
     python3 scripts/bench/region_entry.py --json OUT.json [--sim]
-        [--kinds idle,launching,compiling,memwait]
+        [--kinds idle,launching,compiling,memwait (default; or any of these, deep)]
         [--siblings 7] [--regions 30] [--freeze all|contexts|all,contexts] [--pace-ms 0,5]
 
 `--freeze`: the daemon's regions.freeze (docs/operator-guide.md); with both, each kind runs
@@ -56,7 +57,9 @@ from krex.daemon.regions import ENTRY_STEPS, EXIT_STEPS  # noqa: E402
 from krex.sim.simnode import remove as remove_sim_node  # noqa: E402
 
 SIBLING = ROOT / "scripts" / "bench" / "region_sibling.py"
-KINDS = ("idle", "launching", "compiling", "memwait")
+KINDS = ("idle", "launching", "compiling", "memwait", "deep")
+DEFAULT_KINDS = KINDS[:4]
+LAUNCHING = {"launching": 2, "deep": 16}  # kinds that launch turn after turn: kernels a turn
 FREEZES = ("all", "contexts")  # regions.freeze
 FIELDS = ("entry_s", "wait_s", "room_s", "drain_s", "freeze_s", "settle_s", "exit_s")
 # The records' step by step split of entry_s and exit_s (the pin runs beside the gate, drain
@@ -123,8 +126,8 @@ def run_kind(
                            "siblings": siblings}  # fmt: skip
     with contextlib.ExitStack() as stack:
         env = stack.enter_context(node(sim))
-        if kind == "launching":  # what the drain can at most wait for, measured first
-            out |= turn(where, env, siblings)
+        if kind in LAUNCHING:  # what the drain can at most wait for, measured first
+            out |= turn(where, env, siblings, LAUNCHING[kind])
         sock = stack.enter_context(
             memory_check.daemon(tmp, siblings + 1, sim=sim, env=env, tag=name, config=cfg)
         )
@@ -151,7 +154,7 @@ def run_kind(
             owner_go.touch()
             rc = owner.wait(timeout=600)
             wall = time.monotonic() - t0
-            if kind == "launching":
+            if kind in LAUNCHING:
                 out["sibling_turns_per_s"] = _turns_per_s(before, _turns(go))
         finally:
             for p in procs:
@@ -185,12 +188,12 @@ def _turns_per_s(
     return round(sum(rates), 2) if rates else None
 
 
-def turn(where: str, env: dict[str, str], siblings: int) -> dict[str, Any]:
-    """A launching sibling's turn (its two kernels and a sync) timed alone, no sibling and no
-    krex: `turn_ms`; `queued_most_ms`, siblings turns: the GPU work a drain waits for when
+def turn(where: str, env: dict[str, str], siblings: int, kernels: int = 2) -> dict[str, Any]:
+    """A launching sibling's turn (its `kernels` kernels and a sync) timed alone, no sibling and
+    no krex: `turn_ms`; `queued_most_ms`, siblings turns: the GPU work a drain waits for when
     every sibling has just launched its turn as the gate closes (none launches more), the floor
-    of a drain's worst case that krex cannot lower (queued work is not withdrawn)."""
-    argv = [sys.executable, str(SIBLING), "turn", where, "-"]
+    of an unpaced drain's worst case (queued work is not withdrawn)."""
+    argv = [sys.executable, str(SIBLING), "turn", where, "-", str(kernels)]
     p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=READY_S)
     if p.returncode != 0:
         return {"turn_error": (p.stdout + p.stderr)[-800:]}
@@ -290,7 +293,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument("--sim", action="store_true", help="the simulated GPU (behaviour only)")
-    ap.add_argument("--kinds", default=",".join(KINDS))
+    ap.add_argument("--kinds", default=",".join(DEFAULT_KINDS))
     ap.add_argument("--siblings", type=int, default=7)
     ap.add_argument("--regions", type=int, default=30)
     ap.add_argument("--freeze", default="all", help="all, contexts or all,contexts")
@@ -310,15 +313,17 @@ def main() -> int:
         ap.error(f"--pace-ms {args.pace_ms!r}: milliseconds 0..1000, separated by commas")
     if args.sim:
         os.environ["LD_LIBRARY_PATH"] = str(sim_library_dir())
-    results = []
+    results: list[dict[str, Any]] = []
     date = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     command = " ".join(["python3", "scripts/bench/region_entry.py", *sys.argv[1:]])
     with tempfile.TemporaryDirectory(prefix="krex-entry-") as d:
         memory_check.LOGS = args.json.parent
         for kind in kinds:
             for freeze, pace in [(f, p) for f in freezes for p in paces]:
+                tmp = Path(d) / str(len(results))  # a setting given twice runs twice
+                tmp.mkdir()
                 results.append(
-                    run_kind(kind, args.sim, args.siblings, args.regions, Path(d), freeze, pace)
+                    run_kind(kind, args.sim, args.siblings, args.regions, tmp, freeze, pace)
                 )
                 doc = {"date": date, "command": command, "sim": args.sim,
                        "siblings": args.siblings, "kinds": results}  # fmt: skip

@@ -8,6 +8,8 @@ Kinds:
 - launching: kernels back to back (1 ms simulated; a 4096^2 fp32 matmul on the GPU), synced
   every two; its count of turns so far and the time in GO_FILE.turns-PID (rewritten every
   TURNS_EVERY_S);
+- deep: the same, synced every DEEP (a program that queues far ahead of the GPU: a model's
+  forward pass, a loop of launches read back at its end);
 - compiling: a context, and a pool of WORKERS processes burning CPU that hold no GPU context,
   with as many threads in the main process (torch.compile's Inductor workers and threads, in
   shape); on the GPU, torch.compile of a fresh function over and over, Inductor's subprocess
@@ -15,9 +17,10 @@ Kinds:
 - memwait: a context, then, once GO_FILE exists (every sibling admitted: a GPU where someone
   waits for memory admits nobody), asks for MEMWAIT_FRACTION of the GPU's memory: the first
   gets it and holds it, every later one waits for memory in the shim (the arbiter's waiters);
-- turn: no sibling, natively before the launching siblings start: one turn of a launching
-  sibling's loop (its two kernels, a sync) timed alone TURNS times; prints {"turn_ms": median}:
-  the most GPU work a launching sibling can have queued as a gate closes (it launches no more);
+- turn: no sibling, natively before the launching (or deep: REGIONS is then the kernels a turn)
+  siblings start: one turn of their loop (its kernels, a sync) timed alone TURNS times; prints
+  {"turn_ms": median}: the most GPU work such a sibling can have queued as a gate closes (it
+  launches no more);
 - owner: once GO_FILE exists, REGIONS regions, each a short kernel and a sync in
   `krex.region()`, 50 ms apart (its own record of each is the region record in its `krex run
   --report`).
@@ -37,6 +40,7 @@ import time
 from collections.abc import Callable
 
 WORKERS = 8
+DEEP = 16  # a deep sibling's kernels a turn
 TURNS = 20  # a turn's repeats (after TURNS // 4 to warm up)
 LAUNCH_NS = 1_000_000  # a launching sibling's kernel on the simulated GPU
 MEMWAIT_FRACTION = 0.6  # of the GPU's memory: one sibling holds it, two never fit at once
@@ -76,7 +80,7 @@ def _sim(kind: str, go: str, regions: int) -> None:
 
     g = SimGPU()
     if kind == "turn":
-        _turn_ms(lambda: g.turn(LAUNCH_NS))
+        _turn_ms(lambda: g.turn(LAUNCH_NS, regions or 2))
         return
     print("ready", flush=True)
     if kind == "owner":
@@ -89,8 +93,9 @@ def _sim(kind: str, go: str, regions: int) -> None:
     if kind == "memwait":
         _go(go)
         g.alloc(int(MEMWAIT_FRACTION * g.total_mem()))  # holds it, or waits until the end
-    if kind == "launching":
-        _count_turns(lambda: g.turn(LAUNCH_NS), go)
+    if kind in ("launching", "deep"):
+        kernels = DEEP if kind == "deep" else 2
+        _count_turns(lambda: g.turn(LAUNCH_NS, kernels), go)
     elif kind == "compiling":
         _compile_shape(3600)
     time.sleep(3600)
@@ -132,8 +137,11 @@ def _gpu(kind: str, go: str, regions: int) -> None:
     a = torch.randn(4096, 4096, device="cuda")
     torch.cuda.synchronize()
 
-    def turn() -> None:  # launching's loop, once: two matmuls, the second synced
-        a @ a
+    kernels = {"deep": DEEP, "turn": regions or 2}.get(kind, 2)
+
+    def turn() -> None:  # launching's loop, once: its matmuls, the last synced
+        for _ in range(kernels - 1):
+            a @ a
         (a @ a).sum().item()
 
     if kind == "turn":
@@ -149,7 +157,7 @@ def _gpu(kind: str, go: str, regions: int) -> None:
         held = torch.empty(int(MEMWAIT_FRACTION * total), dtype=torch.uint8, device="cuda")
         del held  # (never reached by a sibling that waits: the region's owner is done first)
         time.sleep(3600)
-    if kind == "launching":
+    if kind in ("launching", "deep"):
         _count_turns(turn, go)
     elif kind == "compiling":
         import torch._inductor.config as inductor

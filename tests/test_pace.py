@@ -49,12 +49,14 @@ def _probe(node: Node, launches: int, **env: str) -> tuple[dict[str, Any], str]:
 
 @pytest.mark.node(slots=8)
 def test_a_paced_stream_keeps_about_the_pace_queued(node: Node) -> None:
-    """3 ms of pace, 1 ms kernels: once its first marker completed (the estimate known), the
-    stream holds at most a few launches, where unpaced it holds all it launched (~40)."""
-    out, _ = _probe(node, 40, KREX_PACE_US="3000")
+    """3 ms of pace, 1 ms kernels: once its first markers completed (the estimate known), the
+    stream holds at most a few launches, where unpaced it holds all it launched (~60). Beside
+    two busy cores too: an upper bound on a launch's time, from a completion seen late, never
+    lowers the estimate (before, one such made it 0 and the queue grew to 23)."""
+    out, _ = _probe(node, 60, KREX_PACE_US="3000")
     assert out["ok"]
     # The first launches are paced only by the oldest's age (no completed one yet): a burst.
-    steady = out["queued"][15:]
+    steady = out["queued"][20:]
     assert max(steady) <= 6, out["queued"]
 
 

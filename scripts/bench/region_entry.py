@@ -12,8 +12,8 @@ freeze, pin, audit, sample; `exit_steps_s`: audit, pin_back, thaw, open), how ma
 were clean, and the most sibling processes a region left running (`awake`). Before the
 launching (or deep) siblings start, one turn of their loop (its kernels and a sync) is timed
 alone: `turn_ms`, and `queued_most_ms` = SIBLINGS turns, the most GPU work queued as a gate
-closes, which a drain waits for and unpaced siblings' work cannot be withdrawn; and, while the
-owner takes its regions, how many turns a second they got done together
+closes, which a drain waits for (queued work is not withdrawn; pacing bounds it); and, while
+the owner takes its regions, how many turns a second they got done together
 (`sibling_turns_per_s`: what pacing costs them).
 
     python3 scripts/bench/region_entry.py --json OUT.json [--sim]

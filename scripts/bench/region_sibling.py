@@ -79,8 +79,9 @@ def _sim(kind: str, go: str, regions: int) -> None:
     from krex.sim.simgpu import SimGPU
 
     g = SimGPU()
+    kernels = _kernels(kind, regions)
     if kind == "turn":
-        _turn_ms(lambda: g.turn(LAUNCH_NS, regions or 2))
+        _turn_ms(lambda: g.turn(LAUNCH_NS, kernels))
         return
     print("ready", flush=True)
     if kind == "owner":
@@ -94,11 +95,15 @@ def _sim(kind: str, go: str, regions: int) -> None:
         _go(go)
         g.alloc(int(MEMWAIT_FRACTION * g.total_mem()))  # holds it, or waits until the end
     if kind in ("launching", "deep"):
-        kernels = DEEP if kind == "deep" else 2
         _count_turns(lambda: g.turn(LAUNCH_NS, kernels), go)
     elif kind == "compiling":
         _compile_shape(3600)
     time.sleep(3600)
+
+
+def _kernels(kind: str, regions: int) -> int:
+    """The kernels of one turn of a launching kind (turn: as many as asked)."""
+    return {"deep": DEEP, "turn": regions or 2}.get(kind, 2)
 
 
 def _count_turns(turn: Callable[[], object], go: str) -> None:
@@ -137,7 +142,7 @@ def _gpu(kind: str, go: str, regions: int) -> None:
     a = torch.randn(4096, 4096, device="cuda")
     torch.cuda.synchronize()
 
-    kernels = {"deep": DEEP, "turn": regions or 2}.get(kind, 2)
+    kernels = _kernels(kind, regions)
 
     def turn() -> None:  # launching's loop, once: its matmuls, the last synced
         for _ in range(kernels - 1):

@@ -11,11 +11,11 @@
  * outstanding or no estimate is known yet, else after PACE_BATCH launches, PACE_GAP_NS, or an
  * eighth of the pace of estimated work; each covers the launches since the one before. A
  * marker seen complete gives its launches' time on the GPU: from the later of its record and
- * the previous marker's completion to when it was seen complete, per launch. Seen by polls at
- * most PACE_SEEN_NS apart (as a wait polls) that time is known; seen later (the program synced
- * and went on) it is an upper bound, used only until a known one comes. The stream's estimate
- * is a running mean of the known ones: the time a launch takes on the GPU shared with everyone
- * else, what a drain waits for. Queued work: the launches not seen complete times that, less
+ * the previous marker's completion to when it was seen complete, per launch. Where both ends
+ * are known (seen by polls at most PACE_SEEN_NS apart, as a wait polls) that time is known;
+ * else (the program synced and went on) it is a bound, and the largest bound stands in until a
+ * known one comes. The stream's estimate is a running mean of the known ones: the time a
+ * launch takes on the GPU shared with everyone else, what a drain waits for. Queued work: the launches not seen complete times that, less
  * what the oldest marker's launches ran already; the oldest's age raises the estimate where it
  * is still running longer.
  *
@@ -64,6 +64,7 @@ struct paced {
     uint32_t pending;          /* launches since the last marker */
     uint64_t last_rec_ns;      /* the last marker's record */
     uint64_t done_ns;          /* when the previous marker completed (as seen) */
+    int done_known;            /* ... known, not an upper bound */
     uint64_t seen_ns;          /* when the oldest was last seen not complete */
     uint64_t per_launch_ns;    /* the estimate; 0: none yet */
     int known;                 /* per_launch_ns is from known times, not an upper bound */
@@ -138,7 +139,7 @@ static void forget(struct paced *e)
     }
     e->pending = 0;
     e->per_launch_ns = 0;
-    e->known = 0;
+    e->known = e->done_known = 0;
     e->done_ns = e->seen_ns = 0;
 }
 
@@ -173,20 +174,26 @@ static struct paced *find(CUcontext ctx, CUstream s, uint64_t now)
     return e;
 }
 
-/* The oldest marker completed, seen at `now`: its launches' time, where it can be told. */
+/* The oldest marker completed, seen at `now`: its launches' time, where it can be told. Its
+ * completion is known where it was seen not complete (or one before it: the stream's order)
+ * since its record, at most PACE_SEEN_NS before; its start where it was recorded after the
+ * previous marker completed, or that completion is known. */
 static void completed(struct paced *e, uint64_t now)
 {
     struct mark *m = &e->ring[e->head];
+    int done = e->seen_ns >= m->rec_ns && now - e->seen_ns <= PACE_SEEN_NS;
+    int begun = m->rec_ns >= e->done_ns || e->done_known;
     uint64_t start = m->rec_ns > e->done_ns ? m->rec_ns : e->done_ns;
-    int known = e->seen_ns >= start && now - e->seen_ns <= PACE_SEEN_NS;
-    uint64_t at = known ? e->seen_ns + (now - e->seen_ns) / 2 : now;
+    uint64_t at = done ? e->seen_ns + (now - e->seen_ns) / 2 : now;
+    int known = done && begun;
     uint64_t per = (at > start ? at - start : 0) / (m->launches ? m->launches : 1);
     if (known && e->known)
         e->per_launch_ns = (3 * e->per_launch_ns + per) / 4;
-    else if (known || !e->known)
-        e->per_launch_ns = per; /* the first known time, or a bound until one comes */
+    else if (known || per > e->per_launch_ns)
+        e->per_launch_ns = per; /* the first known time; or, until one comes, the largest bound */
     e->known |= known;
     e->done_ns = at;
+    e->done_known = done;
     if (e->n_spare < PACE_MARKS)
         e->spare[e->n_spare++] = m->ev;
     e->head = (e->head + 1) % PACE_MARKS;

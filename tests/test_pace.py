@@ -69,7 +69,7 @@ def test_inside_its_own_region_nothing_is_paced(node: Node) -> None:
         out, _ = _probe(node, 40, KREX_PACE_US="3000")
     finally:
         node.seg.gate_open(0)
-    assert max(out["queued"]) >= 20, out["queued"]
+    assert max(out["queued"]) >= 12, out["queued"]  # paced, 3-4 (above)
 
 
 @pytest.mark.node(slots=8)
@@ -77,7 +77,7 @@ def test_a_bad_pace_is_one_warning_and_no_pacing(node: Node) -> None:
     out, err = _probe(node, 40, KREX_PACE_US="3ms")
     assert out["ok"]
     assert err.count("KREX_PACE_US must be microseconds") == 1, err
-    assert max(out["queued"]) >= 20, out["queued"]
+    assert max(out["queued"]) >= 12, out["queued"]  # paced, 3-4 (above)
 
 
 def test_a_daemon_with_a_pace_gives_its_commands_the_shims_setting(tmp_path: Path) -> None:

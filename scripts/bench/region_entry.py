@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 sys.path.insert(0, str(ROOT))
 
 import memory_check  # noqa: E402
+from region_sibling import KERNELS as LAUNCHING  # noqa: E402
 
 from krex.core.paths import sim_library_dir  # noqa: E402
 from krex.daemon.regions import ENTRY_STEPS, EXIT_STEPS  # noqa: E402
@@ -59,7 +60,6 @@ from krex.sim.simnode import remove as remove_sim_node  # noqa: E402
 SIBLING = ROOT / "scripts" / "bench" / "region_sibling.py"
 KINDS = ("idle", "launching", "compiling", "memwait", "deep")
 DEFAULT_KINDS = KINDS[:4]
-LAUNCHING = {"launching": 2, "deep": 16}  # kinds that launch turn after turn: kernels a turn
 FREEZES = ("all", "contexts")  # regions.freeze
 FIELDS = ("entry_s", "wait_s", "room_s", "drain_s", "freeze_s", "settle_s", "exit_s")
 # The records' step by step split of entry_s and exit_s (the pin runs beside the gate, drain

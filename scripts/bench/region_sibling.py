@@ -8,8 +8,8 @@ Kinds:
 - launching: kernels back to back (1 ms simulated; a 4096^2 fp32 matmul on the GPU), synced
   every two; its count of turns so far and the time in GO_FILE.turns-PID (rewritten every
   TURNS_EVERY_S);
-- deep: the same, synced every DEEP (a program that queues far ahead of the GPU: a model's
-  forward pass, a loop of launches read back at its end);
+- deep: the same, synced every 16 (KERNELS; a program that queues far ahead of the GPU: a
+  model's forward pass, a loop of launches read back at its end);
 - compiling: a context, and a pool of WORKERS processes burning CPU that hold no GPU context,
   with as many threads in the main process (torch.compile's Inductor workers and threads, in
   shape); on the GPU, torch.compile of a fresh function over and over, Inductor's subprocess
@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 
 WORKERS = 8
-DEEP = 16  # a deep sibling's kernels a turn
+KERNELS = {"launching": 2, "deep": 16}  # kinds that launch turn after turn: kernels a turn
 TURNS = 20  # a turn's repeats (after TURNS // 4 to warm up)
 LAUNCH_NS = 1_000_000  # a launching sibling's kernel on the simulated GPU
 MEMWAIT_FRACTION = 0.6  # of the GPU's memory: one sibling holds it, two never fit at once
@@ -94,7 +94,7 @@ def _sim(kind: str, go: str, regions: int) -> None:
     if kind == "memwait":
         _go(go)
         g.alloc(int(MEMWAIT_FRACTION * g.total_mem()))  # holds it, or waits until the end
-    if kind in ("launching", "deep"):
+    if kind in KERNELS:
         _count_turns(lambda: g.turn(LAUNCH_NS, kernels), go)
     elif kind == "compiling":
         _compile_shape(3600)
@@ -103,7 +103,7 @@ def _sim(kind: str, go: str, regions: int) -> None:
 
 def _kernels(kind: str, regions: int) -> int:
     """The kernels of one turn of a launching kind (turn: as many as asked)."""
-    return {"deep": DEEP, "turn": regions or 2}.get(kind, 2)
+    return (regions or 2) if kind == "turn" else KERNELS.get(kind, 2)
 
 
 def _count_turns(turn: Callable[[], object], go: str) -> None:
@@ -162,7 +162,7 @@ def _gpu(kind: str, go: str, regions: int) -> None:
         held = torch.empty(int(MEMWAIT_FRACTION * total), dtype=torch.uint8, device="cuda")
         del held  # (never reached by a sibling that waits: the region's owner is done first)
         time.sleep(3600)
-    if kind in ("launching", "deep"):
+    if kind in KERNELS:
         _count_turns(turn, go)
     elif kind == "compiling":
         import torch._inductor.config as inductor

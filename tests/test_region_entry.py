@@ -77,7 +77,7 @@ def test_pace_settings_each_run_and_count_the_siblings_turns(tmp_path: Path) -> 
     assert kinds[0]["turn_ms"] >= 16.0, kinds[0]  # 16 kernels of 1 ms simulated
     for k in kinds:
         assert k["regions"] == 4 and k["clean"] == 4, k
-        assert k["sibling_turns_per_s"] > 0, k
+        assert k["sibling_turns_per_s"] > 0 and k["sibling_turns_free_per_s"] > 0, k
     assert "pace 2 ms" in p.stdout
 
 

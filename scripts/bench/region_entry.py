@@ -12,9 +12,10 @@ freeze, pin, audit, sample; `exit_steps_s`: audit, pin_back, thaw, open), how ma
 were clean, and the most sibling processes a region left running (`awake`). Before the
 launching (or deep) siblings start, one turn of their loop (its kernels and a sync) is timed
 alone: `turn_ms`, and `queued_most_ms` = SIBLINGS turns, the most GPU work queued as a gate
-closes, which a drain waits for (queued work is not withdrawn; pacing bounds it); and, while
-the owner takes its regions, how many turns a second they got done together
-(`sibling_turns_per_s`: what pacing costs them).
+closes, which a drain waits for (queued work is not withdrawn; pacing bounds it); how many turns
+a second they got done together in FREE_S before the owner's first region
+(`sibling_turns_free_per_s`: what pacing alone costs them) and while the owner took its regions
+(`sibling_turns_per_s`: lower also where regions come faster, the GPU the owner's more often).
 
     python3 scripts/bench/region_entry.py --json OUT.json [--sim]
         [--kinds idle,launching,compiling,memwait (default; or any of these, deep)]
@@ -70,6 +71,7 @@ STEPS = {
     "exit_steps_s": EXIT_STEPS,
 }
 READY_S = 240.0  # a sibling's start (torch import, a first compile) on a loaded machine
+WARM_S, FREE_S = 1.0, 3.0  # launching siblings' first turns, then their turns with no region
 
 
 @contextlib.contextmanager
@@ -149,6 +151,8 @@ def run_kind(
             go.touch()
             if kind == "memwait":  # until all but the holder wait for memory
                 _until_waiting(sock, env, siblings - 1, deadline)
+            if kind in LAUNCHING:  # pacing's cost alone: no region yet
+                out["sibling_turns_free_per_s"] = _free_turns(go)
             t0 = time.monotonic()
             before = _turns(go)
             owner_go.touch()
@@ -164,6 +168,14 @@ def run_kind(
         return out | {"stderr_tail": err.read_text()[-800:]}
     records = json.loads(report.read_text())["regions"]
     return out | summarise(records)
+
+
+def _free_turns(go: Path) -> float | None:
+    """The launching siblings' turns a second together over FREE_S, after WARM_S of turns."""
+    time.sleep(WARM_S)
+    before = _turns(go)
+    time.sleep(FREE_S)
+    return _turns_per_s(before, _turns(go))
 
 
 def _turns(go: Path) -> dict[str, tuple[int, float]]:
@@ -272,7 +284,8 @@ def table(kinds: list[dict[str, Any]]) -> str:
                 f"queued work {k['queued_most_ms']:.1f} ms; drain p50/p95/max "
                 f"{k['drain_s']['p50_ms']:.1f}/{k['drain_s']['p95_ms']:.1f}/"
                 f"{k['drain_s']['max_ms']:.1f} ms; the siblings' turns a second "
-                f"{k.get('sibling_turns_per_s')}"
+                f"{k.get('sibling_turns_free_per_s')} with no region, "
+                f"{k.get('sibling_turns_per_s')} during the owner's"
             )
     head = "step by step, p50/p95 ms (entry: the pin beside the others, audit and sample beside"
     lines += ["", f"{head} the grant; exit)"]

@@ -385,7 +385,7 @@ class Config:
         "outside its own regions a command's thread waits before a launch while the launch "
         "would leave its stream with more than this many milliseconds of GPU work queued (one "
         "launch always goes): what a region's drain waits for beside launching siblings, at "
-        "a cost to theirs (an H100: 6-12 % of their work); estimated from the stream's "
+        "a cost to theirs (an H100: 2-5 % of their work); estimated from the stream's "
         "completed launches (see Pacing)",
         check=_pace_ms, default="0.0 (off)",
     )  # fmt: skip

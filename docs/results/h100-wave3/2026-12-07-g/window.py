@@ -21,9 +21,9 @@ for f in sys.argv[1:]:
         per = 1000 * k["owner_wall_s"] / k["regions"]
         blocked = k["entry_s"]["p50_ms"] - k["drain_s"]["p50_ms"] + k["exit_s"]["p50_ms"]
         share = 1 - blocked / per
-        rate = k["sibling_turns_per_s"]
+        rate, where = k["sibling_turns_per_s"], Path(f).parent.name or "."
         print(
-            f"{f.split('/')[-2]:<18} {k['kind']:<9} pace {k['pace_ms']:g}: window {per:.1f} ms, "
+            f"{where:<18} {k['kind']:<9} pace {k['pace_ms']:g}: window {per:.1f} ms, "
             f"blocked {blocked:.1f} ms, left {share:.3f}, turns/s {rate} -> {rate / share:.1f} "
             "over what was left"
         )

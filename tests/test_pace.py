@@ -60,6 +60,46 @@ def test_a_paced_stream_keeps_about_the_pace_queued(node: Node) -> None:
     assert max(steady) <= 6, out["queued"]
 
 
+# argv: launches. That many 1 us kernels on one stream as fast as Python launches them (each
+# done before the next: nothing to pace), then a sync. Prints the work-submitting calls beside
+# the launches (our markers' records) and the loop's wall time.
+COST = textwrap.dedent("""
+    import ctypes, json, sys, time
+    from krex.sim.simgpu import SimGPU
+    g = SimGPU()
+    g.cu.krexsim_submissions.restype = ctypes.c_ulonglong
+    n = int(sys.argv[1])
+    g.launch(1000)
+    g.sync()
+    s0, t0 = g.cu.krexsim_submissions(), time.monotonic_ns()
+    for _ in range(n):
+        g.launch(1000)
+    g.sync()
+    s1, t1 = g.cu.krexsim_submissions(), time.monotonic_ns()
+    print(json.dumps({"records": s1 - s0 - n, "elapsed_ns": t1 - t0, "ok": True}))
+""")
+
+
+@pytest.mark.node(slots=8)
+def test_a_stream_whose_kernels_end_at_once_is_not_marked_every_launch(node: Node) -> None:
+    """Under the pace a launch queries the stream's oldest marker only every 50 us
+    (PACE_LOOK_NS), and its estimate is the least of its bounds (each completion seen only at
+    the next look: a time above the launches'), not its slowest, first launch's; so a stream
+    whose kernels end before its next launch gets a marker per 16 launches, per 200 us or per
+    look, not one per launch (before: 2,000 of 2,000, each launch finding the last marker
+    complete, or the first launch's 155 us standing for every launch). A loaded machine
+    launches more slowly: the bound, in launches and in time, grows with it."""
+    n = 2000
+    p = subprocess.run(
+        [sys.executable, "-c", COST, str(n)],
+        env=node.env(1, 0, KREX_PACE_US="3000"), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    bound = n / 16 + out["elapsed_ns"] / 40_000 + 5
+    assert 0 < out["records"] <= bound, (out, bound, p.stderr[-1000:])
+
+
 @pytest.mark.node(slots=8)
 def test_inside_its_own_region_nothing_is_paced(node: Node) -> None:
     """The gate closed for the process's own tenant (its region): its launches run ahead as

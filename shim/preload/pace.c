@@ -13,11 +13,12 @@
  * marker seen complete gives its launches' time on the GPU: from the later of its record and
  * the previous marker's completion to when it was seen complete, per launch. Where both ends
  * are known (seen by polls at most PACE_SEEN_NS apart, as a wait polls) that time is known;
- * else (the program synced and went on) it is a bound, and the largest bound stands in until a
- * known one comes. The stream's estimate is a running mean of the known ones: the time a
- * launch takes on the GPU shared with everyone else, what a drain waits for. Queued work: the launches not seen complete times that, less
- * what the oldest marker's launches ran already; the oldest's age raises the estimate where it
- * is still running longer.
+ * else (the program synced and went on) it is a bound: above the time where its start is
+ * known (the least such stands in until a known one comes), else perhaps below it (the
+ * largest stands in until a better one comes). The stream's estimate is a running mean of the
+ * known ones: the time a launch takes on the GPU shared with everyone else, what a drain waits
+ * for. Queued work: the launches not seen complete times that, less what the oldest marker's
+ * launches ran already; the oldest's age raises the estimate where it is still running longer.
  *
  * Never inside a region of our own tenant (its timings are not paced), never on a stream that
  * is being captured (its launches do not run, a marker would join the graph). The marker is
@@ -28,6 +29,12 @@
  * something the host does after the launch (a flag, another stream) is never held up by
  * pacing for longer. Any error of ours forgets the stream's markers; the program's own call is
  * never affected.
+ *
+ * Per launch, kept cheap: the stream's oldest marker is queried only where the launch would be
+ * over the pace or PACE_LOOK_NS passed since the last look (a completion seen within
+ * PACE_SEEN_NS still counts as timed); the capture mode is relaxed only around our event
+ * calls; the launch's marker half takes the context its wait half found (the thread's, which
+ * the launch does not change).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -45,6 +52,7 @@
 #define PACE_GIVE_UP_NS 100000000ULL /* the longest a launch waits for one marker */
 #define PACE_POLL_MIN_NS 20000ULL
 #define PACE_POLL_MAX_NS 200000ULL
+#define PACE_LOOK_NS 50000ULL      /* under the pace, the oldest marker is queried this often */
 
 uint64_t krex_pace_ns = KREX_PACE_UNREAD;
 
@@ -66,14 +74,20 @@ struct paced {
     uint64_t done_ns;          /* when the previous marker completed (as seen) */
     int done_known;            /* ... known, not an upper bound */
     uint64_t seen_ns;          /* when the oldest was last seen not complete */
+    uint64_t looked_ns;        /* when the markers were last queried */
     uint64_t per_launch_ns;    /* the estimate; 0: none yet */
-    int known;                 /* per_launch_ns is from known times, not an upper bound */
+    int basis;                 /* what per_launch_ns stands on: BASIS_* */
     uint64_t given_up_ns;      /* a marker recorded at or before this is not waited for */
     uint64_t used_ns;
 };
 
 static struct paced table[PACE_STREAMS];
 static pthread_mutex_t pace_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The context the thread's last paced wait found, for its launch's marker (the launch does
+ * not change it); NULL once taken, or where the wait paced nothing. */
+static __thread CUcontext waited_ctx;
+static __thread CUstream waited_stream;
 
 #define REAL(name) ((krex_pfn_##name)krex_real_get(KREX_H_##name))
 
@@ -102,6 +116,7 @@ void krex_pace_forget(void)
     /* The parent's events are not the child's (CUDA does not survive a fork). */
     pthread_mutex_init(&pace_lock, NULL);
     memset(table, 0, sizeof table);
+    waited_ctx = NULL;
 }
 
 /* Whether our tenant holds one of our gates: inside its region nothing is paced. */
@@ -114,17 +129,23 @@ static int in_own_region(const struct krex_slot *s)
     return 0;
 }
 
-static int relax(CUstreamCaptureMode *saved)
+/* Where a launch is paced: the pace, the launching thread's context, its capture mode. */
+struct pacing {
+    uint64_t pace;
+    CUcontext ctx;
+    CUstreamCaptureMode saved;
+    int relaxed;
+};
+
+/* Before an event call of ours: the thread in the relaxed capture mode (once a half), so that
+ * another thread's capture is not broken by it. */
+static void relax(struct pacing *p)
 {
     krex_pfn_cuThreadExchangeStreamCaptureMode x = REAL(cuThreadExchangeStreamCaptureMode);
-    *saved = CU_STREAM_CAPTURE_MODE_RELAXED;
-    return x && x(saved) == CUDA_SUCCESS;
-}
-
-static void unrelax(int relaxed, CUstreamCaptureMode saved)
-{
-    if (relaxed)
-        REAL(cuThreadExchangeStreamCaptureMode)(&saved);
+    if (p->relaxed)
+        return;
+    p->saved = CU_STREAM_CAPTURE_MODE_RELAXED;
+    p->relaxed = x && x(&p->saved) == CUDA_SUCCESS;
 }
 
 /* Forget e's markers (their events kept for later records) and its estimate. */
@@ -139,14 +160,15 @@ static void forget(struct paced *e)
     }
     e->pending = 0;
     e->per_launch_ns = 0;
-    e->known = e->done_known = 0;
+    e->basis = e->done_known = 0;
     e->done_ns = e->seen_ns = 0;
 }
 
 /* The entry of (ctx, s): found, else a free one, else the least recently used without
  * outstanding markers (its events destroyed: they may be another context's); NULL if none. */
-static struct paced *find(CUcontext ctx, CUstream s, uint64_t now)
+static struct paced *find(struct pacing *p, CUstream s, uint64_t now)
 {
+    CUcontext ctx = p->ctx;
     struct paced *free_e = NULL, *idle = NULL;
     for (int i = 0; i < PACE_STREAMS; i++) {
         struct paced *e = &table[i];
@@ -165,6 +187,8 @@ static struct paced *find(CUcontext ctx, CUstream s, uint64_t now)
     if (!e)
         return NULL;
     krex_pfn_cuEventDestroy_v2 destroy = REAL(cuEventDestroy_v2);
+    if (e->n_spare)
+        relax(p);
     for (uint32_t i = 0; destroy && i < e->n_spare; i++)
         destroy(e->spare[i]);
     memset(e, 0, sizeof *e);
@@ -173,6 +197,13 @@ static struct paced *find(CUcontext ctx, CUstream s, uint64_t now)
     e->used_ns = now;
     return e;
 }
+
+/* What a stream's estimate stands on, weakest first. A time whose completion was seen late
+ * (the program synced and went on) but whose start is known is at least the launches' time:
+ * the least of those stands; one whose start is not known either may be less than it (a
+ * previous completion seen late makes it start late): the largest of those stands, only until
+ * a better one comes. */
+enum { BASIS_NONE, BASIS_GUESS, BASIS_ABOVE, BASIS_KNOWN };
 
 /* The oldest marker completed, seen at `now`: its launches' time, where it can be told. Its
  * completion is known where it was seen not complete (or one before it: the stream's order)
@@ -185,13 +216,15 @@ static void completed(struct paced *e, uint64_t now)
     int begun = m->rec_ns >= e->done_ns || e->done_known;
     uint64_t start = m->rec_ns > e->done_ns ? m->rec_ns : e->done_ns;
     uint64_t at = done ? e->seen_ns + (now - e->seen_ns) / 2 : now;
-    int known = done && begun;
     uint64_t per = (at > start ? at - start : 0) / (m->launches ? m->launches : 1);
-    if (known && e->known)
+    int basis = done && begun ? BASIS_KNOWN : begun ? BASIS_ABOVE : BASIS_GUESS;
+    if (basis == BASIS_KNOWN && e->basis == BASIS_KNOWN)
         e->per_launch_ns = (3 * e->per_launch_ns + per) / 4;
-    else if (known || per > e->per_launch_ns)
-        e->per_launch_ns = per; /* the first known time; or, until one comes, the largest bound */
-    e->known |= known;
+    else if (basis > e->basis || (basis == BASIS_ABOVE && per < e->per_launch_ns) ||
+             (basis == BASIS_GUESS && per > e->per_launch_ns))
+        e->per_launch_ns = per;
+    if (basis > e->basis)
+        e->basis = basis;
     e->done_ns = at;
     e->done_known = done;
     if (e->n_spare < PACE_MARKS)
@@ -201,9 +234,12 @@ static void completed(struct paced *e, uint64_t now)
 }
 
 /* Pop the markers that completed; 0, or -1 after an error (e forgotten). */
-static int poll_marks(struct paced *e, uint64_t now)
+static int poll_marks(struct pacing *p, struct paced *e, uint64_t now)
 {
     krex_pfn_cuEventQuery query = REAL(cuEventQuery);
+    if (e->n)
+        relax(p);
+    e->looked_ns = now;
     while (e->n) {
         CUresult r = query ? query(e->ring[e->head].ev) : CUDA_ERROR_NOT_FOUND;
         if (r == CUDA_SUCCESS) {
@@ -257,23 +293,15 @@ static CUcontext current_context(void)
     return ctx;
 }
 
-/* Where a launch is paced: the pace, the launching thread's context, its capture mode. */
-struct pacing {
-    uint64_t pace;
-    CUcontext ctx;
-    CUstreamCaptureMode saved;
-    int relaxed;
-};
-
 /* The start of both halves: 0 where nothing is paced (off, pass-through, our own region, no
- * context); else the thread is in the relaxed capture mode and holds the lock (end()). */
-static int begin(struct pacing *p)
+ * context); else the thread holds the lock (end()). `ctx`: the context, where known. */
+static int begin(struct pacing *p, CUcontext ctx)
 {
     p->pace = pace_of_env();
+    p->relaxed = 0;
     struct krex_slot *me = p->pace ? krex_slot_self() : NULL;
-    if (!me || in_own_region(me) || !(p->ctx = current_context()))
+    if (!me || in_own_region(me) || !(p->ctx = ctx ? ctx : current_context()))
         return 0;
-    p->relaxed = relax(&p->saved);
     pthread_mutex_lock(&pace_lock);
     return 1;
 }
@@ -281,17 +309,31 @@ static int begin(struct pacing *p)
 static void end(struct pacing *p)
 {
     pthread_mutex_unlock(&pace_lock);
-    unrelax(p->relaxed, p->saved);
+    if (p->relaxed)
+        REAL(cuThreadExchangeStreamCaptureMode)(&p->saved);
+}
+
+/* Whether a launch now would leave e over the pace (by what is known without a look). */
+static int over(const struct paced *e, uint64_t now, uint64_t pace)
+{
+    uint64_t next, q = queued_ns(e, now, &next);
+    return q + next > pace;
 }
 
 void krex_pace_wait_slow(CUstream s)
 {
     struct pacing p;
-    if (!begin(&p))
+    waited_ctx = NULL;
+    if (!begin(&p, NULL))
         return;
+    waited_ctx = p.ctx;
+    waited_stream = s;
     uint64_t now = krex_now_ns(), first = now;
-    struct paced *e = find(p.ctx, s, now);
-    while (e && e->ctx == p.ctx && e->stream == s && poll_marks(e, now) == 0 && e->n) {
+    struct paced *e = find(&p, s, now);
+    while (e && e->ctx == p.ctx && e->stream == s && e->n) {
+        if ((now - e->looked_ns >= PACE_LOOK_NS || over(e, now, p.pace)) &&
+            (poll_marks(&p, e, now) != 0 || !e->n))
+            break;
         uint64_t next, q = queued_ns(e, now, &next);
         if (q + next <= p.pace || e->ring[e->head].rec_ns <= e->given_up_ns)
             break;
@@ -318,12 +360,13 @@ static int capturing(CUstream s)
 }
 
 /* Record a marker of e's pending launches on s (called with the lock held). */
-static void record(struct paced *e, CUstream s, uint64_t now)
+static void record(struct pacing *p, struct paced *e, CUstream s, uint64_t now)
 {
     krex_pfn_cuEventRecord rec = REAL(cuEventRecord);
     krex_pfn_cuEventCreate create = REAL(cuEventCreate);
     if (!rec || !create || e->n == PACE_MARKS)
         return;
+    relax(p);
     if (capturing(s)) {
         e->pending = 0; /* captured launches run when the graph does, as its launch */
         return;
@@ -349,15 +392,17 @@ static void record(struct paced *e, CUstream s, uint64_t now)
 void krex_pace_mark_slow(CUstream s)
 {
     struct pacing p;
-    if (!begin(&p))
+    CUcontext ctx = waited_stream == s ? waited_ctx : NULL;
+    waited_ctx = NULL;
+    if (!begin(&p, ctx))
         return;
     uint64_t now = krex_now_ns();
-    struct paced *e = find(p.ctx, s, now);
+    struct paced *e = find(&p, s, now);
     if (e) {
         e->pending++;
         if (!e->n || !e->per_launch_ns || e->pending >= PACE_BATCH ||
             now - e->last_rec_ns >= PACE_GAP_NS || 8 * e->pending * e->per_launch_ns >= p.pace)
-            record(e, s, now);
+            record(&p, e, s, now);
     }
     end(&p);
 }

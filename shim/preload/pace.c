@@ -220,9 +220,11 @@ static void completed(struct paced *e, uint64_t now)
     int basis = done && begun ? BASIS_KNOWN : begun ? BASIS_ABOVE : BASIS_GUESS;
     if (basis == BASIS_KNOWN && e->basis == BASIS_KNOWN)
         e->per_launch_ns = (3 * e->per_launch_ns + per) / 4;
-    else if (basis > e->basis || (basis == BASIS_ABOVE && per < e->per_launch_ns) ||
-             (basis == BASIS_GUESS && per > e->per_launch_ns))
-        e->per_launch_ns = per;
+    else if (basis > e->basis)
+        e->per_launch_ns = per; /* a better kind of time than the estimate stood on */
+    else if (basis == e->basis &&
+             (basis == BASIS_ABOVE ? per < e->per_launch_ns : per > e->per_launch_ns))
+        e->per_launch_ns = per; /* the least of the bounds above, the largest of the guesses */
     if (basis > e->basis)
         e->basis = basis;
     e->done_ns = at;

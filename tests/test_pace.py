@@ -38,9 +38,11 @@ PROBE = textwrap.dedent("""
 """)
 
 
-def _probe(node: Node, launches: int, **env: str) -> tuple[dict[str, Any], str]:
+def _probe(
+    node: Node, launches: int, script: str = PROBE, **env: str
+) -> tuple[dict[str, Any], str]:
     p = subprocess.run(
-        [sys.executable, "-c", PROBE, str(launches)],
+        [sys.executable, "-c", script, str(launches)],
         env=node.env(1, 0, **env), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert p.returncode == 0, p.stderr[-2000:]
@@ -90,14 +92,9 @@ def test_a_stream_whose_kernels_end_at_once_is_not_marked_every_launch(node: Nod
     complete, or the first launch's 155 us standing for every launch). A loaded machine
     launches more slowly: the bound, in launches and in time, grows with it."""
     n = 2000
-    p = subprocess.run(
-        [sys.executable, "-c", COST, str(n)],
-        env=node.env(1, 0, KREX_PACE_US="3000"), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert p.returncode == 0, p.stderr[-2000:]
-    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out, err = _probe(node, n, COST, KREX_PACE_US="3000")
     bound = n / 16 + out["elapsed_ns"] / 40_000 + 5
-    assert 0 < out["records"] <= bound, (out, bound, p.stderr[-1000:])
+    assert 0 < out["records"] <= bound, (out, bound, err[-1000:])
 
 
 @pytest.mark.node(slots=8)

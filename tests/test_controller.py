@@ -254,6 +254,48 @@ def test_daemon_killed_in_a_region_restart_thaws_and_reopens(tmp_path: Path) -> 
         d.stop()
 
 
+# argv: a file. Says "ready", waits for the file, then asks for a region: "refused: why" and
+# status 3 where the daemon refuses it.
+AFTER_A_RESTART = textwrap.dedent("""
+    import os, sys, time
+    import krex
+    print("ready", flush=True)
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.05)
+    try:
+        with krex.region():
+            pass
+    except Exception as e:
+        print(f"refused: {e}", flush=True)
+        sys.exit(3)
+    print("granted", flush=True)
+""")
+
+
+def test_a_daemon_s_successor_refuses_its_commands_regions_saying_why(tmp_path: Path) -> None:
+    """A command admitted by a daemon that was killed goes on, and the next daemon on the
+    socket, which did not admit it, refuses its region with the reason and what to do (before:
+    "tenant '1' is not admitted here" alone)."""
+    d = Daemon(tmp_path / "krex.sock")
+    d.start()
+    go = tmp_path / "go"
+    p = krex_run(
+        d, sys.executable, "-c", AFTER_A_RESTART, str(go),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        d.stop(signal.SIGKILL)
+        d.start()
+        go.touch()
+        out, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+        d.stop()
+    assert p.returncode == 3, (out, err)
+    assert "not admitted here" in out and "run it again" in out, (out, err)
+
+
 def test_a_command_that_cannot_start_exits_127(daemon: Daemon, tmp_path: Path) -> None:
     missing = tmp_path / "missing" / "benchmark"
     p = subprocess.run(

@@ -4,7 +4,10 @@ connection's end is still noticed, and a reply is left to the client."""
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -71,3 +74,48 @@ def test_a_reply_is_left_to_the_client(watched: Watched) -> None:
     assert watched.ours.recv(16) == b"reply"
     watched.w.stop()
     assert not watched.w._thread.is_alive()
+
+
+def _answering_at(path: Path, pid: int) -> threading.Thread:
+    """A daemon at path that answers one hello with `pid`, in a thread."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def serve() -> None:
+        with listener:
+            conn, _ = listener.accept()
+            with conn:
+                conn.makefile("rb").readline()
+                conn.sendall(json.dumps({"ok": True, "pid": pid}).encode() + b"\n")
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("other", [True, False])
+def test_a_daemon_that_answers_after_ours_is_named_if_it_is_another(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], other: bool
+) -> None:
+    """Our connection ends and a daemon answers at the socket: where it is another process (a
+    successor), krex run says the command goes on unprotected, its regions refused by it; where
+    it is ours (it ended our connection and lives on), nothing is said. Either way nothing is
+    thawed or opened by the client (the successor does that as it starts). Before, nothing was
+    said, and the command's next region failed with "tenant N is not admitted here" alone."""
+    ours, daemon = socket.socketpair()  # the daemon's end is this process: its pid is ours
+    path = tmp_path / "krex.sock"
+    server = _answering_at(path, os.getpid() + 1 if other else os.getpid())
+    w = watch.DaemonWatch(ours, path, "krex-test").start()
+    try:
+        daemon.close()
+        w._thread.join(timeout=30)
+        server.join(timeout=30)
+        assert not w._thread.is_alive() and not server.is_alive()
+    finally:
+        w.stop()
+        ours.close()
+    err = capfd.readouterr().err
+    said = f"another (pid {os.getpid() + 1}) answers there and refuses this command's regions"
+    assert (said in err) == other, err
+    assert w.thawed is None and w.reopened == 0

@@ -10,6 +10,8 @@ segment's liveness lock) and thaws every group under the daemon's root (`tenants
 own included. Any client that notices first does it; the others find nothing left to do. Should
 the clients die with the daemon, the shim's own look at the liveness lock lets blocked threads
 pass (docs/shim.md, "A dead controller"); what stays frozen then waits for the next daemon.
+Where another daemon answers, the client says so: the command goes on, but that daemon did not
+admit it and refuses its regions.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import contextlib
 import os
 import select
 import socket
+import struct
 import sys
 import threading
 import time
@@ -48,6 +51,7 @@ class DaemonWatch:
         self._thread = threading.Thread(target=self._run, name="krex-daemon-watch", daemon=True)
         self.thawed: int | None = None  # set when it acted
         self.reopened = 0  # gates it found closed and opened
+        self.daemon_pid = _peer_pid(sock)  # the daemon that admitted the command
 
     def start(self) -> DaemonWatch:
         self._thread.start()
@@ -90,8 +94,9 @@ class DaemonWatch:
                 return
 
     def _daemon_gone(self) -> None:
-        if answers(self.path):
-            return  # a successor: it reopens the gates and thaws on its own
+        if (pid := answering(self.path)) is not None:
+            self._replaced(pid)  # a successor: it reopens the gates and thaws on its own
+            return
         # The liveness lock held: our daemon still dying (the kernel closes its files one by
         # one, our connection's may go first), or stopping (it opens and thaws all itself), or
         # a successor (it reopened and thawed as it started, and answers soon).
@@ -108,7 +113,8 @@ class DaemonWatch:
                     if time.monotonic() >= claimed_until:
                         return  # a live controller keeps it: a successor, nothing of ours
                     self._stop.wait(_POLL_S / 4)
-                    if os.path.exists(self.path) and answers(self.path):
+                    if os.path.exists(self.path) and (pid := answering(self.path)) is not None:
+                        self._replaced(pid)
                         return
         except TenantsError as e:
             print(f"krex run: the krex daemon died, and thawing failed: {e}", file=sys.stderr)
@@ -124,6 +130,18 @@ class DaemonWatch:
             file=sys.stderr,
         )
 
+    def _replaced(self, pid: int) -> None:
+        """Another daemon answers at the socket (ours ended our connection and may live on:
+        then nothing is said)."""
+        if pid == self.daemon_pid and pid > 0:
+            return
+        print(
+            f"krex run: the krex daemon at {self.path} that admitted this command is gone; "
+            f"another (pid {pid or 'unknown'}) answers there and refuses this command's regions "
+            "(the command goes on, unprotected: run it again)",
+            file=sys.stderr,
+        )
+
     def _stopped(self) -> None:
         print(
             f"krex run: the krex daemon at {self.path} stopped (the command goes on, unprotected)",
@@ -132,9 +150,15 @@ class DaemonWatch:
 
 
 def answers(path: Path) -> bool:
-    """Whether a daemon answers a hello at path. Connecting is not enough: a dying daemon may
-    close our connection before its listening socket (the kernel closes a process's files one
-    by one), and a connection queued on that socket is accepted by nobody."""
+    """Whether a daemon answers a hello at path."""
+    return answering(path) is not None
+
+
+def answering(path: Path) -> int | None:
+    """The pid of the daemon that answers a hello at path (0 where it gives none), or None.
+    Connecting is not enough: a dying daemon may close our connection before its listening
+    socket (the kernel closes a process's files one by one), and a connection queued on that
+    socket is accepted by nobody."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(_ANSWER_S)
     with contextlib.closing(s):
@@ -143,8 +167,21 @@ def answers(path: Path) -> bool:
             s.sendall(wire.encode(messages.Hello().to_wire()))
             reply = s.makefile("rb").readline(wire.MAX_LINE)
         except OSError:
-            return False
+            return None
     try:
-        return bool(reply) and wire.decode(reply, request=False).get("ok") is True
+        said = wire.decode(reply, request=False) if reply else {}
     except ProtocolError:
-        return False
+        return None
+    if said.get("ok") is not True:
+        return None
+    pid = said.get("pid")
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else 0
+
+
+def _peer_pid(sock: socket.socket) -> int:
+    """The pid at the other end of a Unix socket (SO_PEERCRED), 0 where it cannot be read."""
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, ValueError):
+        return 0
+    return int(struct.unpack("3i", creds)[0])

@@ -400,12 +400,20 @@ class Daemon:
         begin = messages.parse(msg, messages.RegionBegin)
         t = self.node.tenants.get(begin.tenant)
         if t is None:
-            raise ProtocolError(f"tenant {begin.tenant!r} is not admitted here")
+            raise ProtocolError(
+                f"tenant {begin.tenant!r} is not admitted here: no command of that number runs "
+                "under this daemon (a command admitted by a daemon that has since stopped gets "
+                "no region from the next one: run it again)"
+            )
         candidate = begin.candidate
         loop = asyncio.get_running_loop()
         if conn.peer.pid not in await loop.run_in_executor(None, t.group.pids):
             # A region freezes the tenant's siblings: only the tenant's own processes ask.
-            raise ProtocolError(f"process {conn.peer.pid} is not one of tenant {t.id}'s")
+            raise ProtocolError(
+                f"process {conn.peer.pid} is not one of tenant {t.id}'s: only a command's own "
+                "processes ask for its regions (one admitted by a daemon that has since stopped "
+                "gets none from the next: run it again)"
+            )
         if begin.retaken:
             self.node.retaken(t)
         t_request = time.monotonic()

@@ -180,6 +180,7 @@ class Verdict:
     alone_since_ns: int = 0  # when nobody else was first seen holding memory (0: others hold)
     granted_alone: bool = False  # a retry was granted while nobody else held memory
     failed_at_grant: int = 0  # the process's failed retries (mem_failed) at that grant
+    failed_when_free: int = -1  # mem_failed when its ask was first seen free (-1: it is not)
     over: int = 0  # consecutive looks at which the driver's figure said it could not win alone
     denied: bool = False
 
@@ -433,6 +434,24 @@ class Memory:
         w.seg.mem_deny(s.index)
         return True
 
+    def _not_run_yet(self, st: GpuMemory, head: Waiter, free: int) -> bool:
+        """Whether the head can be served from what is free (beside the room kept) and has not
+        retried since that was first seen (one failure allowed: a retry begun before may end
+        after): a process not scheduled yet (a loaded machine) or stopped, not one in a
+        deadlock. Before, the waiters' deadlock rule took it for one after ALL_WAITING_S
+        (every holder waits) and preempted or swapped its command, which would have been
+        served."""
+        v = self.verdicts.get((head.slot.pid, head.slot.index))
+        if v is None:
+            return False
+        room = max(st.room_want if st.room_for else st.room_kept[1], st.reserve)
+        if asks(head.slot) > free - room:
+            v.failed_when_free = -1
+            return False
+        if v.failed_when_free < 0:
+            v.failed_when_free = head.slot.mem_failed
+        return head.slot.mem_failed - v.failed_when_free < 2
+
     def _note_grant(self, w: Waiter) -> None:
         v = self.verdicts.get((w.slot.pid, w.slot.index))
         if v is not None and v.alone_since_ns and not v.granted_alone:
@@ -502,8 +521,9 @@ class Memory:
                 self.node.owner_stuck(gpu, waited_s, st.others_can_free)
             return
         owner = self.node.region_owner(gpu)
-        if owner is not None and owner.id != st.room_for:
-            return  # a region holds the GPU: its frozen siblings free once it ends
+        held = owner is not None and owner.id != st.room_for  # its frozen siblings free at its end
+        if held or self._not_run_yet(st, head, free):
+            return  # a region holds the GPU, or the head is served and has not run since
         # (A region still waiting for room has frozen nobody: the waiters' deadlock is broken
         # as any other, else the region would wait its room_wait_s for memory nobody frees;
         # so too where a process of its own owner is the head.)

@@ -78,6 +78,12 @@ _ROOM_POLL_S = 0.02
 _KIND_ALLOC = MEM_KINDS.index("alloc")
 
 
+def _kept(st: GpuMemory) -> int:
+    """What is kept free on the GPU, not for the waiters: the room a region waits for or was
+    found (until it ends), or what a command off the GPU that waited before the head needs."""
+    return max(st.room_want if st.room_for else st.room_kept[1], st.reserve)
+
+
 def asks(s: SlotView) -> int:
     """What a waiting slot asks for: its bytes, or DRIVER_WANT for the driver's own memory
     (the arbiter's reading, a swap's need and a preempted command's: one)."""
@@ -310,8 +316,7 @@ class Memory:
         over is told so: it waits for its turn instead of retrying on its own."""
         granted: set[int] = set()
         head = live[0]
-        room = st.room_want if st.room_for else st.room_kept[1]
-        room = max(room, st.reserve)  # (a command off the GPU that waited before the head)
+        room = _kept(st)
         if not room or head.owner or free - room >= asks(head.slot):
             # (While a region waits for room, and once found until the region ends, what is
             # free stays free for it: the head may retry only where its ask leaves that room.)
@@ -444,8 +449,7 @@ class Memory:
         v = self.verdicts.get((head.slot.pid, head.slot.index))
         if v is None:
             return False
-        room = max(st.room_want if st.room_for else st.room_kept[1], st.reserve)
-        if asks(head.slot) > free - room:
+        if asks(head.slot) > free - _kept(st):
             v.failed_when_free = -1
             return False
         if v.failed_when_free < 0:

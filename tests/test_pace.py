@@ -53,8 +53,9 @@ def _probe(
 def test_a_paced_stream_keeps_about_the_pace_queued(node: Node) -> None:
     """3 ms of pace, 1 ms kernels: once its first markers completed (the estimate known), the
     stream holds at most a few launches, where unpaced it holds all it launched (~60). Beside
-    two busy cores too: an upper bound on a launch's time, from a completion seen late, never
-    lowers the estimate (before, one such made it 0 and the queue grew to 23)."""
+    two busy cores too: a time from a completion seen late whose start is not known either
+    (it may be below the launches') never lowers the estimate (before, one such made it 0 and
+    the queue grew to 23)."""
     out, _ = _probe(node, 60, KREX_PACE_US="3000")
     assert out["ok"]
     # The first launches are paced only by the oldest's age (no completed one yet): a burst.

@@ -315,13 +315,6 @@ static void end(struct pacing *p)
         REAL(cuThreadExchangeStreamCaptureMode)(&p->saved);
 }
 
-/* Whether a launch now would leave e over the pace (by what is known without a look). */
-static int over(const struct paced *e, uint64_t now, uint64_t pace)
-{
-    uint64_t next, q = queued_ns(e, now, &next);
-    return q + next > pace;
-}
-
 void krex_pace_wait_slow(CUstream s)
 {
     struct pacing p;
@@ -333,10 +326,13 @@ void krex_pace_wait_slow(CUstream s)
     uint64_t now = krex_now_ns(), first = now;
     struct paced *e = find(&p, s, now);
     while (e && e->ctx == p.ctx && e->stream == s && e->n) {
-        if ((now - e->looked_ns >= PACE_LOOK_NS || over(e, now, p.pace)) &&
-            (poll_marks(&p, e, now) != 0 || !e->n))
-            break;
         uint64_t next, q = queued_ns(e, now, &next);
+        if (now - e->looked_ns >= PACE_LOOK_NS || q + next > p.pace) {
+            /* A look due, or over the pace by what is known without one: the markers now. */
+            if (poll_marks(&p, e, now) != 0 || !e->n)
+                break;
+            q = queued_ns(e, now, &next);
+        }
         if (q + next <= p.pace || e->ring[e->head].rec_ns <= e->given_up_ns)
             break;
         if (now - first > PACE_GIVE_UP_NS) {
